@@ -1,0 +1,71 @@
+"""llm-resilience: fallback, rate limiting, spend budgets and retries for LLM calls.
+
+The framework-free core. Names load lazily on first use, so ``import llm_resilience``
+costs almost nothing and never imports LangChain, LlamaIndex, SQLAlchemy or pandas.
+The LangChain adapters live in ``langchain_llm_resilience`` and the LlamaIndex ones in
+``llama_index.resilience``.
+
+>>> from llm_resilience import FallbackChain
+>>> FallbackChain(["a", "b"]).invoke(lambda index, client: client)
+'a'
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llm_resilience.errors import (
+        BudgetExceededError,
+        LLMResilienceError,
+        PerClientTimeoutError,
+        RateLimitQueueFullError,
+    )
+    from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart
+    from llm_resilience.tokens import count_tokens
+    from llm_resilience.transient import TransientClassifier, is_transient
+
+__all__ = [
+    "BudgetExceededError",
+    "Cooldown",
+    "FallbackChain",
+    "LLMResilienceError",
+    "PerClientTimeoutError",
+    "RateLimitQueueFullError",
+    "StreamRestart",
+    "TransientClassifier",
+    "__version__",
+    "count_tokens",
+    "is_transient",
+]
+
+_LOCATIONS = {
+    "BudgetExceededError": "llm_resilience.errors",
+    "LLMResilienceError": "llm_resilience.errors",
+    "PerClientTimeoutError": "llm_resilience.errors",
+    "RateLimitQueueFullError": "llm_resilience.errors",
+    "Cooldown": "llm_resilience.fallback",
+    "FallbackChain": "llm_resilience.fallback",
+    "StreamRestart": "llm_resilience.fallback",
+    "count_tokens": "llm_resilience.tokens",
+    "TransientClassifier": "llm_resilience.transient",
+    "is_transient": "llm_resilience.transient",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("llm-resilience")
+    module = _LOCATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llm_resilience' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,280 @@
+"""What counts as a transient failure: the one rule every layer of the project shares.
+
+An error is transient when trying the same request elsewhere (or later) may succeed:
+
+* it carries HTTP status 429 or 503 (``status_code``, ``response.status_code``,
+  ``status`` or ``code``, which between them cover openai, anthropic, httpx, requests,
+  aiohttp and google's clients);
+* it is a transport failure with no status: refused, reset or dropped connections, DNS
+  failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
+  uses, httpcore, requests, urllib3, aiohttp, the SDKs' ``APIConnectionError``, builtin
+  ``ConnectionError``);
+* it is a timeout (builtin and asyncio ``TimeoutError``, the transports' and SDKs'
+  timeouts, a fallback chain's own per-client timeout);
+* its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
+  whatever the case.
+
+Never transient, whatever they say: :class:`~llm_resilience.errors.BudgetExceededError`,
+:class:`~llm_resilience.errors.RateLimitQueueFullError`, ``asyncio.CancelledError``,
+``KeyboardInterrupt`` and ``SystemExit``.
+
+Third-party exception types are recognised by the name and top-level package of the
+classes in their MRO, so classifying an error never imports an SDK.
+
+>>> is_transient(TimeoutError())
+True
+>>> is_transient(ValueError("bad request"))
+False
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from llm_resilience.errors import BudgetExceededError, RateLimitQueueFullError
+
+__all__ = [
+    "DEFAULT_STATUS_CODES",
+    "SERVER_ERROR_STATUS_CODES",
+    "TransientClassifier",
+    "is_transient",
+    "retry_after_of",
+    "status_code_of",
+]
+
+#: The statuses that mean "try elsewhere": too many requests, service unavailable.
+DEFAULT_STATUS_CODES: frozenset[int] = frozenset({429, 503})
+#: The default set plus internal error, bad gateway, gateway timeout and provider
+#: overload (Anthropic's 529), for :meth:`TransientClassifier.with_server_errors`.
+SERVER_ERROR_STATUS_CODES: frozenset[int] = DEFAULT_STATUS_CODES | {500, 502, 504, 529}
+
+_KEYWORDS = ("rate limit", "throttl", "timeout", "unavailable")
+
+_PINNED_NON_TRANSIENT: tuple[type[BaseException], ...] = (
+    BudgetExceededError,
+    RateLimitQueueFullError,
+    asyncio.CancelledError,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+)
+
+_BUILTIN_TRANSIENT: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    socket.gaierror,
+    socket.timeout,
+)
+
+# (top-level package, class name) of third-party transport and timeout errors. A class
+# matches when any class in its MRO has one of these identities. ``httpx2`` mirrors
+# ``httpx`` without inheriting from it, hence both families.
+_TRANSPORT_TYPES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("httpx", "TransportError"),
+        ("httpx", "TimeoutException"),
+        ("httpx2", "TransportError"),
+        ("httpx2", "TimeoutException"),
+        ("httpcore", "NetworkError"),
+        ("httpcore", "TimeoutException"),
+        ("httpcore", "RemoteProtocolError"),
+        ("httpcore2", "NetworkError"),
+        ("httpcore2", "TimeoutException"),
+        ("httpcore2", "RemoteProtocolError"),
+        ("requests", "ConnectionError"),
+        ("requests", "Timeout"),
+        ("requests", "ChunkedEncodingError"),
+        ("urllib3", "ProtocolError"),
+        ("urllib3", "NewConnectionError"),
+        ("urllib3", "TimeoutError"),
+        ("aiohttp", "ClientConnectionError"),
+        ("aiohttp", "ServerTimeoutError"),
+        ("aiohttp", "ClientPayloadError"),
+        ("openai", "APIConnectionError"),
+        ("openai", "APITimeoutError"),
+        ("anthropic", "APIConnectionError"),
+        ("anthropic", "APITimeoutError"),
+        # LangChain's typed errors, by type: a rate-limit error is a 429 by definition,
+        # connection and timeout errors are transport failures. ``ModelAPIError`` (any
+        # 5xx) is left to its status, so 500 stays non-transient by default although
+        # LangChain marks it ``is_retryable``.
+        ("langchain_core", "ModelRateLimitError"),
+        ("langchain_core", "ModelConnectionError"),
+        ("langchain_core", "ModelTimeoutError"),
+    }
+)
+
+_MAX_CAUSE_DEPTH = 8
+
+
+def status_code_of(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries, or None.
+
+    Looks at ``status_code``, ``status`` and ``code`` on the error and on its
+    ``response``; only integers that are HTTP statuses (100-599) count.
+    """
+    for holder in (exc, _safe_getattr(exc, "response")):
+        if holder is None:
+            continue
+        for name in ("status_code", "status", "code"):
+            value = _safe_getattr(holder, name)
+            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+                return value
+    return None
+
+
+def _safe_getattr(obj: object, name: str) -> object:
+    # Some SDK properties raise when the attribute was never set (httpx's ``request``).
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _is_transport_type(cls: type) -> bool:
+    for klass in cls.__mro__:
+        package = klass.__module__.partition(".")[0]
+        if (package, klass.__name__) in _TRANSPORT_TYPES:
+            return True
+    return False
+
+
+def _message_has_keyword(exc: BaseException) -> bool:
+    try:
+        text = str(exc).lower()
+    except Exception:
+        return False
+    return any(keyword in text for keyword in _KEYWORDS)
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    """The error and its explicit causes (``raise ... from ...``), nearest first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < _MAX_CAUSE_DEPTH:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__
+
+
+@dataclass(frozen=True, slots=True)
+class TransientClassifier:
+    """A configurable transient-error rule; calling it classifies one exception.
+
+    ``status_codes`` replaces the default ``{429, 503}``; ``also`` is an extra
+    predicate that can only widen the rule (it is never consulted for the pinned
+    non-transient types). :meth:`with_server_errors` is the preset that adds 500, 502,
+    504 and 529.
+
+    >>> classify = TransientClassifier(status_codes={429, 503, 529})
+    >>> classify(KeyboardInterrupt())
+    False
+    """
+
+    status_codes: frozenset[int] = DEFAULT_STATUS_CODES
+    also: Callable[[BaseException], bool] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        codes = self.status_codes
+        if isinstance(codes, (str, bytes)) or not isinstance(codes, Iterable):
+            raise TypeError(
+                f"status_codes must be a collection of HTTP status integers, got {codes!r}"
+            )
+        normalised = frozenset(codes)
+        for code in normalised:
+            if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+                raise ValueError(
+                    f"status_codes must hold HTTP status integers between 100 and 599; "
+                    f"got {code!r}"
+                )
+        object.__setattr__(self, "status_codes", normalised)
+        if self.also is not None and not callable(self.also):
+            raise TypeError(f"also must be a callable taking an exception, got {self.also!r}")
+
+    @classmethod
+    def with_server_errors(
+        cls, also: Callable[[BaseException], bool] | None = None
+    ) -> TransientClassifier:
+        """The preset for providers that shed load with 5xx: 429, 500, 502, 503, 504, 529."""
+        return cls(status_codes=SERVER_ERROR_STATUS_CODES, also=also)
+
+    def __call__(self, exc: BaseException) -> bool:
+        if isinstance(exc, _PINNED_NON_TRANSIENT):
+            return False
+        for error in _chain(exc):
+            if isinstance(error, _PINNED_NON_TRANSIENT):
+                return False
+            status = status_code_of(error)
+            if status is not None:
+                if status in self.status_codes:
+                    return True
+            elif isinstance(error, _BUILTIN_TRANSIENT) or _is_transport_type(type(error)):
+                return True
+            if _message_has_keyword(error):
+                return True
+        return self.also is not None and bool(self.also(exc))
+
+
+_DEFAULT = TransientClassifier()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is transient under the default rule (statuses 429 and 503)."""
+    return _DEFAULT(exc)
+
+
+def retry_after_of(exc: BaseException, *, now: Callable[[], float] | None = None) -> float | None:
+    """Seconds the provider asked us to wait, from ``retry-after-ms`` or ``Retry-After``.
+
+    ``Retry-After`` may be seconds or an HTTP date. Looks at the error's ``response``
+    headers (openai, anthropic, httpx, requests) or its own ``headers`` (aiohttp), along
+    the cause chain. Returns None when no usable header is present.
+    """
+    import email.utils
+    import time
+
+    for error in _chain(exc):
+        headers = _safe_getattr(_safe_getattr(error, "response"), "headers")
+        if headers is None:
+            headers = _safe_getattr(error, "headers")
+        if headers is None or not hasattr(headers, "get"):
+            continue
+        raw_ms = _header(headers, "retry-after-ms")
+        if raw_ms is not None:
+            try:
+                millis = float(raw_ms)
+            except ValueError:
+                millis = -1.0
+            if millis >= 0 and millis == millis:
+                return millis / 1000.0
+        raw = _header(headers, "retry-after")
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(raw)
+            except (TypeError, ValueError):
+                continue
+            current = now() if now is not None else time.time()
+            seconds = when.timestamp() - current
+        if seconds == seconds and seconds != float("inf"):
+            return max(0.0, seconds)
+    return None
+
+
+def _header(headers: object, name: str) -> str | None:
+    getter = getattr(headers, "get", None)
+    if getter is None:
+        return None
+    try:
+        value = getter(name)
+        if value is None:
+            value = getter(name.title())
+    except Exception:
+        return None
+    return None if value is None else str(value).strip()

@@ -1,0 +1,471 @@
+"""``FallbackChatModel``: LangChain's face of the core fallback chain.
+
+Translation only: every rule (order, what is transient, timeouts, restarts, logging,
+cooldown) is :class:`llm_resilience.fallback.FallbackChain`'s. This module turns a
+LangChain call into attempts on the member models and the results back into LangChain
+types.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import timedelta
+from operator import itemgetter
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.callbacks.manager import ahandle_event, handle_event
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.model_profile import ModelProfile
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import (
+    Runnable,
+    RunnableBinding,
+    RunnableConfig,
+    RunnableLambda,
+    RunnableMap,
+    RunnablePassthrough,
+    RunnableSequence,
+)
+from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart, warn_if_self_retrying
+from llm_resilience.layers import find_layer
+from pydantic import ConfigDict, Field, PrivateAttr
+
+__all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
+
+#: Name of the custom callback event sent when a stream restarts on the next model.
+#: Its data is ``{"failed_client": int, "next_client": int, "chunks": int,
+#: "error_type": str}``; a consumer should drop what it accumulated so far.
+STREAM_RESTART_EVENT = "llm_resilience.stream_restart"
+
+#: ``response_metadata`` key naming the index of the member that served a response.
+SERVED_BY_KEY = "fallback_client"
+
+# Binding keys that LangChain's public entry points pop for tracing before ``_generate``;
+# a member's private entry points must not receive them.
+_TRACING_ONLY_KWARGS = ("ls_structured_output_format", "structured_output_format")
+
+
+class FallbackChatModel(BaseChatModel):
+    """A chat model that tries ``models`` in order, moving on when one fails transiently.
+
+    >>> from langchain_openai import ChatOpenAI
+    >>> from langchain_anthropic import ChatAnthropic
+    >>> model = FallbackChatModel(
+    ...     models=[ChatOpenAI(model="gpt-4o", max_retries=0),
+    ...             ChatAnthropic(model="claude-sonnet-4-5", max_retries=0)],
+    ...     per_client_timeout=30,
+    ... )  # doctest: +SKIP
+
+    A 429, a 503, a dropped connection or a timeout on one model sends the same request
+    to the next one at once; any other error propagates. ``per_client_timeout``
+    (seconds or ``timedelta``, default None = unbounded) bounds each attempt, a stream's
+    whole duration included. One call is one LLM run in callbacks and traces; its
+    ``usage_metadata`` and ``response_metadata["model_name"]`` are those of the model
+    that served, and ``response_metadata["fallback_client"]`` is its index. A member's
+    own ``rate_limiter`` and cache apply to its attempt. A stream that restarts on the
+    next model sends the custom callback event :data:`STREAM_RESTART_EVENT`.
+
+    ``bind_tools`` and ``with_structured_output`` bind every member (each in its own
+    provider's format), so a fallback keeps the tools. Members should be built with
+    ``max_retries=0``: a model that retries by itself delays failover by its whole retry
+    schedule (a warning says so once).
+
+    Raises ``ValueError``/``TypeError`` naming the option for fewer than 2 models, a
+    member that is not a ``BaseChatModel``, or a bad ``per_client_timeout``/``cooldown``.
+    """
+
+    models: list[BaseChatModel]
+    """The members, in the order they are tried (at least 2)."""
+    per_client_timeout: float | timedelta | None = None
+    """Upper bound on each attempt, in seconds or a ``timedelta``; None is unbounded."""
+    cooldown: Cooldown | None = None
+    """Opt-in circuit breaker: skip a member for a while after repeated failures."""
+    classifier: Callable[[BaseException], bool] | None = Field(default=None, exclude=True)
+    """Replaces the default transient rule, e.g. ``TransientClassifier.with_server_errors()``."""
+    member_kwargs: list[dict[str, Any]] | None = Field(default=None, exclude=True)
+    """Per-member call arguments (tools, response formats) set by ``bind_tools`` and
+    ``with_structured_output``; not meant to be set by hand."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    _chain: FallbackChain[BaseChatModel] = PrivateAttr()
+
+    def __init__(self, **data: Any) -> None:
+        models = data.get("models")
+        _check_members(models)
+        chain: FallbackChain[BaseChatModel] = FallbackChain(
+            list(models),  # type: ignore[arg-type]
+            per_client_timeout=data.get("per_client_timeout"),
+            classifier=data.get("classifier"),
+            cooldown=data.get("cooldown"),
+            clients_option="models",
+        )
+        member_kwargs = data.get("member_kwargs")
+        if member_kwargs is not None and len(member_kwargs) != len(chain.clients):
+            raise ValueError(
+                f"member_kwargs must hold one dict per model ({len(chain.clients)}); "
+                f"got {len(member_kwargs)}"
+            )
+        super().__init__(**data)
+        self._chain = chain
+        for position, model in enumerate(chain.clients):
+            warn_if_self_retrying(model, position=position)
+
+    # -- identity ------------------------------------------------------------------
+
+    @property
+    def _llm_type(self) -> str:
+        return "fallback-chat-model"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "models": [
+                {"type": model._llm_type, **model._identifying_params} for model in self.models
+            ],
+            "per_client_timeout": str(self.per_client_timeout),
+        }
+
+    @property
+    def inner(self) -> tuple[BaseChatModel, ...]:
+        """The members, as the rest of the stack calls what a layer wraps."""
+        return tuple(self.models)
+
+    def find_layer(self, cls: type[Any]) -> Any:
+        """The first layer of type ``cls`` in the stack below (itself included), or None."""
+        return find_layer(self, cls)
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        return _merge_profiles([model.profile for model in self.models])
+
+    # -- calls ---------------------------------------------------------------------
+
+    def _kwargs_for(self, index: int, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if not self.member_kwargs:
+            return kwargs
+        merged = {**self.member_kwargs[index], **kwargs}
+        for key in _TRACING_ONLY_KWARGS:
+            merged.pop(key, None)
+        return merged
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        def attempt(index: int, model: BaseChatModel) -> tuple[int, ChatResult]:
+            result = model._generate_with_cache(
+                messages, stop=stop, run_manager=run_manager, **self._kwargs_for(index, kwargs)
+            )
+            return index, result
+
+        index, result = self._chain.invoke(attempt)
+        return _tagged(result, index)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        async def attempt(index: int, model: BaseChatModel) -> tuple[int, ChatResult]:
+            result = await model._agenerate_with_cache(
+                messages, stop=stop, run_manager=run_manager, **self._kwargs_for(index, kwargs)
+            )
+            return index, result
+
+        index, result = await self._chain.ainvoke(attempt)
+        return _tagged(result, index)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        def attempt(index: int, model: BaseChatModel) -> Iterator[ChatGenerationChunk]:
+            member_kwargs = self._kwargs_for(index, kwargs)
+            if _streams(model, member_kwargs):
+                if model.rate_limiter is not None:
+                    model.rate_limiter.acquire(blocking=True)
+                yield from model._stream(
+                    messages, stop=stop, run_manager=run_manager, **member_kwargs
+                )
+            else:
+                result = model._generate_with_cache(
+                    messages, stop=stop, run_manager=run_manager, **member_kwargs
+                )
+                yield _as_chunk(result)
+            yield _served_by_chunk(index)
+
+        def restarted(restart: StreamRestart) -> None:
+            if run_manager is not None and run_manager.handlers:
+                handle_event(
+                    run_manager.handlers,
+                    "on_custom_event",
+                    "ignore_custom_event",
+                    STREAM_RESTART_EVENT,
+                    _restart_data(restart),
+                    run_id=run_manager.run_id,
+                    tags=run_manager.tags,
+                    metadata=run_manager.metadata,
+                )
+
+        yield from self._chain.stream(attempt, is_content=_has_content, on_restart=restarted)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async def attempt(index: int, model: BaseChatModel) -> AsyncIterator[ChatGenerationChunk]:
+            member_kwargs = self._kwargs_for(index, kwargs)
+            if _streams(model, member_kwargs):
+                if model.rate_limiter is not None:
+                    await model.rate_limiter.aacquire(blocking=True)
+                async for chunk in model._astream(
+                    messages, stop=stop, run_manager=run_manager, **member_kwargs
+                ):
+                    yield chunk
+            else:
+                result = await model._agenerate_with_cache(
+                    messages, stop=stop, run_manager=run_manager, **member_kwargs
+                )
+                yield _as_chunk(result)
+            yield _served_by_chunk(index)
+
+        async def restarted(restart: StreamRestart) -> None:
+            if run_manager is not None and run_manager.handlers:
+                await ahandle_event(
+                    run_manager.handlers,
+                    "on_custom_event",
+                    "ignore_custom_event",
+                    STREAM_RESTART_EVENT,
+                    _restart_data(restart),
+                    run_id=run_manager.run_id,
+                    tags=run_manager.tags,
+                    metadata=run_manager.metadata,
+                )
+
+        async for chunk in self._chain.astream(
+            attempt, is_content=_has_content, on_restart=restarted
+        ):
+            yield chunk
+
+    # -- tools and structured output -------------------------------------------------
+
+    def _rebound(self, member_kwargs: list[dict[str, Any]]) -> FallbackChatModel:
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        fields["member_kwargs"] = member_kwargs
+        return type(self)(**fields)
+
+    def bind_tools(
+        self,
+        tools: Sequence[builtins.dict[str, Any] | type | Callable[..., Any] | Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind ``tools`` to every member, each in its own provider's format.
+
+        Returns a new ``FallbackChatModel`` (a full chat model) whose calls pass each
+        member its own tool arguments.
+        """
+        bound: list[dict[str, Any]] = []
+        for position, model in enumerate(self.models):
+            binding = model.bind_tools(tools, tool_choice=tool_choice, **kwargs)
+            bound.append(self._merged_member_kwargs(position, _binding_kwargs(binding, model)))
+        return self._rebound(bound)
+
+    def _merged_member_kwargs(self, position: int, new: dict[str, Any]) -> dict[str, Any]:
+        existing = self.member_kwargs[position] if self.member_kwargs else {}
+        return {**existing, **new}
+
+    def with_structured_output(
+        self,
+        schema: builtins.dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, builtins.dict[str, Any] | Any]:
+        """Structured output through every member, parsed by the member that answered.
+
+        ``kwargs`` (``method``, ``strict``, ...) go to each member's own
+        ``with_structured_output``; the parser of the member that served parses the
+        reply. Streaming yields the parsed result once the reply is complete.
+        """
+        bound: list[dict[str, Any]] = []
+        parsers: list[Runnable[Any, Any]] = []
+        for position, model in enumerate(self.models):
+            structured = model.with_structured_output(schema, include_raw=False, **kwargs)
+            binding, parser = _split_structured(structured, model, position)
+            bound.append(self._merged_member_kwargs(position, binding))
+            parsers.append(parser)
+        llm = self._rebound(bound)
+
+        def parse(message: AIMessage, config: RunnableConfig) -> Any:
+            return parsers[_served_by(message)].invoke(message, config)
+
+        async def aparse(message: AIMessage, config: RunnableConfig) -> Any:
+            return await parsers[_served_by(message)].ainvoke(message, config)
+
+        router: Runnable[Any, Any] = RunnableLambda(parse, afunc=aparse, name="fallback_parser")
+        if not include_raw:
+            return llm | router
+        parser_assign = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | router, parsing_error=lambda _: None
+        )
+        parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+        with_fallback = parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
+        return RunnableMap(raw=llm) | with_fallback
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _check_members(models: object) -> None:
+    if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
+        raise TypeError(
+            f"models must be a list of at least 2 LangChain chat models (BaseChatModel); "
+            f"got {type(models).__name__}"
+        )
+    for position, model in enumerate(models):
+        if not isinstance(model, BaseChatModel):
+            raise TypeError(
+                f"models[{position}] must be a LangChain chat model (BaseChatModel); got "
+                f"{type(model).__name__}. Bind tools or structured output on the "
+                f"FallbackChatModel, not on its members."
+            )
+
+
+def _streams(model: BaseChatModel, kwargs: dict[str, Any]) -> bool:
+    implemented = type(model)._stream is not BaseChatModel._stream
+    return implemented and not model._streaming_disabled(**kwargs)
+
+
+def _as_chunk(result: ChatResult) -> ChatGenerationChunk:
+    generation = result.generations[0]
+    message = generation.message
+    chunk = AIMessageChunk(
+        content=message.content,
+        additional_kwargs=message.additional_kwargs,
+        response_metadata=message.response_metadata,
+        id=message.id,
+        tool_call_chunks=[
+            {"name": call["name"], "args": _json(call["args"]), "id": call["id"], "index": i}
+            for i, call in enumerate(getattr(message, "tool_calls", []) or [])
+        ],
+        usage_metadata=getattr(message, "usage_metadata", None),
+    )
+    return ChatGenerationChunk(message=chunk, generation_info=generation.generation_info)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def _served_by_chunk(index: int) -> ChatGenerationChunk:
+    # Rides at the end of the attempt that completed, so the merged message names the
+    # member that served even when an earlier member failed mid-stream.
+    return ChatGenerationChunk(
+        message=AIMessageChunk(
+            content="", response_metadata={SERVED_BY_KEY: index}, chunk_position="last"
+        )
+    )
+
+
+def _tagged(result: ChatResult, index: int) -> ChatResult:
+    for generation in result.generations:
+        generation.message.response_metadata = {
+            **generation.message.response_metadata,
+            SERVED_BY_KEY: index,
+        }
+    return result
+
+
+def _served_by(message: BaseMessage) -> int:
+    index = message.response_metadata.get(SERVED_BY_KEY, 0)
+    return index if isinstance(index, int) else 0
+
+
+def _has_content(chunk: ChatGenerationChunk) -> bool:
+    message = chunk.message
+    if message.content:
+        return True
+    return bool(getattr(message, "tool_call_chunks", None))
+
+
+def _restart_data(restart: StreamRestart) -> dict[str, Any]:
+    return {
+        "failed_client": restart.failed_client,
+        "next_client": restart.next_client,
+        "chunks": restart.chunks,
+        "error_type": type(restart.error).__name__,
+    }
+
+
+def _binding_kwargs(runnable: Runnable[Any, Any], model: BaseChatModel) -> dict[str, Any]:
+    """The call arguments a member's ``bind``/``bind_tools`` result carries."""
+    layers: list[dict[str, Any]] = []
+    current: Any = runnable
+    while isinstance(current, RunnableBinding):
+        layers.append(dict(current.kwargs))
+        current = current.bound
+    if current is not model:
+        raise TypeError(
+            f"{type(model).__name__}.bind_tools returned {type(runnable).__name__}, not a "
+            f"binding of the model; FallbackChatModel cannot route its tools"
+        )
+    merged: dict[str, Any] = {}
+    for layer in reversed(layers):
+        merged.update(layer)
+    return merged
+
+
+def _split_structured(
+    structured: Runnable[Any, Any], model: BaseChatModel, position: int
+) -> tuple[dict[str, Any], Runnable[Any, Any]]:
+    """Split ``model.with_structured_output(...)`` into its call arguments and parser."""
+    if isinstance(structured, RunnableSequence):
+        steps = structured.steps
+        first, rest = steps[0], steps[1:]
+        if isinstance(first, RunnableBinding) and rest:
+            parser: Runnable[Any, Any] = rest[0] if len(rest) == 1 else RunnableSequence(*rest)
+            return _binding_kwargs(first, model), parser
+    raise TypeError(
+        f"models[{position}] ({type(model).__name__}).with_structured_output returned a "
+        f"{type(structured).__name__} that is not 'model binding | parser'; "
+        f"FallbackChatModel cannot route it"
+    )
+
+
+def _merge_profiles(profiles: list[ModelProfile | None]) -> ModelProfile | None:
+    """What every member can do: limits are the minimum, flags hold only if all agree."""
+    known = [profile for profile in profiles if profile]
+    if len(known) != len(profiles) or not known:
+        return None
+    merged: dict[str, Any] = {}
+    common = set(known[0]).intersection(*known[1:])
+    for key in sorted(common):
+        values = [profile[key] for profile in known]  # type: ignore[literal-required]
+        if all(isinstance(value, bool) for value in values):
+            merged[key] = all(values)
+        elif all(isinstance(value, int) for value in values):
+            merged[key] = min(values)
+        elif all(value == values[0] for value in values):
+            merged[key] = values[0]
+    return ModelProfile(**merged)  # type: ignore[typeddict-item]

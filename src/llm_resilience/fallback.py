@@ -69,6 +69,11 @@ ChunkT = TypeVar("ChunkT")
 Classifier = Callable[[BaseException], bool]
 
 
+class _OptionTypeError(TypeError, ValueError):
+    """An option of the wrong type: a ``TypeError`` by Python custom, and a ``ValueError``
+    because the contract promises ``ValueError`` for any bad construction option."""
+
+
 def _seconds(option: str, value: object, *, allow_none: bool) -> float | None:
     """Validate a duration option: None (when allowed), seconds > 0, or a timedelta > 0."""
     if value is None and allow_none:
@@ -79,7 +84,7 @@ def _seconds(option: str, value: object, *, allow_none: bool) -> float | None:
         seconds = float(value)
     else:
         allowed = "None, " if allow_none else ""
-        raise TypeError(
+        raise _OptionTypeError(
             f"{option} must be {allowed}a number of seconds (int or float) or a "
             f"datetime.timedelta; got {value!r} ({type(value).__name__})"
         )
@@ -117,7 +122,7 @@ class Cooldown:
 
     def __post_init__(self) -> None:
         if isinstance(self.failures, bool) or not isinstance(self.failures, int):
-            raise TypeError(
+            raise _OptionTypeError(
                 f"Cooldown.failures must be an integer >= 1; got {self.failures!r} "
                 f"({type(self.failures).__name__})"
             )
@@ -127,7 +132,7 @@ class Cooldown:
             seconds = _seconds(f"Cooldown.{name}", getattr(self, name), allow_none=False)
             object.__setattr__(self, name, seconds)
         if not isinstance(self.honor_retry_after, bool):
-            raise TypeError(
+            raise _OptionTypeError(
                 f"Cooldown.honor_retry_after must be True or False; got {self.honor_retry_after!r}"
             )
 
@@ -247,7 +252,7 @@ class FallbackChain(Generic[ClientT]):
         clients_option: str = "clients",
     ) -> None:
         if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
-            raise TypeError(
+            raise _OptionTypeError(
                 f"{clients_option} must be a list of at least 2 clients; "
                 f"got {type(clients).__name__}"
             )
@@ -258,14 +263,14 @@ class FallbackChain(Generic[ClientT]):
             )
         timeout = _seconds("per_client_timeout", per_client_timeout, allow_none=True)
         if classifier is not None and not callable(classifier):
-            raise TypeError(
+            raise _OptionTypeError(
                 f"classifier must be a callable taking an exception (for example a "
                 f"TransientClassifier); got {classifier!r}"
             )
         if cooldown is not None and not isinstance(cooldown, Cooldown):
-            raise TypeError(f"cooldown must be None or a Cooldown(...); got {cooldown!r}")
+            raise _OptionTypeError(f"cooldown must be None or a Cooldown(...); got {cooldown!r}")
         if on_restart is not None and not callable(on_restart):
-            raise TypeError(f"on_restart must be a callable; got {on_restart!r}")
+            raise _OptionTypeError(f"on_restart must be a callable; got {on_restart!r}")
         #: The clients, in the order they are tried.
         self.clients: tuple[ClientT, ...] = tuple(clients)
         #: The per-client timeout in seconds, or None.
@@ -324,7 +329,7 @@ class FallbackChain(Generic[ClientT]):
             except _AttemptTimedOut as timed_out:
                 self._failed(index, None)
                 if position == last:
-                    raise self._timeout_error(index, timed_out.cause) from None
+                    raise self._timeout_error(index, timed_out.cause) from timed_out.cause
                 logger.warning(
                     "Client %d timed out after %s; trying next client.",
                     index,
@@ -361,7 +366,9 @@ class FallbackChain(Generic[ClientT]):
             return future.result(timeout=self._timeout)
         except TimeoutError as error:
             if future.done():
-                raise
+                # The attempt raised a TimeoutError of its own, or finished right at the
+                # deadline: either way its own outcome is the answer.
+                return future.result()
             raise _AttemptTimedOut(error) from None
 
     async def ainvoke(self, attempt: Callable[[int, ClientT], Awaitable[ResultT]]) -> ResultT:
@@ -385,7 +392,8 @@ class FallbackChain(Generic[ClientT]):
                 if scope is not None and scope.expired() and isinstance(error, TimeoutError):
                     self._failed(index, None)
                     if position == last:
-                        raise self._timeout_error(index, error.__cause__ or error) from None
+                        cause = error.__cause__ or error
+                        raise self._timeout_error(index, cause) from cause
                     logger.warning(
                         "Client %d timed out after %s; trying next client.",
                         index,
@@ -441,7 +449,7 @@ class FallbackChain(Generic[ClientT]):
                     except _AttemptTimedOut as timed_out:
                         self._failed(index, None)
                         if position == last:
-                            raise self._timeout_error(index, timed_out.cause) from None
+                            raise self._timeout_error(index, timed_out.cause) from timed_out.cause
                         self._log_stream_failure(index, started, content, timed_out=True)
                         if started:
                             self._restarted(
@@ -458,7 +466,8 @@ class FallbackChain(Generic[ClientT]):
                         self._log_stream_failure(index, started, content, timed_out=False)
                         if started:
                             self._restarted(
-                                on_restart, StreamRestart(index, order[position + 1], content, error)
+                                on_restart,
+                                StreamRestart(index, order[position + 1], content, error),
                             )
                         break
                     started = True
@@ -493,12 +502,19 @@ class FallbackChain(Generic[ClientT]):
             try:
                 while True:
                     scope: asyncio.Timeout | None = None
+                    expired = False
                     try:
                         if deadline is None:
                             if iterator is None:
                                 iterator = aiter(attempt(index, client))
                             chunk = await anext(iterator)
                         else:
+                            # A chunk ready without suspending would slip past an expired
+                            # timeout_at (it only cancels at the next await), so a slow
+                            # consumer is checked against the deadline here.
+                            if loop.time() >= deadline:
+                                expired = True
+                                raise TimeoutError("per-client timeout elapsed")
                             async with asyncio.timeout_at(deadline) as scope:
                                 if iterator is None:
                                     iterator = aiter(attempt(index, client))
@@ -507,15 +523,18 @@ class FallbackChain(Generic[ClientT]):
                         finished = True
                         break
                     except BaseException as error:
-                        timed_out = (
-                            scope is not None and scope.expired() and isinstance(error, TimeoutError)
+                        timed_out = expired or (
+                            scope is not None
+                            and scope.expired()
+                            and isinstance(error, TimeoutError)
                         )
                         if not timed_out and not self._is_transient(error):
                             raise
                         self._failed(index, None if timed_out else error)
                         if position == last:
                             if timed_out:
-                                raise self._timeout_error(index, error.__cause__ or error) from None
+                                cause = error.__cause__ or error
+                                raise self._timeout_error(index, cause) from cause
                             raise
                         self._log_stream_failure(index, started, content, timed_out=timed_out)
                         if started:
@@ -534,7 +553,9 @@ class FallbackChain(Generic[ClientT]):
                 return
         raise AssertionError("unreachable: the last client either finishes or raises")
 
-    def _log_stream_failure(self, index: int, started: bool, content: int, *, timed_out: bool) -> None:
+    def _log_stream_failure(
+        self, index: int, started: bool, content: int, *, timed_out: bool
+    ) -> None:
         if started:
             logger.warning(
                 "Streaming client %d failed mid-stream after %d token(s); "
@@ -642,6 +663,11 @@ class _ThreadedSource(_Source[ChunkT]):
                         return
                 self._queue.put(("end", None))
             except BaseException as error:
+                # Close a failed iterator before the consumer hears of the failure, so it
+                # is released before the next client starts.
+                if iterator is not None:
+                    _close(iterator)
+                    iterator = None
                 self._queue.put(("error", error))
             finally:
                 if iterator is not None and self._stop.is_set():
@@ -738,4 +764,3 @@ def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback
         name,
         retries,
     )
-

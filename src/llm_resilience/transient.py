@@ -187,8 +187,7 @@ class TransientClassifier:
         for code in normalised:
             if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
                 raise ValueError(
-                    f"status_codes must hold HTTP status integers between 100 and 599; "
-                    f"got {code!r}"
+                    f"status_codes must hold HTTP status integers between 100 and 599; got {code!r}"
                 )
         object.__setattr__(self, "status_codes", normalised)
         if self.also is not None and not callable(self.also):

@@ -32,9 +32,10 @@ from langchain_core.runnables import (
     RunnablePassthrough,
     RunnableSequence,
 )
+from pydantic import ConfigDict, Field, PrivateAttr
+
 from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart, warn_if_self_retrying
 from llm_resilience.layers import find_layer
-from pydantic import ConfigDict, Field, PrivateAttr
 
 __all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
 

@@ -582,6 +582,8 @@ class FallbackChain(Generic[ClientT]):
         for hook in self._hooks(extra):
             outcome = hook(restart)
             if inspect.isawaitable(outcome):
+                if inspect.iscoroutine(outcome):
+                    outcome.close()  # never awaited; closing avoids a RuntimeWarning
                 raise TypeError("a sync stream cannot await an async on_restart hook")
 
     async def _arestarted(self, extra: RestartHook | None, restart: StreamRestart) -> None:

@@ -13,9 +13,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from operator import itemgetter
 from typing import Any
+from uuid import UUID, uuid4
 
 from langchain_core.callbacks import (
+    AsyncCallbackManager,
     AsyncCallbackManagerForLLMRun,
+    CallbackManager,
     CallbackManagerForLLMRun,
 )
 from langchain_core.callbacks.manager import ahandle_event, handle_event
@@ -31,6 +34,7 @@ from langchain_core.runnables import (
     RunnableMap,
     RunnablePassthrough,
     RunnableSequence,
+    ensure_config,
 )
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -147,10 +151,51 @@ class FallbackChatModel(BaseChatModel):
 
     # -- calls ---------------------------------------------------------------------
 
+    # LangChain's ``stream``/``astream`` do not hand ``_stream`` its run manager, so the
+    # wrapper names the run itself and passes a sink for the restart event down through
+    # the call's keyword arguments (filtered out of traced parameters below).
+    def stream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        config, sink = _RestartSink.attach(self, config)
+        yield from super().stream(input, config, stop=stop, **{_SINK_KWARG: sink}, **kwargs)
+
+    async def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        config, sink = _RestartSink.attach(self, config)
+        async for chunk in super().astream(
+            input, config, stop=stop, **{_SINK_KWARG: sink}, **kwargs
+        ):
+            yield chunk
+
+    def _get_invocation_params(
+        self, stop: list[str] | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        kwargs.pop(_SINK_KWARG, None)
+        return super()._get_invocation_params(stop=stop, **kwargs)
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        kwargs.pop(_SINK_KWARG, None)
+        return super()._get_ls_params(stop=stop, **kwargs)
+
     def _kwargs_for(self, index: int, kwargs: dict[str, Any]) -> dict[str, Any]:
         if not self.member_kwargs:
+            if _SINK_KWARG in kwargs:
+                return {key: value for key, value in kwargs.items() if key != _SINK_KWARG}
             return kwargs
         merged = {**self.member_kwargs[index], **kwargs}
+        merged.pop(_SINK_KWARG, None)
         for key in _TRACING_ONLY_KWARGS:
             merged.pop(key, None)
         return merged
@@ -209,8 +254,12 @@ class FallbackChatModel(BaseChatModel):
                 yield _as_chunk(result)
             yield _served_by_chunk(index)
 
+        sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
+
         def restarted(restart: StreamRestart) -> None:
-            if run_manager is not None and run_manager.handlers:
+            if sink is not None:
+                sink.emit(_restart_data(restart))
+            elif run_manager is not None and run_manager.handlers:
                 handle_event(
                     run_manager.handlers,
                     "on_custom_event",
@@ -247,8 +296,12 @@ class FallbackChatModel(BaseChatModel):
                 yield _as_chunk(result)
             yield _served_by_chunk(index)
 
+        sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
+
         async def restarted(restart: StreamRestart) -> None:
-            if run_manager is not None and run_manager.handlers:
+            if sink is not None:
+                await sink.aemit(_restart_data(restart))
+            elif run_manager is not None and run_manager.handlers:
                 await ahandle_event(
                     run_manager.handlers,
                     "on_custom_event",
@@ -334,6 +387,51 @@ class FallbackChatModel(BaseChatModel):
 
 
 # -- helpers -------------------------------------------------------------------------
+
+_SINK_KWARG = "_llm_resilience_restart_sink"
+
+
+class _RestartSink:
+    """Sends the restart event to the callbacks of one stream call, under its run id."""
+
+    __slots__ = ("_config", "_model", "_run_id")
+
+    def __init__(self, model: BaseChatModel, config: RunnableConfig, run_id: UUID) -> None:
+        self._model = model
+        self._config = config
+        self._run_id = run_id
+
+    def __repr__(self) -> str:  # shown nowhere user-facing; keep it free of callbacks
+        return "_RestartSink()"
+
+    @classmethod
+    def attach(
+        cls, model: BaseChatModel, config: RunnableConfig | None
+    ) -> tuple[RunnableConfig, _RestartSink]:
+        config = ensure_config(config)
+        run_id = config.get("run_id") or uuid4()
+        config = {**config, "run_id": run_id}
+        return config, cls(model, config, run_id)
+
+    def _configure(self, manager_cls: Any) -> Any:
+        config, model = self._config, self._model
+        return manager_cls.configure(
+            config.get("callbacks"),
+            model.callbacks,
+            model.verbose,
+            config.get("tags"),
+            model.tags,
+            config.get("metadata"),
+            model.metadata,
+        )
+
+    def emit(self, data: dict[str, Any]) -> None:
+        manager = self._configure(CallbackManager)
+        manager.on_custom_event(STREAM_RESTART_EVENT, data, run_id=self._run_id)
+
+    async def aemit(self, data: dict[str, Any]) -> None:
+        manager = self._configure(AsyncCallbackManager)
+        await manager.on_custom_event(STREAM_RESTART_EVENT, data, run_id=self._run_id)
 
 
 def _check_members(models: object) -> None:

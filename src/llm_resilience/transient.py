@@ -4,7 +4,8 @@ An error is transient when trying the same request elsewhere (or later) may succ
 
 * it carries HTTP status 429 or 503 (``status_code``, ``response.status_code``,
   ``status`` or ``code``, which between them cover openai, anthropic, httpx, requests,
-  aiohttp and google's clients);
+  aiohttp and google's clients; an Anthropic error event that arrives mid-stream, on a
+  response that already said 200, counts with the status its error type stands for);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
   uses, httpcore, requests, urllib3, aiohttp, the SDKs' ``APIConnectionError``, builtin
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llm_resilience.errors import BudgetExceededError, RateLimitQueueFullError
@@ -109,20 +110,40 @@ _TRANSPORT_TYPES: frozenset[tuple[str, str]] = frozenset(
 
 _MAX_CAUSE_DEPTH = 8
 
+# Anthropic's documented error types and the statuses they are sent with. A failure after
+# a stream started arrives as an SSE ``error`` event on a response that already said 200,
+# and the SDK raises it carrying that 200: the body's type is then its only real status
+# (``overloaded_error`` is a stream's 529, so the server-error preset must see it).
+_ANTHROPIC_ERROR_TYPE_STATUS: dict[str, int] = {
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
 
 def status_code_of(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries, or None.
+    """The HTTP error status an exception carries, or None.
 
     Looks at ``status_code``, ``status`` and ``code`` on the error and on its
-    ``response``; only integers that are HTTP statuses (100-599) count.
+    ``response``; only integers that are HTTP error statuses (400-599) count. Failing
+    those, an Anthropic error body (``{"type": "error", "error": {"type": ...}}``)
+    gives the status of its error type, e.g. 529 for ``overloaded_error``.
     """
     for holder in (exc, _safe_getattr(exc, "response")):
         if holder is None:
             continue
         for name in ("status_code", "status", "code"):
             value = _safe_getattr(holder, name)
-            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+            if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
                 return value
+    body = _safe_getattr(exc, "body")
+    if isinstance(body, Mapping) and body.get("type") == "error":
+        error = body.get("error")
+        if isinstance(error, Mapping):
+            error_type = error.get("type")
+            if isinstance(error_type, str):
+                return _ANTHROPIC_ERROR_TYPE_STATUS.get(error_type)
     return None
 
 
@@ -185,9 +206,9 @@ class TransientClassifier:
             )
         normalised = frozenset(codes)
         for code in normalised:
-            if isinstance(code, bool) or not isinstance(code, int) or not 100 <= code <= 599:
+            if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
                 raise ValueError(
-                    f"status_codes must hold HTTP status integers between 100 and 599; got {code!r}"
+                    f"status_codes must hold HTTP error status integers between 400 and 599; got {code!r}"
                 )
         object.__setattr__(self, "status_codes", normalised)
         if self.also is not None and not callable(self.also):

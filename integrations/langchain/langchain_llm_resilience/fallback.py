@@ -367,7 +367,14 @@ class FallbackChatModel(BaseChatModel):
             binding, parser = _split_structured(structured, model, position)
             bound.append(self._merged_member_kwargs(position, binding))
             parsers.append(parser)
-        llm = self._rebound(bound)
+        llm: Runnable[LanguageModelInput, AIMessage] = self._rebound(bound)
+        # Tracing metadata (LangSmith's structured-output fields) belongs to the wrapper's
+        # run, so it is bound there, where LangChain's entry points pick it up.
+        tracing = next(
+            (kw[_TRACING_ONLY_KWARGS[0]] for kw in bound if kw.get(_TRACING_ONLY_KWARGS[0])), None
+        )
+        if tracing is not None:
+            llm = llm.bind(**{_TRACING_ONLY_KWARGS[0]: tracing})
 
         def parse(message: AIMessage, config: RunnableConfig) -> Any:
             return parsers[_served_by(message)].invoke(message, config)
@@ -567,4 +574,4 @@ def _merge_profiles(profiles: list[ModelProfile | None]) -> ModelProfile | None:
             merged[key] = min(values)
         elif all(value == values[0] for value in values):
             merged[key] = values[0]
-    return ModelProfile(**merged)  # type: ignore[typeddict-item]
+    return ModelProfile(**merged)  # type: ignore[typeddict-item,no-any-return]

@@ -208,7 +208,8 @@ class TransientClassifier:
         for code in normalised:
             if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
                 raise ValueError(
-                    f"status_codes must hold HTTP error status integers between 400 and 599; got {code!r}"
+                    "status_codes must hold HTTP error status integers between 400 and 599; "
+                    f"got {code!r}"
                 )
         object.__setattr__(self, "status_codes", normalised)
         if self.also is not None and not callable(self.also):

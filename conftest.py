@@ -1,0 +1,48 @@
+"""Shared test fixtures: the real PostgreSQL and Redis servers, when they are there.
+
+On a developer's machine without them, the tests that need them skip with the reason.
+Under ``CI=true`` they must run: a missing server fails the test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+POSTGRES_URL = os.environ.get(
+    "LLM_RESILIENCE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("LLM_RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _require(service: str, host: str, port: int) -> None:
+    if _reachable(host, port):
+        return
+    reason = f"{service} is not reachable at {host}:{port}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason}, and CI=true requires it (.ci/run starts it)")
+    pytest.skip(f"{reason}; start it to run this test")
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """SQLAlchemy URL of the test PostgreSQL database (skips, or fails under CI)."""
+    _require("PostgreSQL", "127.0.0.1", 5432)
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """URL of the test Redis database (skips, or fails under CI)."""
+    _require("Redis", "127.0.0.1", 6379)
+    return REDIS_URL

@@ -1,0 +1,432 @@
+"""FallbackChatModel as a LangChain citizen: runs, usage, tools, limits, validation."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.caches import InMemoryCache
+from langchain_core.callbacks import BaseCallbackHandler, get_usage_metadata_callback
+from langchain_core.exceptions import ModelAPIError, ModelRateLimitError
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.rate_limiters import InMemoryRateLimiter
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import tool
+from pydantic import BaseModel
+
+from langchain_llm_resilience import STREAM_RESTART_EVENT, FallbackChatModel
+from langchain_llm_resilience.testing import (
+    FailingChatModel,
+    ScriptedChatModel,
+    service_unavailable_error,
+)
+from llm_resilience import Cooldown, PerClientTimeoutError, TransientClassifier
+
+
+class RunRecorder(BaseCallbackHandler):
+    """Counts LLM runs and remembers their parents."""
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[UUID, UUID | None]] = []
+        self.ends: list[UUID] = []
+        self.chain_runs: list[UUID] = []
+        self.custom: list[tuple[str, Any, UUID]] = []
+
+    def on_chat_model_start(
+        self,
+        serialized: Any,
+        messages: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.starts.append((run_id, parent_run_id))
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.ends.append(run_id)
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.chain_runs.append(run_id)
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.custom.append((name, data, run_id))
+
+
+def chain(**overrides: Any) -> FallbackChatModel:
+    params: dict[str, Any] = {
+        "models": [
+            FailingChatModel(),
+            ScriptedChatModel(model="served-by-secondary", responses=["Paris."]),
+        ],
+    }
+    params.update(overrides)
+    return FallbackChatModel(**params)
+
+
+# -- a real chat model -----------------------------------------------------------------
+
+
+def test_the_wrapper_is_a_chat_model_where_with_fallbacks_is_not() -> None:
+    primary, secondary = FailingChatModel(), ScriptedChatModel()
+    assert isinstance(FallbackChatModel(models=[primary, secondary]), BaseChatModel)
+    assert not isinstance(primary.with_fallbacks([secondary]), BaseChatModel)
+
+
+def test_create_agent_runs_a_tool_through_a_failed_over_chain() -> None:
+    from langchain.agents import create_agent
+
+    @tool
+    def magic_function(input: int) -> int:
+        """Apply a magic function to an input."""
+        return input + 2
+
+    model = chain(models=[FailingChatModel(), ScriptedChatModel(model="secondary")])
+    agent = create_agent(model, tools=[magic_function])
+    result = agent.invoke({"messages": [HumanMessage("What is the value of magic_function(3)?")]})
+    tool_messages = [m for m in result["messages"] if m.type == "tool"]
+    assert [m.content for m in tool_messages] == ["5"]
+    assert result["messages"][-1].type == "ai"
+
+
+def test_one_call_is_one_llm_run_parented_under_the_caller() -> None:
+    recorder = RunRecorder()
+    model = chain()
+    pipeline = RunnableLambda(lambda text: text) | model
+    pipeline.invoke("Capital of France?", {"callbacks": [recorder]})
+    assert len(recorder.starts) == 1
+    assert len(recorder.ends) == 1
+    run_id, parent = recorder.starts[0]
+    assert recorder.ends == [run_id]
+    assert parent == recorder.chain_runs[0]
+
+
+def test_usage_is_counted_once_while_a_naive_wrapper_counts_it_twice() -> None:
+    secondary = ScriptedChatModel(model="secondary", responses=["Paris."])
+    with get_usage_metadata_callback() as ours:
+        answer = FallbackChatModel(models=[FailingChatModel(), secondary]).invoke("Capital?")
+    assert answer.usage_metadata is not None
+    assert ours.usage_metadata == {"secondary": answer.usage_metadata}
+
+    class NaiveWrapper(BaseChatModel):
+        inner: BaseChatModel
+
+        @property
+        def _llm_type(self) -> str:
+            return "naive"
+
+        def _generate(
+            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
+        ) -> Any:
+            from langchain_core.outputs import ChatGeneration, ChatResult
+
+            return ChatResult(generations=[ChatGeneration(message=self.inner.invoke(messages))])
+
+    with get_usage_metadata_callback() as naive:
+        NaiveWrapper(inner=secondary).invoke("Capital?")
+    assert (
+        naive.usage_metadata["secondary"]["total_tokens"]
+        == 2 * answer.usage_metadata["total_tokens"]
+    )
+
+
+@pytest.mark.parametrize("call", ["invoke", "stream"])
+def test_usage_and_model_name_are_those_of_the_member_that_served(call: str) -> None:
+    model = chain()
+    if call == "invoke":
+        message: Any = model.invoke("Capital?")
+    else:
+        chunks = list(model.stream("Capital?"))
+        message = chunks[0]
+        for chunk in chunks[1:]:
+            message = message + chunk
+    assert message.response_metadata["model_name"] == "served-by-secondary"
+    assert message.response_metadata["fallback_client"] == 1
+    assert message.usage_metadata["output_tokens"] > 0
+
+
+async def test_async_and_batch_calls_fail_over() -> None:
+    model = chain()
+    assert (await model.ainvoke("Capital?")).content == "Paris."
+    assert [m.content for m in model.batch(["a", "b"])] == ["Paris.", "Paris."]
+    assert [m.content for m in await model.abatch(["a", "b"])] == ["Paris.", "Paris."]
+    text = "".join([str(c.content) async for c in model.astream("Capital?")])
+    assert text == "Paris."
+
+
+# -- members keep their own limiter and cache --------------------------------------------
+
+
+class CountingLimiter(InMemoryRateLimiter):
+    def __init__(self) -> None:
+        super().__init__(requests_per_second=1000, max_bucket_size=1000)
+        self.acquired = 0
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        self.acquired += 1
+        return super().acquire(blocking=blocking)
+
+    async def aacquire(self, *, blocking: bool = True) -> bool:
+        self.acquired += 1
+        return await super().aacquire(blocking=blocking)
+
+
+async def test_a_members_rate_limiter_applies_to_its_own_attempt() -> None:
+    limiter = CountingLimiter()
+    secondary = ScriptedChatModel(rate_limiter=limiter)
+    model = FallbackChatModel(models=[FailingChatModel(), secondary])
+    model.invoke("a")
+    list(model.stream("b"))
+    await model.ainvoke("c")
+    [c async for c in model.astream("d")]
+    assert limiter.acquired == 4
+
+
+def test_a_members_cache_answers_its_attempt() -> None:
+    secondary = ScriptedChatModel(responses=["first", "second"], cache=InMemoryCache())
+    model = FallbackChatModel(models=[FailingChatModel(), secondary])
+    assert model.invoke("same question").content == "first"
+    assert model.invoke("same question").content == "first"
+    assert secondary.calls == 1
+
+
+# -- what fails over ----------------------------------------------------------------------
+
+
+def test_langchains_typed_errors_are_classified_by_status_not_is_retryable() -> None:
+    server_error = ModelAPIError("internal error")
+    server_error.status_code = 500  # type: ignore[attr-defined]
+    assert server_error.is_retryable
+    secondary = ScriptedChatModel()
+    with pytest.raises(ModelAPIError):
+        FallbackChatModel(models=[FailingChatModel(error=server_error), secondary]).invoke("x")
+    assert secondary.calls == 0
+    answer = FallbackChatModel(
+        models=[FailingChatModel(error=ModelRateLimitError("slow down")), secondary]
+    ).invoke("x")
+    assert answer.response_metadata["fallback_client"] == 1
+
+
+def test_the_server_error_preset_widens_what_fails_over() -> None:
+    error = service_unavailable_error()
+    error.status_code = 500  # type: ignore[attr-defined]
+    with pytest.raises(type(error)):
+        chain(models=[FailingChatModel(error=error), ScriptedChatModel()]).invoke("x")
+    answer = chain(
+        models=[FailingChatModel(error=error), ScriptedChatModel()],
+        classifier=TransientClassifier.with_server_errors(),
+    ).invoke("x")
+    assert answer.response_metadata["fallback_client"] == 1
+
+
+def test_every_member_failing_raises_the_last_members_own_error() -> None:
+    last = FailingChatModel()
+    with pytest.raises(type(last.error)) as raised:
+        FallbackChatModel(models=[FailingChatModel(), last]).invoke("x")
+    assert raised.value is last.error
+
+
+def test_a_hung_primary_times_out_and_the_last_timeout_is_a_timeout_error() -> None:
+    hung = FailingChatModel(hang_seconds=5)
+    try:
+        assert chain(models=[hung, ScriptedChatModel()], per_client_timeout=0.1).invoke("x").content
+        with pytest.raises(PerClientTimeoutError):
+            FallbackChatModel(
+                models=[ScriptedChatModel(), hung][::-1][:1] * 2, per_client_timeout=0.1
+            ).invoke("x")
+    finally:
+        hung.release()
+
+
+async def test_astream_restart_reaches_callbacks_and_astream_events() -> None:
+    model = chain(
+        models=[FailingChatModel(chunks_before_error=2), ScriptedChatModel(responses=["a b c"])]
+    )
+    recorder = RunRecorder()
+    chunks = [c async for c in model.astream("x", {"callbacks": [recorder]})]
+    assert "".join(str(c.content) for c in chunks).endswith("a b c")
+    ((name, data, run_id),) = recorder.custom
+    assert name == STREAM_RESTART_EVENT
+    assert data == {
+        "failed_client": 0,
+        "next_client": 1,
+        "chunks": 2,
+        "error_type": "RateLimitError",
+    }
+    assert run_id == recorder.starts[0][0]
+
+    events = [e async for e in model.astream_events("x", version="v2")]
+    custom = [e for e in events if e["event"] == "on_custom_event"]
+    assert [e["name"] for e in custom] == [STREAM_RESTART_EVENT]
+    model_start = next(e for e in events if e["event"] == "on_chat_model_start")
+    assert custom[0]["run_id"] == model_start["run_id"]
+
+
+def test_sync_stream_restart_reaches_callbacks() -> None:
+    model = chain(models=[FailingChatModel(chunks_before_error=1), ScriptedChatModel()])
+    recorder = RunRecorder()
+    list(model.stream("x", {"callbacks": [recorder]}))
+    assert [name for name, _, _ in recorder.custom] == [STREAM_RESTART_EVENT]
+
+
+# -- tools and structured output ------------------------------------------------------------
+
+
+class Capital(BaseModel):
+    """The capital city of a country."""
+
+    country: str
+    city: str
+
+
+def test_bind_tools_binds_each_member_in_its_own_providers_format() -> None:
+    from langchain_anthropic import ChatAnthropic
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return "sunny"
+
+    model = FallbackChatModel(
+        models=[
+            ChatOpenAI(model="gpt-4o", api_key="x", max_retries=0),  # type: ignore[arg-type]
+            ChatAnthropic(
+                model_name="claude-haiku-4-5", api_key="x", max_retries=0, timeout=None, stop=None
+            ),  # type: ignore[arg-type]
+        ]
+    )
+    bound = model.bind_tools([get_weather])
+    assert isinstance(bound, FallbackChatModel)
+    openai_tools, anthropic_tools = (kwargs["tools"] for kwargs in bound.member_kwargs or [])
+    assert openai_tools[0]["type"] == "function"
+    assert openai_tools[0]["function"]["name"] == "get_weather"
+    assert anthropic_tools[0]["name"] == "get_weather"
+    assert "input_schema" in anthropic_tools[0]
+
+
+def test_bound_tools_survive_a_failover() -> None:
+    @tool
+    def magic_function(input: int) -> int:
+        """Apply a magic function to an input."""
+        return input + 2
+
+    bound = chain(models=[FailingChatModel(), ScriptedChatModel()]).bind_tools(
+        [magic_function], tool_choice="any"
+    )
+    message = bound.invoke("What is magic_function(3)?")
+    assert isinstance(message, AIMessage)
+    assert message.tool_calls[0]["name"] == "magic_function"
+    assert message.tool_calls[0]["args"] == {"input": 3}
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema", "json_mode"])
+async def test_structured_output_parses_with_the_member_that_answered(method: str) -> None:
+    model = chain(models=[FailingChatModel(), ScriptedChatModel()])
+    # JSON mode carries no schema to the provider, so the offline fake cannot know the
+    # keys: parse into a plain dict there, into the pydantic model elsewhere.
+    schema: Any = Capital if method != "json_mode" else Capital.model_json_schema()
+    structured = model.with_structured_output(schema, method=method)
+    prompt = "Give the country 'France' and the city 'Paris' as JSON."
+    result = structured.invoke(prompt)
+    if method != "json_mode":
+        assert result == Capital(country="France", city="Paris")
+    else:
+        assert isinstance(result, dict)
+        assert result
+    assert (await structured.ainvoke(prompt)) == result
+    raw = model.with_structured_output(schema, method=method, include_raw=True).invoke(prompt)
+    assert raw["parsed"] == result
+    assert raw["parsing_error"] is None
+    assert raw["raw"].response_metadata["fallback_client"] == 1
+
+
+def test_profile_is_what_every_member_supports() -> None:
+    model = FallbackChatModel(
+        models=[
+            ScriptedChatModel(
+                profile={"max_input_tokens": 200_000, "tool_calling": True, "image_inputs": True}
+            ),
+            ScriptedChatModel(
+                profile={
+                    "max_input_tokens": 128_000,
+                    "tool_calling": True,
+                    "image_inputs": False,
+                    "pdf_inputs": True,
+                }
+            ),
+        ]
+    )
+    assert model.profile == {
+        "max_input_tokens": 128_000,
+        "tool_calling": True,
+        "image_inputs": False,
+    }
+
+
+# -- construction ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "error", "words"),
+    [
+        ({"models": [ScriptedChatModel()]}, ValueError, ["models", "at least 2"]),
+        ({"models": []}, ValueError, ["models", "at least 2"]),
+        ({"models": "gpt-4o"}, TypeError, ["models", "BaseChatModel"]),
+        (
+            {"models": [ScriptedChatModel(), "gpt-4o"]},
+            TypeError,
+            ["models[1]", "BaseChatModel", "str"],
+        ),
+        ({"per_client_timeout": 0}, ValueError, ["per_client_timeout", "greater than 0"]),
+        ({"per_client_timeout": -1.5}, ValueError, ["per_client_timeout", "greater than 0"]),
+        ({"per_client_timeout": "30s"}, TypeError, ["per_client_timeout", "timedelta"]),
+        ({"cooldown": {"failures": 3}}, TypeError, ["cooldown", "Cooldown"]),
+    ],
+)
+def test_bad_options_fail_at_construction_naming_the_option(
+    params: dict[str, Any], error: type[Exception], words: list[str]
+) -> None:
+    full = {"models": [FailingChatModel(), ScriptedChatModel()], **params}
+    with pytest.raises(error) as raised:
+        FallbackChatModel(**full)
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_cooldown_fields_are_validated_when_built() -> None:
+    with pytest.raises(ValueError, match=r"Cooldown\.failures"):
+        Cooldown(failures=0)
+    model = chain(cooldown=Cooldown(failures=1, window=60, duration=60))
+    model.invoke("x")
+    primary = model.models[0]
+    assert isinstance(primary, FailingChatModel)
+    model.invoke("y")
+    assert primary.calls == 1  # skipped while cooling down
+
+
+def test_a_member_that_retries_by_itself_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    retrying = ChatOpenAI(model="gpt-4o", api_key="x")  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
+        FallbackChatModel(models=[retrying, ScriptedChatModel()])
+        FallbackChatModel(models=[retrying, ScriptedChatModel()])
+    warnings = [r.getMessage() for r in caplog.records if "retries by itself" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "ChatOpenAI(gpt-4o)" in warnings[0]
+    assert "max_retries" in warnings[0]
+
+
+def test_find_layer_probes_the_stack() -> None:
+    secondary = ScriptedChatModel()
+    model = FallbackChatModel(models=[FailingChatModel(), secondary])
+    assert model.find_layer(FallbackChatModel) is model
+    assert model.find_layer(ScriptedChatModel) is secondary
+    assert model.find_layer(InMemoryCache) is None
+    assert model.inner == tuple(model.models)

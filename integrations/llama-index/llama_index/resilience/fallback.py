@@ -1,0 +1,674 @@
+"""``FallbackLLM``: a LlamaIndex ``FunctionCallingLLM`` over :class:`llm_resilience.FallbackChain`.
+
+The adapter only translates. Which LLM is tried, what counts as transient, timeouts,
+the circuit breaker, the log lines and stream restarts are the core engine's
+(:mod:`llm_resilience.fallback`); this module turns LlamaIndex calls into engine
+attempts and engine results back into LlamaIndex responses.
+
+Three translation rules are worth knowing:
+
+* **Which LLM served.** Every response and streamed chunk is a shallow copy of the
+  member's, with ``additional_kwargs["fallback_served_by"]`` set to the path of indexes
+  that served it (``[1]``: ``llms[1]``; ``[1, 0]``: ``llms[1].llms[0]`` when a member is
+  itself a ``FallbackLLM``). ``get_tool_calls_from_response`` and
+  ``_validate_chat_with_tools_response`` are dispatched along that path, so the member
+  that produced the tool calls parses them. A response without the key (built by hand,
+  or the empty placeholder an agent uses for an empty stream) is offered to each member
+  in turn and the first non-empty parse wins. The key sits on the response, never on
+  ``response.message``, so it is not sent back to a provider with the chat history.
+* **Tools are prepared per member.** ``chat_with_tools`` and its async and streaming
+  siblings hand each attempt's member the original tools and messages, and the member
+  builds its own request with its own ``_prepare_chat_with_tools`` (OpenAI and Anthropic
+  tool schemas differ). Each member gets its own copy of the chat history.
+* **One event pair per call.** The wrapper's public methods carry LlamaIndex's
+  ``llm_chat_callback``/``llm_completion_callback`` and the dispatcher's span, so one user
+  call emits one ``CBEventType.LLM`` start/end pair and one ``LLMChatStartEvent`` /
+  ``LLMChatEndEvent`` (or completion) pair. Members are called *below* their own
+  decorators: the undecorated method is recovered from the dispatcher's ``wrapt`` proxy
+  (``__wrapped__``) and from the callback decorator's closure (which does not keep a
+  ``__wrapped__`` reference). A member's ``rate_limiter``, which that decorator would
+  have applied, is acquired by the adapter instead. A member whose method does not
+  carry those decorators is called as it is. Swapping a member's ``callback_manager``
+  would not do: instrumentation events go to global dispatchers, not to the callback
+  manager, and mutating a shared member is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from datetime import timedelta
+from types import CodeType, FunctionType, MethodType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_serializer,
+)
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import LLM, ToolSelection
+from llama_index.resilience.events import FallbackStreamRestartEvent
+
+from llm_resilience.fallback import (
+    Cooldown,
+    FallbackChain,
+    StreamRestart,
+    warn_if_self_retrying,
+)
+
+if TYPE_CHECKING:
+    from llama_index.core.tools.types import BaseTool
+
+__all__ = ["SERVED_BY_KEY", "FallbackLLM"]
+
+dispatcher = get_dispatcher(__name__)
+
+#: ``response.additional_kwargs`` key holding the index path of the member that served.
+SERVED_BY_KEY = "fallback_served_by"
+
+# The chat kwarg that carries a tool request from ``_prepare_chat_with_tools`` to the
+# attempts, where each member prepares the tools its own way.
+_TOOL_REQUEST_KEY = "fallback_tool_request"
+
+_ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
+_LayerT = TypeVar("_LayerT")
+
+
+class FallbackLLM(FunctionCallingLLM):
+    """Try ``llms`` in order; move to the next one at once when one fails transiently.
+
+    Example::
+
+        from llama_index.core import Settings
+        from llama_index.llms.anthropic import Anthropic
+        from llama_index.llms.openai import OpenAI
+        from llama_index.resilience import FallbackLLM
+
+        Settings.llm = FallbackLLM(
+            llms=[OpenAI(model="gpt-4o", max_retries=0), Anthropic(model="claude-sonnet-4-5")],
+            per_client_timeout=30,
+        )  # query engines, agents and structured_predict now fail over
+
+    ``llms`` needs at least 2 LlamaIndex ``LLM`` objects, tried in that order, each once
+    per call. A transient failure (429, 503, connection errors, timeouts; see
+    :func:`llm_resilience.is_transient`) moves on at once; any other error propagates
+    and the rest are not tried; when all fail, the last LLM's own exception is raised.
+    ``per_client_timeout`` is None (the default: unbounded) or seconds > 0 as a float or
+    ``timedelta``; a sync call that times out abandons the attempt on its worker thread,
+    which keeps running until the provider returns. A stream's timeout spans first chunk
+    to last. A stream that fails after chunks restarts on the next LLM from the
+    beginning: chunks already yielded stay yielded, a WARNING is logged and a
+    :class:`~llama_index.resilience.events.FallbackStreamRestartEvent` is dispatched.
+    ``cooldown`` (a :class:`llm_resilience.Cooldown`) skips an LLM that keeps failing;
+    ``classifier`` replaces the transient rule. Options are fixed at construction.
+
+    Members that retry by themselves (LlamaIndex's ``OpenAI`` defaults to
+    ``max_retries=3``) are warned about once: their retries delay every failover.
+
+    Raises ``ValueError``/``TypeError`` naming the option: fewer than 2 ``llms``, a
+    member that is not an ``LLM``, a bad ``per_client_timeout``, ``cooldown`` or
+    ``classifier``.
+    """
+
+    llms: tuple[LLM, ...] = Field(frozen=True, description="The LLMs, in the order they are tried.")
+    per_client_timeout: float | None = Field(
+        default=None,
+        frozen=True,
+        description="Seconds each attempt may take (None: unbounded).",
+    )
+    cooldown: Any | None = Field(
+        default=None,
+        frozen=True,
+        exclude=True,
+        description="llm_resilience.Cooldown circuit breaker, or None.",
+    )
+    classifier: Any | None = Field(
+        default=None,
+        frozen=True,
+        exclude=True,
+        description="Transient-error predicate replacing llm_resilience.is_transient.",
+    )
+
+    _chain: FallbackChain[LLM] = PrivateAttr()
+
+    def __init__(
+        self,
+        *,
+        llms: Sequence[LLM],
+        per_client_timeout: float | timedelta | None = None,
+        cooldown: Cooldown | None = None,
+        classifier: Callable[[BaseException], bool] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # The engine validates first, so its errors (naming the option and the allowed
+        # values) reach the user instead of a pydantic ValidationError.
+        chain: FallbackChain[LLM] = FallbackChain(
+            llms,
+            per_client_timeout=per_client_timeout,
+            classifier=classifier,
+            cooldown=cooldown,
+            on_restart=_announce_restart,
+            clients_option="llms",
+        )
+        for position, member in enumerate(chain.clients):
+            if not isinstance(member, LLM):
+                raise TypeError(
+                    f"llms[{position}] must be a LlamaIndex LLM (llama_index.core.llms.LLM); "
+                    f"got {type(member).__module__}.{type(member).__qualname__}"
+                )
+        super().__init__(
+            llms=chain.clients,
+            per_client_timeout=chain.per_client_timeout,
+            cooldown=cooldown,
+            classifier=classifier,
+            **kwargs,
+        )
+        self._chain = chain
+        for position, member in enumerate(chain.clients):
+            warn_if_self_retrying(member, position=position)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FallbackLLM"
+
+    @property
+    def inner(self) -> tuple[LLM, ...]:
+        """The wrapped LLMs, in the order they are tried (same as ``llms``)."""
+        return self.llms
+
+    def find_layer(self, cls: type[_LayerT]) -> _LayerT | None:
+        """The first layer of type ``cls`` in the stack below this one (itself included).
+
+        Looks at itself, then at each member in order; a member that answers
+        ``find_layer`` is asked in turn. Returns None when no layer matches.
+        """
+        if isinstance(self, cls):
+            return self
+        for member in self.llms:
+            finder = getattr(member, "find_layer", None)
+            if callable(finder):
+                found = finder(cls)
+            elif isinstance(member, cls):
+                found = member
+            else:
+                found = None
+            if found is not None:
+                return found  # type: ignore[no-any-return]
+        return None
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        """A conservative merge of the members' metadata.
+
+        ``context_window`` and ``num_output``: the smallest positive value among the
+        members (non-positive values mean "unknown", as OpenAI's ``num_output=-1``).
+        ``is_chat_model``/``is_function_calling_model``: true only if true for every
+        member. ``model_name``: ``"fallback(a,b)"``. ``system_role``: the first member's.
+        """
+        members = [member.metadata for member in self.llms]
+        return LLMMetadata(
+            context_window=_smallest_known(m.context_window for m in members),
+            num_output=_smallest_known(m.num_output for m in members),
+            is_chat_model=all(m.is_chat_model for m in members),
+            is_function_calling_model=all(m.is_function_calling_model for m in members),
+            model_name=f"fallback({','.join(m.model_name for m in members)})",
+            system_role=members[0].system_role,
+        )
+
+    # -- chat ---------------------------------------------------------------------
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+
+        def attempt(index: int, member: LLM) -> ChatResponse:
+            call = _direct(member, "chat", is_async=False)
+            response: ChatResponse = call(
+                **_chat_kwargs(member, index, messages, kwargs, tool_request)
+            )
+            return _served(response, index)
+
+        return self._chain.invoke(attempt)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+
+        async def attempt(index: int, member: LLM) -> ChatResponse:
+            call = _direct(member, "achat", is_async=True)
+            response: ChatResponse = await call(
+                **_chat_kwargs(member, index, messages, kwargs, tool_request)
+            )
+            return _served(response, index)
+
+        return await self._chain.ainvoke(attempt)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+
+        def attempt(index: int, member: LLM) -> Iterator[ChatResponse]:
+            call = _direct(member, "stream_chat", is_async=False)
+            return _relay(
+                lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
+            )
+
+        # The engine's stream is a generator (LlamaIndex's callback wraps generators
+        # only to emit the end event) and starts no request before the first chunk.
+        return cast(ChatResponseGen, self._chain.stream(attempt, is_content=_carries_content))
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+
+        def attempt(index: int, member: LLM) -> AsyncIterator[ChatResponse]:
+            call = _direct(member, "astream_chat", is_async=True)
+            return _arelay(
+                lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
+            )
+
+        stream = self._chain.astream(attempt, is_content=_carries_content)
+        return cast(ChatResponseAsyncGen, stream)
+
+    # -- completion ---------------------------------------------------------------
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        def attempt(index: int, member: LLM) -> CompletionResponse:
+            call = _direct(member, "complete", is_async=False)
+            response: CompletionResponse = call(prompt, formatted=formatted, **kwargs)
+            return _served(response, index)
+
+        return self._chain.invoke(attempt)
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        async def attempt(index: int, member: LLM) -> CompletionResponse:
+            call = _direct(member, "acomplete", is_async=True)
+            response: CompletionResponse = await call(prompt, formatted=formatted, **kwargs)
+            return _served(response, index)
+
+        return await self._chain.ainvoke(attempt)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        def attempt(index: int, member: LLM) -> Iterator[CompletionResponse]:
+            call = _direct(member, "stream_complete", is_async=False)
+            return _relay(lambda: call(prompt, formatted=formatted, **kwargs), index)
+
+        stream = self._chain.stream(attempt, is_content=_carries_content)
+        return cast(CompletionResponseGen, stream)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        def attempt(index: int, member: LLM) -> AsyncIterator[CompletionResponse]:
+            call = _direct(member, "astream_complete", is_async=True)
+            return _arelay(lambda: call(prompt, formatted=formatted, **kwargs), index)
+
+        stream = self._chain.astream(attempt, is_content=_carries_content)
+        return cast(CompletionResponseAsyncGen, stream)
+
+    # -- function calling -----------------------------------------------------------
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Defer tool preparation to the member that gets each attempt.
+
+        Returns the messages (for the wrapper's own events) and a tool request that
+        ``chat``/``achat``/``stream_chat``/``astream_chat`` hand to each member's
+        ``_prepare_chat_with_tools``.
+        """
+        history = list(chat_history or [])
+        message = (
+            ChatMessage(role=MessageRole.USER, content=user_msg)
+            if isinstance(user_msg, str)
+            else user_msg
+        )
+        request = _ToolRequest(
+            tools=tuple(tools),
+            user_msg=user_msg,
+            chat_history=tuple(history),
+            verbose=verbose,
+            allow_parallel_tool_calls=allow_parallel_tool_calls,
+            tool_required=tool_required,
+            kwargs=kwargs,
+        )
+        return {
+            "messages": [*history, message] if message is not None else history,
+            _TOOL_REQUEST_KEY: request,
+        }
+
+    def _validate_chat_with_tools_response(
+        self,
+        response: ChatResponse,
+        tools: Sequence[BaseTool],
+        allow_parallel_tool_calls: bool = False,
+        **kwargs: Any,
+    ) -> ChatResponse:
+        """Let the member that served ``response`` validate it (see the module docs)."""
+        routed = self._route(response)
+        if routed is None:
+            return response
+        _, member, own = routed
+        if not isinstance(member, FunctionCallingLLM):
+            return response
+        validated: ChatResponse = member._validate_chat_with_tools_response(
+            own, tools, allow_parallel_tool_calls=allow_parallel_tool_calls, **kwargs
+        )
+        path = response.additional_kwargs[SERVED_BY_KEY]
+        return validated.model_copy(
+            update={"additional_kwargs": {**validated.additional_kwargs, SERVED_BY_KEY: path}}
+        )
+
+    def get_tool_calls_from_response(
+        self,
+        response: ChatResponse,
+        error_on_no_tool_call: bool = True,
+        **kwargs: Any,
+    ) -> list[ToolSelection]:
+        """Parse tool calls with the member that produced ``response``.
+
+        The member is found through ``additional_kwargs["fallback_served_by"]``. An
+        unmarked response is offered to each member in turn; the first non-empty parse
+        wins. Raises ``ValueError`` when no tool call is found and
+        ``error_on_no_tool_call`` is true, as LlamaIndex's own LLMs do.
+        """
+        routed = self._route(response)
+        if routed is not None:
+            index, member, own = routed
+            return _function_calling(member, index).get_tool_calls_from_response(
+                own, error_on_no_tool_call=error_on_no_tool_call, **kwargs
+            )
+        for member in self.llms:
+            if not isinstance(member, FunctionCallingLLM):
+                continue
+            try:
+                calls = member.get_tool_calls_from_response(
+                    response, error_on_no_tool_call=False, **kwargs
+                )
+            except Exception:
+                # A member may not understand another provider's response shape.
+                continue
+            if calls:
+                return calls
+        if error_on_no_tool_call:
+            raise ValueError("Expected at least one tool call, but got 0 tool calls.")
+        return []
+
+    def _route(self, response: ChatResponse) -> tuple[int, LLM, ChatResponse] | None:
+        """Index and member that served ``response``, and the response as it made it."""
+        path = response.additional_kwargs.get(SERVED_BY_KEY)
+        if not isinstance(path, list) or not path:
+            return None
+        index = path[0]
+        if isinstance(index, bool) or not isinstance(index, int):
+            return None
+        if not 0 <= index < len(self.llms):
+            return None
+        below = {k: v for k, v in response.additional_kwargs.items() if k != SERVED_BY_KEY}
+        if len(path) > 1:
+            below[SERVED_BY_KEY] = list(path[1:])
+        return index, self.llms[index], response.model_copy(update={"additional_kwargs": below})
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+class _ToolRequest(BaseModel):
+    """A ``chat_with_tools`` call, kept whole until a member prepares it its own way.
+
+    It travels in the wrapper's chat kwargs, so it shows in the wrapper's event payloads;
+    as a pydantic model it serialises there (tools by name).
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    tools: tuple[Any, ...]
+    user_msg: str | ChatMessage | None
+    chat_history: tuple[ChatMessage, ...]
+    verbose: bool
+    allow_parallel_tool_calls: bool
+    tool_required: bool
+    kwargs: dict[str, Any]
+
+    @field_serializer("tools")
+    def _tool_names(self, tools: tuple[BaseTool, ...]) -> list[str | None]:
+        return [tool.metadata.name for tool in tools]
+
+    def prepare(self, member: LLM, index: int) -> dict[str, Any]:
+        # A fresh history list per member: some integrations append user_msg in place.
+        return _function_calling(member, index)._prepare_chat_with_tools_compat(
+            list(self.tools),
+            user_msg=self.user_msg,
+            chat_history=list(self.chat_history),
+            verbose=self.verbose,
+            allow_parallel_tool_calls=self.allow_parallel_tool_calls,
+            tool_required=self.tool_required,
+            **self.kwargs,
+        )
+
+    def __repr__(self) -> str:
+        # Shown in event payloads; names and counts only, never message text.
+        names = [tool.metadata.name for tool in self.tools]
+        return f"_ToolRequest(tools={names}, messages={len(self.chat_history)})"
+
+
+def _function_calling(member: LLM, index: int) -> FunctionCallingLLM:
+    if not isinstance(member, FunctionCallingLLM):
+        raise TypeError(
+            f"llms[{index}] ({type(member).__name__}) is not a FunctionCallingLLM and "
+            "cannot take tools"
+        )
+    return member
+
+
+def _chat_kwargs(
+    member: LLM,
+    index: int,
+    messages: Sequence[ChatMessage],
+    kwargs: dict[str, Any],
+    tool_request: _ToolRequest | None,
+) -> dict[str, Any]:
+    if tool_request is None:
+        return {"messages": messages, **kwargs}
+    return {**tool_request.prepare(member, index), **kwargs}
+
+
+def _served(response: _ResponseT, index: int) -> _ResponseT:
+    """A copy of ``response`` that records the member path that served it."""
+    below = response.additional_kwargs.get(SERVED_BY_KEY)
+    path: list[Any] = [index]
+    if isinstance(below, list):
+        path.extend(below)
+    return response.model_copy(
+        update={"additional_kwargs": {**response.additional_kwargs, SERVED_BY_KEY: path}}
+    )
+
+
+def _relay(open_stream: Callable[[], Iterable[_ResponseT]], index: int) -> Iterator[_ResponseT]:
+    # A generator, so the member's request starts when the engine pulls the first chunk.
+    stream = open_stream()
+    try:
+        for chunk in stream:
+            yield _served(chunk, index)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
+async def _arelay(
+    open_stream: Callable[[], Awaitable[AsyncIterable[_ResponseT]] | AsyncIterable[_ResponseT]],
+    index: int,
+) -> AsyncIterator[_ResponseT]:
+    opened = open_stream()
+    stream = await opened if inspect.isawaitable(opened) else opened
+    try:
+        async for chunk in stream:
+            yield _served(chunk, index)
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _carries_content(chunk: ChatResponse | CompletionResponse) -> bool:
+    """Whether a streamed chunk counts as a token in the mid-stream log line.
+
+    Text deltas and tool-call deltas count; role-only and finish/usage chunks do not.
+    LlamaIndex chunks carry the tool calls accumulated so far, so once a tool call has
+    begun every later chunk counts.
+    """
+    if chunk.delta:
+        return True
+    message = getattr(chunk, "message", None)
+    if message is None:
+        return False
+    if message.additional_kwargs.get("tool_calls"):
+        return True
+    return any(getattr(block, "block_type", None) == "tool_call" for block in message.blocks)
+
+
+def _smallest_known(values: Iterable[int]) -> int:
+    numbers = list(values)
+    known = [n for n in numbers if n > 0]
+    return min(known) if known else min(numbers)
+
+
+def _announce_restart(restart: StreamRestart) -> None:
+    dispatcher.event(
+        FallbackStreamRestartEvent(
+            failed_client=restart.failed_client,
+            next_client=restart.next_client,
+            chunks=restart.chunks,
+            error_type=type(restart.error).__name__,
+        )
+    )
+
+
+# -- calling members below their event decorators ------------------------------------
+
+
+def _callback_wrapper_codes() -> frozenset[CodeType]:
+    """Code objects of the wrappers ``llm_chat_callback``/``llm_completion_callback`` make.
+
+    Obtained by applying the real decorators, so a renamed wrapper in a future
+    llama-index-core is still recognised. Decorating a function twice yields the
+    pass-through wrapper, which is collected as well.
+    """
+    codes: set[CodeType] = set()
+    for decorator in (llm_chat_callback(), llm_completion_callback()):
+
+        def probe(_self: Any, messages: Any, **kwargs: Any) -> None:
+            return None
+
+        async def aprobe(_self: Any, messages: Any, **kwargs: Any) -> None:
+            return None
+
+        for function in (probe, aprobe):
+            codes.add(decorator(function).__code__)
+            codes.add(decorator(function).__code__)
+    return frozenset(codes)
+
+
+_CALLBACK_WRAPPER_CODES = _callback_wrapper_codes()
+
+
+def _is_span_proxy(obj: object) -> bool:
+    """Whether ``obj`` is the ``wrapt`` proxy ``Dispatcher.span`` puts around a method."""
+    wrapper = getattr(obj, "_self_wrapper", None)
+    qualname = getattr(wrapper, "__qualname__", "")
+    return isinstance(qualname, str) and qualname.startswith("Dispatcher.span.")
+
+
+@functools.lru_cache(maxsize=512)
+def _undecorated(cls: type, name: str) -> tuple[FunctionType, bool] | None:
+    """``cls.<name>`` without the dispatcher span and the LLM callback decorator.
+
+    Returns the plain function and whether the callback decorator was removed, or None
+    when the method is not a plain function underneath (then it is called as it is).
+    """
+    try:
+        function: Any = inspect.getattr_static(cls, name)
+    except AttributeError:
+        return None
+    while _is_span_proxy(function):
+        function = function.__wrapped__
+    stripped = False
+    code = getattr(function, "__code__", None)
+    if code in _CALLBACK_WRAPPER_CODES:
+        cells = dict(zip(code.co_freevars, function.__closure__ or (), strict=False))
+        inner = cells.get("f")
+        if inner is not None and isinstance(inner.cell_contents, FunctionType):
+            function = inner.cell_contents
+            stripped = True
+    if not isinstance(function, FunctionType):
+        return None
+    return function, stripped
+
+
+def _direct(member: LLM, name: str, *, is_async: bool) -> Callable[..., Any]:
+    """``member.<name>`` called below its event decorators, rate limiter included."""
+    found = _undecorated(type(member), name)
+    if found is None:
+        return getattr(member, name)  # type: ignore[no-any-return]
+    function, stripped = found
+    method = MethodType(function, member)
+    limiter = member.rate_limiter
+    if not stripped or limiter is None:
+        return method
+    # The callback decorator is where LlamaIndex applies an LLM's own rate_limiter.
+    if is_async:
+
+        async def limited_async(*args: Any, **kwargs: Any) -> Any:
+            await limiter.async_acquire()
+            return await method(*args, **kwargs)
+
+        return limited_async
+
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        limiter.acquire()
+        return method(*args, **kwargs)
+
+    return limited

@@ -187,7 +187,10 @@ class FallbackChatModel(BaseChatModel):
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         kwargs.pop(_SINK_KWARG, None)
-        return super()._get_ls_params(stop=stop, **kwargs)
+        # Traces name the primary, the model every call tries first (a per-call
+        # ``model=`` override included); the member that served is in the response's
+        # ``model_name`` and ``fallback_client``.
+        return self.models[0]._get_ls_params(stop=stop, **kwargs)
 
     def _kwargs_for(self, index: int, kwargs: dict[str, Any]) -> dict[str, Any]:
         if not self.member_kwargs:
@@ -334,14 +337,19 @@ class FallbackChatModel(BaseChatModel):
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind ``tools`` to every member, each in its own provider's format.
 
-        Returns a new ``FallbackChatModel`` (a full chat model) whose calls pass each
-        member its own tool arguments.
+        Returns a binding of a new ``FallbackChatModel`` whose calls pass each member
+        its own tool arguments.
         """
+        # Tracing-only arguments belong to the wrapper's own run, where LangChain's entry
+        # points pop them into the run's options; members never see them.
+        tracing = {key: kwargs.pop(key) for key in _TRACING_ONLY_KWARGS if key in kwargs}
         bound: list[dict[str, Any]] = []
         for position, model in enumerate(self.models):
             binding = model.bind_tools(tools, tool_choice=tool_choice, **kwargs)
             bound.append(self._merged_member_kwargs(position, _binding_kwargs(binding, model)))
-        return self._rebound(bound)
+        # A RunnableBinding, as every chat model's bind_tools returns (LangChain's standard
+        # test_bind_tool_pydantic checks it); attribute access still reaches the chain.
+        return self._rebound(bound).bind(**tracing)
 
     def _merged_member_kwargs(self, position: int, new: dict[str, Any]) -> dict[str, Any]:
         existing = self.member_kwargs[position] if self.member_kwargs else {}
@@ -368,13 +376,17 @@ class FallbackChatModel(BaseChatModel):
             bound.append(self._merged_member_kwargs(position, binding))
             parsers.append(parser)
         llm: Runnable[LanguageModelInput, AIMessage] = self._rebound(bound)
-        # Tracing metadata (LangSmith's structured-output fields) belongs to the wrapper's
-        # run, so it is bound there, where LangChain's entry points pick it up.
-        tracing = next(
-            (kw[_TRACING_ONLY_KWARGS[0]] for kw in bound if kw.get(_TRACING_ONLY_KWARGS[0])), None
+        # Tracing metadata (LangSmith's structured-output fields) describes what the caller
+        # asked of the wrapper, and belongs to the wrapper's run.
+        traced_kwargs = {key: kwargs[key] for key in ("method", "strict") if key in kwargs}
+        llm = llm.bind(
+            **{
+                _TRACING_ONLY_KWARGS[0]: {
+                    "kwargs": traced_kwargs or {"method": "function_calling"},
+                    "schema": schema,
+                }
+            }
         )
-        if tracing is not None:
-            llm = llm.bind(**{_TRACING_ONLY_KWARGS[0]: tracing})
 
         def parse(message: AIMessage, config: RunnableConfig) -> Any:
             return parsers[_served_by(message)].invoke(message, config)

@@ -13,7 +13,7 @@ from langchain_core.exceptions import ModelAPIError, ModelRateLimitError
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.rate_limiters import InMemoryRateLimiter
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableBinding, RunnableLambda
 from langchain_core.tools import tool
 from pydantic import BaseModel
 
@@ -300,7 +300,8 @@ def test_bind_tools_binds_each_member_in_its_own_providers_format() -> None:
         ]
     )
     bound = model.bind_tools([get_weather])
-    assert isinstance(bound, FallbackChatModel)
+    assert isinstance(bound, RunnableBinding)
+    assert isinstance(bound.bound, FallbackChatModel)
     openai_tools, anthropic_tools = (kwargs["tools"] for kwargs in bound.member_kwargs or [])
     assert openai_tools[0]["type"] == "function"
     assert openai_tools[0]["function"]["name"] == "get_weather"

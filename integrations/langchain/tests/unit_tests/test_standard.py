@@ -1,0 +1,50 @@
+"""LangChain's standard chat-model unit suite over ``FallbackChatModel`` and the fake.
+
+Skipped by the suite itself, by design:
+
+* ``test_init_from_env``: ``init_from_env_params`` is empty because neither class reads
+  environment variables (a chain's members read their own);
+* ``test_serdes``: neither class is LangChain-serializable (``is_lc_serializable()`` is
+  False), since a chain holds arbitrary member objects and the fake is a test double.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_llm_resilience import FallbackChatModel
+from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
+
+
+@pytest.fixture
+def benchmark(benchmark: Any) -> Any:
+    """pytest-benchmark's fixture, told to run the suite's timing tests just once.
+
+    Timings of offline fakes have no baseline to compare with; one run still checks
+    the code path works.
+    """
+    benchmark.disabled = True
+    return benchmark
+
+
+class TestScriptedChatModelUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[ScriptedChatModel]:
+        return ScriptedChatModel
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "scripted-secondary"}
+
+
+class TestFallbackChatModelUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[FallbackChatModel]:
+        return FallbackChatModel
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"models": [FailingChatModel(), ScriptedChatModel(model="scripted-secondary")]}

@@ -1,0 +1,24 @@
+"""Test doubles for resilience stacks: a local LLM server that fails on cue.
+
+:class:`FaultInjectingServer` answers like the OpenAI Chat Completions and Anthropic
+Messages APIs on ``127.0.0.1``, so real SDK clients (and the LangChain and LlamaIndex
+models built on them) run against it unchanged, while a script of :class:`Fault` values
+makes chosen requests fail with 429s, 5xx, hangs, refused connections or streams cut
+mid-body.
+
+>>> from llm_resilience.testing import Fault, FaultInjectingServer
+>>> with FaultInjectingServer(reply="Paris.") as server:
+...     server.script(Fault.status(429), Fault.drop_mid_stream(after_chunks=2))
+...     len(server.pending)
+2
+
+pytest users get ``fault_server`` and ``fault_server_factory`` fixtures with
+``pytest_plugins = ["llm_resilience.testing.fixtures"]``. Only the standard library is
+imported here.
+"""
+
+from __future__ import annotations
+
+from llm_resilience.testing._server import Fault, FaultInjectingServer, ServedRequest
+
+__all__ = ["Fault", "FaultInjectingServer", "ServedRequest"]

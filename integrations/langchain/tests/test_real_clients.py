@@ -9,7 +9,7 @@ the answer from the secondary, through ``invoke``, ``ainvoke``, ``stream`` and `
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +23,10 @@ from llm_resilience.testing import Fault, FaultInjectingServer
 
 PRIMARY_REPLY = "one two three four five six seven eight"
 SECONDARY_REPLY = "the secondary answered this request"
-TIMEOUT = 0.4
+# A hang must outlast the per-client timeout; every other fault gets a generous one, so
+# a loaded CI machine never turns a slow (healthy) secondary into a timeout.
+HANG_TIMEOUT = 1.0
+TIMEOUT = 10.0
 
 FAULTS = {
     "429": Fault.status(429),
@@ -47,7 +50,7 @@ def servers() -> Iterator[tuple[FaultInjectingServer, FaultInjectingServer]]:
 @pytest.fixture(params=["anthropic-secondary", "openai-secondary"])
 def chain(
     request: pytest.FixtureRequest, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> Iterator[FallbackChatModel]:
+) -> Callable[..., FallbackChatModel]:
     primary, secondary = servers
     first = ChatOpenAI(
         model="gpt-4o-mini",
@@ -74,7 +77,12 @@ def chain(
             max_retries=0,
             timeout=10,
         )
-    return FallbackChatModel(models=[first, second], per_client_timeout=TIMEOUT)
+
+    def build(fault: str | None = None) -> FallbackChatModel:
+        timeout = HANG_TIMEOUT if fault == "hang" else TIMEOUT
+        return FallbackChatModel(models=[first, second], per_client_timeout=timeout)
+
+    return build
 
 
 class RestartCounter(BaseCallbackHandler):
@@ -89,12 +97,12 @@ class RestartCounter(BaseCallbackHandler):
 def _expected_warning(fault: str, streaming: bool) -> str:
     if not streaming:
         if fault == "hang":
-            return "Client 0 timed out after 0:00:00.400000; trying next client."
+            return "Client 0 timed out after 0:00:01; trying next client."
         return "Client 0 failed transiently; trying next client."
     if fault == "drop-mid-stream":
         return "Streaming client 0 failed mid-stream after 3 token(s); restarting with next client."
     if fault == "hang":
-        return "Streaming client 0 timed out after 0:00:00.400000 before streaming; trying next client."
+        return "Streaming client 0 timed out after 0:00:01 before streaming; trying next client."
     return "Streaming client 0 failed transiently before streaming; trying next client."
 
 
@@ -105,14 +113,14 @@ def _fallback_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_invoke_is_served_by_the_secondary_when_the_real_primary_fails(
     fault: str,
-    chain: FallbackChatModel,
+    chain: Callable[..., FallbackChatModel],
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     primary, secondary = servers
     primary.script(FAULTS[fault])
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        answer = chain.invoke("What is the capital of France?")
+        answer = chain(fault).invoke("What is the capital of France?")
     assert answer.content == SECONDARY_REPLY
     assert answer.response_metadata["fallback_client"] == 1
     assert answer.usage_metadata is not None
@@ -125,14 +133,14 @@ def test_invoke_is_served_by_the_secondary_when_the_real_primary_fails(
 @pytest.mark.parametrize("fault", list(FAULTS))
 async def test_ainvoke_is_served_by_the_secondary_when_the_real_primary_fails(
     fault: str,
-    chain: FallbackChatModel,
+    chain: Callable[..., FallbackChatModel],
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     primary, secondary = servers
     primary.script(FAULTS[fault])
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        answer = await chain.ainvoke("What is the capital of France?")
+        answer = await chain(fault).ainvoke("What is the capital of France?")
     assert answer.content == SECONDARY_REPLY
     assert answer.response_metadata["fallback_client"] == 1
     assert _fallback_warnings(caplog) == [_expected_warning(fault, streaming=False)]
@@ -159,7 +167,7 @@ def _assert_streamed(fault: str, chunks: list[AIMessageChunk], restarts: Restart
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_stream_is_served_by_the_secondary_when_the_real_primary_fails(
     fault: str,
-    chain: FallbackChatModel,
+    chain: Callable[..., FallbackChatModel],
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -167,7 +175,7 @@ def test_stream_is_served_by_the_secondary_when_the_real_primary_fails(
     primary.script(FAULTS[fault])
     restarts = RestartCounter()
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        chunks = list(chain.stream("Capital of France?", {"callbacks": [restarts]}))
+        chunks = list(chain(fault).stream("Capital of France?", {"callbacks": [restarts]}))
     _assert_streamed(fault, chunks, restarts)
     assert _fallback_warnings(caplog) == [_expected_warning(fault, streaming=True)]
 
@@ -175,7 +183,7 @@ def test_stream_is_served_by_the_secondary_when_the_real_primary_fails(
 @pytest.mark.parametrize("fault", list(FAULTS))
 async def test_astream_is_served_by_the_secondary_when_the_real_primary_fails(
     fault: str,
-    chain: FallbackChatModel,
+    chain: Callable[..., FallbackChatModel],
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -183,20 +191,23 @@ async def test_astream_is_served_by_the_secondary_when_the_real_primary_fails(
     primary.script(FAULTS[fault])
     restarts = RestartCounter()
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        chunks = [c async for c in chain.astream("Capital of France?", {"callbacks": [restarts]})]
+        chunks = [
+            c async for c in chain(fault).astream("Capital of France?", {"callbacks": [restarts]})
+        ]
     _assert_streamed(fault, chunks, restarts)
     assert _fallback_warnings(caplog) == [_expected_warning(fault, streaming=True)]
 
 
 def test_a_healthy_real_primary_serves_without_touching_the_secondary(
-    chain: FallbackChatModel,
+    chain: Callable[..., FallbackChatModel],
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     _primary, secondary = servers
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        answer = chain.invoke("hello")
-        streamed = "".join(str(c.content) for c in chain.stream("hello"))
+        model = chain()
+        answer = model.invoke("hello")
+        streamed = "".join(str(c.content) for c in model.stream("hello"))
     assert answer.content == PRIMARY_REPLY == streamed
     assert answer.response_metadata["model_name"].startswith("gpt-4o-mini")
     assert secondary.requests == []

@@ -9,11 +9,10 @@ types.
 from __future__ import annotations
 
 import builtins
-import inspect
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import timedelta
 from operator import itemgetter
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID, uuid4
 
 from langchain_core.callbacks import (
@@ -29,16 +28,24 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import (
     Runnable,
-    RunnableBinding,
     RunnableConfig,
     RunnableLambda,
     RunnableMap,
     RunnablePassthrough,
-    RunnableSequence,
     ensure_config,
 )
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from langchain_llm_resilience._delegate import (
+    TRACING_ONLY_KWARGS,
+    as_chunk,
+    signature_precomputed,
+    split_structured,
+    streams,
+    structured_tracing,
+    unbind,
+    without_tracing,
+)
 from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart, warn_if_self_retrying
 from llm_resilience.layers import find_layer
 
@@ -51,25 +58,6 @@ STREAM_RESTART_EVENT = "llm_resilience.stream_restart"
 
 #: ``response_metadata`` key naming the index of the member that served a response.
 SERVED_BY_KEY = "fallback_client"
-
-# Binding keys that LangChain's public entry points pop for tracing before ``_generate``;
-# a member's private entry points must not receive them.
-_TRACING_ONLY_KWARGS = ("ls_structured_output_format", "structured_output_format")
-
-
-_FunctionT = TypeVar("_FunctionT", bound=Callable[..., Any])
-
-
-def _signature_precomputed(function: _FunctionT) -> _FunctionT:
-    """Pin ``function``'s signature, which LangChain inspects on every call.
-
-    ``_generate_with_cache`` asks ``inspect.signature(self._generate)`` whether it takes
-    ``run_manager``, once per call: ~22 µs of parsing on a 2-core machine, ~6 µs when
-    ``__signature__`` is pinned (``docs/benchmarks.md``). Members pay it too; for this
-    wrapper it is pure overhead on top of theirs.
-    """
-    function.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
-    return function
 
 
 class FallbackChatModel(BaseChatModel):
@@ -215,11 +203,11 @@ class FallbackChatModel(BaseChatModel):
             return kwargs
         merged = {**self.member_kwargs[index], **kwargs}
         merged.pop(_SINK_KWARG, None)
-        for key in _TRACING_ONLY_KWARGS:
+        for key in TRACING_ONLY_KWARGS:
             merged.pop(key, None)
         return merged
 
-    @_signature_precomputed
+    @signature_precomputed
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -236,7 +224,7 @@ class FallbackChatModel(BaseChatModel):
         index, result = self._chain.invoke(attempt)
         return _tagged(result, index)
 
-    @_signature_precomputed
+    @signature_precomputed
     async def _agenerate(
         self,
         messages: list[BaseMessage],
@@ -262,7 +250,7 @@ class FallbackChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         def attempt(index: int, model: BaseChatModel) -> Iterator[ChatGenerationChunk]:
             member_kwargs = self._kwargs_for(index, kwargs)
-            if _streams(model, member_kwargs):
+            if streams(model, member_kwargs):
                 if model.rate_limiter is not None:
                     model.rate_limiter.acquire(blocking=True)
                 yield from model._stream(
@@ -272,7 +260,7 @@ class FallbackChatModel(BaseChatModel):
                 result = model._generate_with_cache(
                     messages, stop=stop, run_manager=run_manager, **member_kwargs
                 )
-                yield _as_chunk(result)
+                yield as_chunk(result)
             yield _served_by_chunk(index)
 
         sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
@@ -303,7 +291,7 @@ class FallbackChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         async def attempt(index: int, model: BaseChatModel) -> AsyncIterator[ChatGenerationChunk]:
             member_kwargs = self._kwargs_for(index, kwargs)
-            if _streams(model, member_kwargs):
+            if streams(model, member_kwargs):
                 if model.rate_limiter is not None:
                     await model.rate_limiter.aacquire(blocking=True)
                 async for chunk in model._astream(
@@ -314,7 +302,7 @@ class FallbackChatModel(BaseChatModel):
                 result = await model._agenerate_with_cache(
                     messages, stop=stop, run_manager=run_manager, **member_kwargs
                 )
-                yield _as_chunk(result)
+                yield as_chunk(result)
             yield _served_by_chunk(index)
 
         sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
@@ -341,8 +329,11 @@ class FallbackChatModel(BaseChatModel):
 
     # -- tools and structured output -------------------------------------------------
 
-    def _rebound(self, member_kwargs: list[dict[str, Any]]) -> FallbackChatModel:
+    def _rebound(
+        self, models: list[BaseChatModel], member_kwargs: list[dict[str, Any]]
+    ) -> FallbackChatModel:
         fields = {name: getattr(self, name) for name in type(self).model_fields}
+        fields["models"] = models
         fields["member_kwargs"] = member_kwargs
         return type(self)(**fields)
 
@@ -360,14 +351,17 @@ class FallbackChatModel(BaseChatModel):
         """
         # Tracing-only arguments belong to the wrapper's own run, where LangChain's entry
         # points pop them into the run's options; members never see them.
-        tracing = {key: kwargs.pop(key) for key in _TRACING_ONLY_KWARGS if key in kwargs}
+        tracing = {key: kwargs.pop(key) for key in TRACING_ONLY_KWARGS if key in kwargs}
+        models: list[BaseChatModel] = []
         bound: list[dict[str, Any]] = []
         for position, model in enumerate(self.models):
             binding = model.bind_tools(tools, tool_choice=tool_choice, **kwargs)
-            bound.append(self._merged_member_kwargs(position, _binding_kwargs(binding, model)))
+            member, member_kwargs = unbind(binding, option=f"models[{position}].bind_tools")
+            models.append(member)
+            bound.append(self._merged_member_kwargs(position, without_tracing(member_kwargs)))
         # A RunnableBinding, as every chat model's bind_tools returns (LangChain's standard
         # test_bind_tool_pydantic checks it); attribute access still reaches the chain.
-        return self._rebound(bound).bind(**tracing)
+        return self._rebound(models, bound).bind(**tracing)
 
     def _merged_member_kwargs(self, position: int, new: dict[str, Any]) -> dict[str, Any]:
         existing = self.member_kwargs[position] if self.member_kwargs else {}
@@ -386,25 +380,20 @@ class FallbackChatModel(BaseChatModel):
         ``with_structured_output``; the parser of the member that served parses the
         reply. Streaming yields the parsed result once the reply is complete.
         """
+        models: list[BaseChatModel] = []
         bound: list[dict[str, Any]] = []
         parsers: list[Runnable[Any, Any]] = []
         for position, model in enumerate(self.models):
             structured = model.with_structured_output(schema, include_raw=False, **kwargs)
-            binding, parser = _split_structured(structured, model, position)
-            bound.append(self._merged_member_kwargs(position, binding))
+            member, member_kwargs, parser = split_structured(
+                structured, option=f"models[{position}]"
+            )
+            models.append(member)
+            bound.append(self._merged_member_kwargs(position, without_tracing(member_kwargs)))
             parsers.append(parser)
-        llm: Runnable[LanguageModelInput, AIMessage] = self._rebound(bound)
         # Tracing metadata (LangSmith's structured-output fields) describes what the caller
         # asked of the wrapper, and belongs to the wrapper's run.
-        traced_kwargs = {key: kwargs[key] for key in ("method", "strict") if key in kwargs}
-        llm = llm.bind(
-            **{
-                _TRACING_ONLY_KWARGS[0]: {
-                    "kwargs": traced_kwargs or {"method": "function_calling"},
-                    "schema": schema,
-                }
-            }
-        )
+        llm = self._rebound(models, bound).bind(**structured_tracing(schema, kwargs))
 
         def parse(message: AIMessage, config: RunnableConfig) -> Any:
             return parsers[_served_by(message)].invoke(message, config)
@@ -486,34 +475,6 @@ def _check_members(models: object) -> None:
             )
 
 
-def _streams(model: BaseChatModel, kwargs: dict[str, Any]) -> bool:
-    implemented = type(model)._stream is not BaseChatModel._stream
-    return implemented and not model._streaming_disabled(**kwargs)
-
-
-def _as_chunk(result: ChatResult) -> ChatGenerationChunk:
-    generation = result.generations[0]
-    message = generation.message
-    chunk = AIMessageChunk(
-        content=message.content,
-        additional_kwargs=message.additional_kwargs,
-        response_metadata=message.response_metadata,
-        id=message.id,
-        tool_call_chunks=[
-            {"name": call["name"], "args": _json(call["args"]), "id": call["id"], "index": i}
-            for i, call in enumerate(getattr(message, "tool_calls", []) or [])
-        ],
-        usage_metadata=getattr(message, "usage_metadata", None),
-    )
-    return ChatGenerationChunk(message=chunk, generation_info=generation.generation_info)
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
-
-
 def _served_by_chunk(index: int) -> ChatGenerationChunk:
     # Rides at the end of the attempt that completed, so the merged message names the
     # member that served even when an earlier member failed mid-stream.
@@ -552,41 +513,6 @@ def _restart_data(restart: StreamRestart) -> dict[str, Any]:
         "chunks": restart.chunks,
         "error_type": type(restart.error).__name__,
     }
-
-
-def _binding_kwargs(runnable: Runnable[Any, Any], model: BaseChatModel) -> dict[str, Any]:
-    """The call arguments a member's ``bind``/``bind_tools`` result carries."""
-    layers: list[dict[str, Any]] = []
-    current: Any = runnable
-    while isinstance(current, RunnableBinding):
-        layers.append(dict(current.kwargs))
-        current = current.bound
-    if current is not model:
-        raise TypeError(
-            f"{type(model).__name__}.bind_tools returned {type(runnable).__name__}, not a "
-            f"binding of the model; FallbackChatModel cannot route its tools"
-        )
-    merged: dict[str, Any] = {}
-    for layer in reversed(layers):
-        merged.update(layer)
-    return merged
-
-
-def _split_structured(
-    structured: Runnable[Any, Any], model: BaseChatModel, position: int
-) -> tuple[dict[str, Any], Runnable[Any, Any]]:
-    """Split ``model.with_structured_output(...)`` into its call arguments and parser."""
-    if isinstance(structured, RunnableSequence):
-        steps = structured.steps
-        first, rest = steps[0], steps[1:]
-        if isinstance(first, RunnableBinding) and rest:
-            parser: Runnable[Any, Any] = rest[0] if len(rest) == 1 else RunnableSequence(*rest)
-            return _binding_kwargs(first, model), parser
-    raise TypeError(
-        f"models[{position}] ({type(model).__name__}).with_structured_output returned a "
-        f"{type(structured).__name__} that is not 'model binding | parser'; "
-        f"FallbackChatModel cannot route it"
-    )
 
 
 def _merge_profiles(profiles: list[ModelProfile | None]) -> ModelProfile | None:

@@ -1,0 +1,347 @@
+"""What every LangChain layer shares: calling an inner model's internals under one run.
+
+A layer (fallback, rate limit, spend budget) is a ``BaseChatModel`` whose ``_generate``
+and ``_stream`` call the inner model's ``_generate_with_cache``/``_stream`` with the
+layer's own run manager, so a whole stack is one LLM run in callbacks and traces, while
+the inner model's own cache and ``rate_limiter`` still apply. Tools and structured output
+are bound by asking the inner model to bind them and keeping the call arguments of the
+binding it returns.
+
+:class:`DelegatingChatModel` is the base of the single-inner layers; subclasses say what
+happens around a call through :meth:`~DelegatingChatModel._begin` and
+:meth:`~DelegatingChatModel._end` (and their async twins).
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.model_profile import ModelProfile
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
+from pydantic import ConfigDict, Field
+
+from llm_resilience.layers import find_layer
+
+__all__ = ["DelegatingChatModel"]
+
+#: Binding keys that LangChain's public entry points pop for tracing before
+#: ``_generate``; a model's private entry points must not receive them.
+TRACING_ONLY_KWARGS = ("ls_structured_output_format", "structured_output_format")
+
+FunctionT = TypeVar("FunctionT", bound=Callable[..., Any])
+
+
+def signature_precomputed(function: FunctionT) -> FunctionT:
+    """Pin ``function``'s signature, which LangChain inspects on every call.
+
+    ``_generate_with_cache`` asks ``inspect.signature(self._generate)`` whether it takes
+    ``run_manager`` once per call: ~22 µs of parsing on a 2-core machine, ~6 µs when
+    ``__signature__`` is pinned (``docs/benchmarks.md``).
+    """
+    function.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
+    return function
+
+
+def without_tracing(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` minus the tracing-only keys (a copy only when there is one to drop)."""
+    if any(key in kwargs for key in TRACING_ONLY_KWARGS):
+        return {key: value for key, value in kwargs.items() if key not in TRACING_ONLY_KWARGS}
+    return kwargs
+
+
+def streams(model: BaseChatModel, kwargs: dict[str, Any]) -> bool:
+    """Whether ``model`` streams natively for a call with ``kwargs``."""
+    implemented = type(model)._stream is not BaseChatModel._stream
+    return implemented and not model._streaming_disabled(**kwargs)
+
+
+def as_chunk(result: ChatResult) -> ChatGenerationChunk:
+    """A whole ``ChatResult`` as one stream chunk (for models that cannot stream)."""
+    generation = result.generations[0]
+    message = generation.message
+    chunk = AIMessageChunk(
+        content=message.content,
+        additional_kwargs=message.additional_kwargs,
+        response_metadata=message.response_metadata,
+        id=message.id,
+        tool_call_chunks=[
+            {"name": call["name"], "args": json.dumps(call["args"]), "id": call["id"], "index": i}
+            for i, call in enumerate(getattr(message, "tool_calls", []) or [])
+        ],
+        usage_metadata=getattr(message, "usage_metadata", None),
+    )
+    return ChatGenerationChunk(message=chunk, generation_info=generation.generation_info)
+
+
+def stream_inner(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    stop: list[str] | None,
+    run_manager: CallbackManagerForLLMRun | None,
+    kwargs: dict[str, Any],
+) -> Iterator[ChatGenerationChunk]:
+    """Stream ``model``'s internals as its own ``stream()`` would (its limiter included)."""
+    if streams(model, kwargs):
+        if model.rate_limiter is not None:
+            model.rate_limiter.acquire(blocking=True)
+        yield from model._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+    else:
+        result = model._generate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+        yield as_chunk(result)
+
+
+async def astream_inner(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    stop: list[str] | None,
+    run_manager: AsyncCallbackManagerForLLMRun | None,
+    kwargs: dict[str, Any],
+) -> AsyncIterator[ChatGenerationChunk]:
+    """Async :func:`stream_inner`."""
+    if streams(model, kwargs):
+        if model.rate_limiter is not None:
+            await model.rate_limiter.aacquire(blocking=True)
+        async for chunk in model._astream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            yield chunk
+    else:
+        result = await model._agenerate_with_cache(
+            messages, stop=stop, run_manager=run_manager, **kwargs
+        )
+        yield as_chunk(result)
+
+
+def unbind(runnable: Runnable[Any, Any], *, option: str) -> tuple[BaseChatModel, dict[str, Any]]:
+    """The chat model under ``runnable`` (a ``bind``/``bind_tools`` result) and its kwargs."""
+    layers: list[dict[str, Any]] = []
+    current: Any = runnable
+    while isinstance(current, RunnableBinding):
+        layers.append(dict(current.kwargs))
+        current = current.bound
+    if not isinstance(current, BaseChatModel):
+        raise TypeError(
+            f"{option} returned {type(runnable).__name__}, not a binding of a chat model; "
+            f"this layer cannot route its arguments"
+        )
+    merged: dict[str, Any] = {}
+    for layer in reversed(layers):
+        merged.update(layer)
+    return current, merged
+
+
+def split_structured(
+    structured: Runnable[Any, Any], *, option: str
+) -> tuple[BaseChatModel, dict[str, Any], Runnable[Any, Any]]:
+    """Split ``model.with_structured_output(...)`` into model, call kwargs and parser."""
+    if isinstance(structured, RunnableSequence):
+        first, rest = structured.steps[0], structured.steps[1:]
+        if isinstance(first, RunnableBinding | BaseChatModel) and rest:
+            parser: Runnable[Any, Any] = rest[0] if len(rest) == 1 else RunnableSequence(*rest)
+            model, kwargs = unbind(first, option=option)
+            return model, kwargs, parser
+    raise TypeError(
+        f"{option}.with_structured_output returned a {type(structured).__name__} that is "
+        f"not 'model binding | parser'; this layer cannot route it"
+    )
+
+
+def structured_tracing(schema: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The LangSmith structured-output metadata for a ``with_structured_output`` call."""
+    traced = {key: kwargs[key] for key in ("method", "strict") if key in kwargs}
+    return {
+        TRACING_ONLY_KWARGS[0]: {
+            "kwargs": traced or {"method": "function_calling"},
+            "schema": schema,
+        }
+    }
+
+
+class DelegatingChatModel(BaseChatModel):
+    """Base of the layers that wrap one chat model (``inner``).
+
+    A call runs ``_begin`` (may refuse by raising), then the inner model's internals
+    under this layer's run, then ``_end`` with the message (or with None when the call or
+    the stream failed, was cancelled or was closed early). Streams begin on their first
+    iteration. Tools and structured output go to ``inner``.
+    """
+
+    inner: BaseChatModel
+    """The wrapped chat model."""
+    inner_kwargs: dict[str, Any] | None = Field(default=None, exclude=True)
+    """Call arguments bound by ``bind_tools``/``with_structured_output``; not set by hand."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    # -- what subclasses define ---------------------------------------------------------
+
+    def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> Any:
+        """Before the inner call; returns a context handed to :meth:`_end`."""
+        return None
+
+    async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> Any:
+        return self._begin(messages, kwargs)
+
+    def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
+        """After the call: ``message`` is the answer, or None if there is none to account."""
+
+    async def _aend(
+        self, context: Any, messages: list[BaseMessage], message: BaseMessage | None
+    ) -> None:
+        self._end(context, messages, message)
+
+    # -- identity -------------------------------------------------------------------------
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"inner": {"type": self.inner._llm_type, **self.inner._identifying_params}}
+
+    def find_layer(self, cls: type[Any]) -> Any:
+        """The first layer of type ``cls`` in the stack below (itself included), or None."""
+        return find_layer(self, cls)
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        return self.inner.profile
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        return self.inner._get_ls_params(stop=stop, **kwargs)
+
+    def _kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.inner_kwargs:
+            kwargs = {**self.inner_kwargs, **kwargs}
+        return without_tracing(kwargs)
+
+    # -- calls ----------------------------------------------------------------------------
+
+    @signature_precomputed
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call_kwargs = self._kwargs(kwargs)
+        context = self._begin(messages, call_kwargs)
+        try:
+            result = self.inner._generate_with_cache(
+                messages, stop=stop, run_manager=run_manager, **call_kwargs
+            )
+        except BaseException:
+            self._end(context, messages, None)
+            raise
+        self._end(context, messages, result.generations[0].message)
+        return result
+
+    @signature_precomputed
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        call_kwargs = self._kwargs(kwargs)
+        context = await self._abegin(messages, call_kwargs)
+        try:
+            result = await self.inner._agenerate_with_cache(
+                messages, stop=stop, run_manager=run_manager, **call_kwargs
+            )
+        except BaseException:
+            await self._aend(context, messages, None)
+            raise
+        await self._aend(context, messages, result.generations[0].message)
+        return result
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        call_kwargs = self._kwargs(kwargs)
+        context = self._begin(messages, call_kwargs)
+        merged: ChatGenerationChunk | None = None
+        completed = False
+        try:
+            for chunk in stream_inner(self.inner, messages, stop, run_manager, call_kwargs):
+                merged = chunk if merged is None else merged + chunk
+                yield chunk
+            completed = True
+        finally:
+            self._end(context, messages, merged.message if completed and merged else None)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        call_kwargs = self._kwargs(kwargs)
+        context = await self._abegin(messages, call_kwargs)
+        merged: ChatGenerationChunk | None = None
+        completed = False
+        try:
+            async for chunk in astream_inner(self.inner, messages, stop, run_manager, call_kwargs):
+                merged = chunk if merged is None else merged + chunk
+                yield chunk
+            completed = True
+        finally:
+            await self._aend(context, messages, merged.message if completed and merged else None)
+
+    # -- tools and structured output --------------------------------------------------------
+
+    def _rewrapped(self, inner: BaseChatModel, inner_kwargs: dict[str, Any]) -> BaseChatModel:
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        fields["inner"] = inner
+        fields["inner_kwargs"] = {**(self.inner_kwargs or {}), **inner_kwargs}
+        layer: BaseChatModel = type(self)(**fields)
+        return layer
+
+    def bind_tools(
+        self,
+        tools: Sequence[builtins.dict[str, Any] | type | Callable[..., Any] | Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind ``tools`` through ``inner`` (in its provider's format); returns a binding."""
+        tracing = {key: kwargs.pop(key) for key in TRACING_ONLY_KWARGS if key in kwargs}
+        bound = self.inner.bind_tools(tools, tool_choice=tool_choice, **kwargs)
+        model, bound_kwargs = unbind(bound, option=f"{type(self.inner).__name__}.bind_tools")
+        return self._rewrapped(model, without_tracing(bound_kwargs)).bind(**tracing)
+
+    def with_structured_output(
+        self,
+        schema: builtins.dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, builtins.dict[str, Any] | Any]:
+        """Structured output through ``inner``, parsed by ``inner``'s own parser."""
+        from langchain_core.runnables import RunnableMap, RunnablePassthrough
+
+        structured = self.inner.with_structured_output(schema, include_raw=False, **kwargs)
+        model, bound_kwargs, parser = split_structured(structured, option=type(self.inner).__name__)
+        layer = self._rewrapped(model, without_tracing(bound_kwargs))
+        llm: Runnable[LanguageModelInput, AIMessage] = layer.bind(
+            **structured_tracing(schema, kwargs)
+        )
+        if not include_raw:
+            return llm | parser
+        from operator import itemgetter
+
+        parser_assign = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+        with_fallback = parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
+        return RunnableMap(raw=llm) | with_fallback

@@ -16,24 +16,37 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from llm_resilience.budget import BudgetGate, CostBudget, ModelPrice
     from llm_resilience.errors import (
         BudgetExceededError,
         LLMResilienceError,
         PerClientTimeoutError,
         RateLimitQueueFullError,
+        RequestExceedsCapacityError,
     )
     from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart
+    from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
+    from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
     from llm_resilience.tokens import count_tokens
     from llm_resilience.transient import TransientClassifier, is_transient
 
 __all__ = [
     "BudgetExceededError",
+    "BudgetGate",
+    "CostBudget",
     "Cooldown",
     "FallbackChain",
+    "InMemoryCostLedger",
     "LLMResilienceError",
+    "LedgerEntry",
+    "ModelPrice",
     "PerClientTimeoutError",
     "RateLimitQueueFullError",
+    "RedisTokenBucketRateLimiter",
+    "RequestExceedsCapacityError",
+    "SqlCostLedger",
     "StreamRestart",
+    "TokenBucketRateLimiter",
     "TransientClassifier",
     "__version__",
     "count_tokens",
@@ -41,13 +54,22 @@ __all__ = [
 ]
 
 _LOCATIONS = {
+    "BudgetGate": "llm_resilience.budget",
+    "CostBudget": "llm_resilience.budget",
+    "ModelPrice": "llm_resilience.budget",
     "BudgetExceededError": "llm_resilience.errors",
     "LLMResilienceError": "llm_resilience.errors",
     "PerClientTimeoutError": "llm_resilience.errors",
     "RateLimitQueueFullError": "llm_resilience.errors",
+    "RequestExceedsCapacityError": "llm_resilience.errors",
     "Cooldown": "llm_resilience.fallback",
     "FallbackChain": "llm_resilience.fallback",
     "StreamRestart": "llm_resilience.fallback",
+    "InMemoryCostLedger": "llm_resilience.ledger",
+    "LedgerEntry": "llm_resilience.ledger",
+    "SqlCostLedger": "llm_resilience.ledger",
+    "RedisTokenBucketRateLimiter": "llm_resilience.ratelimit",
+    "TokenBucketRateLimiter": "llm_resilience.ratelimit",
     "count_tokens": "llm_resilience.tokens",
     "TransientClassifier": "llm_resilience.transient",
     "is_transient": "llm_resilience.transient",

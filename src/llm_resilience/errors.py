@@ -3,7 +3,9 @@
     LLMResilienceError
     ├── PerClientTimeoutError (also a builtin ``TimeoutError``)
     ├── BudgetExceededError
-    └── RateLimitQueueFullError
+    ├── RateLimitQueueFullError
+    ├── RateLimitBackendError
+    └── RequestExceedsCapacityError (also a builtin ``ValueError``)
 
 Each carries its facts as attributes and states them in its message. None of the
 messages of the non-transient errors contains the words the transient classifier
@@ -21,7 +23,9 @@ __all__ = [
     "BudgetExceededError",
     "LLMResilienceError",
     "PerClientTimeoutError",
+    "RateLimitBackendError",
     "RateLimitQueueFullError",
+    "RequestExceedsCapacityError",
 ]
 
 
@@ -75,4 +79,42 @@ class RateLimitQueueFullError(LLMResilienceError):
         super().__init__(
             f"Request refused: {max_queued_requests} callers are already queued for a permit "
             f"(max_queued_requests={max_queued_requests})."
+        )
+
+
+class RateLimitBackendError(LLMResilienceError):
+    """A shared limiter refused a permit because its backend (Redis) failed to answer.
+
+    Raised only by a limiter built with ``on_backend_error="fail_closed"``; ``__cause__``
+    is the backend's own error. ``limiter_name`` is the limiter's ``name``. Pinned
+    non-transient: the limiter's store is down, not the provider, so a fallback chain
+    around it must not reroute the call.
+    """
+
+    def __init__(self, limiter_name: str) -> None:
+        self.limiter_name = limiter_name
+        super().__init__(
+            f"Permit refused: the shared limiter {limiter_name!r} cannot reach its Redis "
+            "server, and on_backend_error='fail_closed' refuses permits until it answers."
+        )
+
+
+class RequestExceedsCapacityError(LLMResilienceError, ValueError):
+    """A limiter was asked for more than its bucket can ever hold.
+
+    Such a request could never be granted, so it fails at once instead of waiting
+    forever: e.g. ``num_tokens=5000`` on a limiter with ``tokens_per_minute=4000``.
+    ``requested`` and ``capacity`` are counted in ``unit`` (``"tokens"`` or
+    ``"requests"``); ``option`` names the setting that fixes the capacity. Pinned
+    non-transient: retrying elsewhere cannot make the request smaller.
+    """
+
+    def __init__(self, requested: int, capacity: int, *, unit: str, option: str) -> None:
+        self.requested = requested
+        self.capacity = capacity
+        self.unit = unit
+        self.option = option
+        super().__init__(
+            f"Request needs {requested} {unit} but the bucket holds at most {capacity} "
+            f"({option}={capacity}); it could never be granted."
         )

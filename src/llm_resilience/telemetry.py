@@ -15,18 +15,24 @@ meter forwards to it). Without an SDK every call is a no-op.
 from __future__ import annotations
 
 import threading
+from decimal import Decimal
 from typing import Any, Literal
 
 __all__ = [
+    "LLM_COST",
+    "LLM_TOKENS",
     "METER_NAME",
     "RATELIMIT_WAIT",
     "Outcome",
     "Surface",
+    "record_llm_usage",
     "record_rate_limit_wait",
 ]
 
 METER_NAME = "llm_resilience"
 RATELIMIT_WAIT = "llm_resilience.ratelimit.wait.duration"
+LLM_TOKENS = "llm_resilience.llm.tokens"
+LLM_COST = "llm_resilience.llm.cost"
 
 Surface = Literal["chat", "embedding"]
 Outcome = Literal["granted", "rejected", "cancelled", "faulted"]
@@ -43,15 +49,23 @@ def _meter() -> Any:
     return metrics.get_meter(METER_NAME, __version__)
 
 
-def _histogram(name: str, unit: str, description: str) -> Any:
+def _instrument(
+    kind: Literal["histogram", "counter"], name: str, unit: str, description: str
+) -> Any:
     instrument = _instruments.get(name)
     if instrument is None:
         with _lock:
             instrument = _instruments.get(name)
             if instrument is None:
-                instrument = _meter().create_histogram(name, unit=unit, description=description)
+                meter = _meter()
+                create = meter.create_histogram if kind == "histogram" else meter.create_counter
+                instrument = create(name, unit=unit, description=description)
                 _instruments[name] = instrument
     return instrument
+
+
+def _histogram(name: str, unit: str, description: str) -> Any:
+    return _instrument("histogram", name, unit, description)
 
 
 def record_rate_limit_wait(milliseconds: float, *, surface: str, outcome: Outcome) -> None:
@@ -59,3 +73,42 @@ def record_rate_limit_wait(milliseconds: float, *, surface: str, outcome: Outcom
     _histogram(RATELIMIT_WAIT, "ms", "Time callers spent waiting for a rate-limit permit.").record(
         milliseconds, {"surface": surface, "outcome": outcome}
     )
+
+
+# OpenTelemetry GenAI semantic conventions name the operation "embeddings" (plural).
+_OPERATION = {"chat": "chat", "embedding": "embeddings"}
+
+
+def record_llm_usage(
+    *, surface: Surface, input_tokens: int, output_tokens: int, cost: Decimal
+) -> None:
+    """Count one finished call's tokens and cost.
+
+    ``llm_resilience.llm.tokens`` gets ``input_tokens`` with ``direction=in`` and, for
+    chat, ``output_tokens`` with ``direction=out``; ``llm_resilience.llm.cost`` gets
+    ``cost`` (as a float: metrics are for dashboards, the ledger is the exact record).
+    """
+    operation = _OPERATION[surface]
+    tokens = _instrument("counter", LLM_TOKENS, "{token}", "Tokens consumed by LLM calls.")
+    tokens.add(
+        input_tokens,
+        {
+            "direction": "in",
+            "surface": surface,
+            "gen_ai.operation.name": operation,
+            "gen_ai.token.type": "input",
+        },
+    )
+    if surface == "chat":
+        tokens.add(
+            output_tokens,
+            {
+                "direction": "out",
+                "surface": surface,
+                "gen_ai.operation.name": operation,
+                "gen_ai.token.type": "output",
+            },
+        )
+    _instrument(
+        "counter", LLM_COST, "{currency}", "Cost of LLM calls, in the prices' currency."
+    ).add(float(cost), {"surface": surface, "gen_ai.operation.name": operation})

@@ -35,7 +35,12 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llm_resilience.errors import BudgetExceededError, RateLimitQueueFullError
+from llm_resilience.errors import (
+    BudgetExceededError,
+    RateLimitBackendError,
+    RateLimitQueueFullError,
+    RequestExceedsCapacityError,
+)
 
 __all__ = [
     "DEFAULT_STATUS_CODES",
@@ -57,6 +62,8 @@ _KEYWORDS = ("rate limit", "throttl", "timeout", "unavailable")
 _PINNED_NON_TRANSIENT: tuple[type[BaseException], ...] = (
     BudgetExceededError,
     RateLimitQueueFullError,
+    RateLimitBackendError,
+    RequestExceedsCapacityError,
     asyncio.CancelledError,
     KeyboardInterrupt,
     SystemExit,

@@ -1,0 +1,146 @@
+"""What every limiter of this package is, and the checks they share.
+
+Both :class:`~llm_resilience.ratelimit.TokenBucketRateLimiter` (one process) and
+:class:`~llm_resilience.ratelimit.RedisTokenBucketRateLimiter` (every process sharing a
+Redis) follow one derivation from a per-minute budget:
+
+* the bucket refills in discrete steps of :data:`PERIOD_SECONDS` (1 s);
+* each step adds ``max(1, per_minute // 60)`` permits (:func:`per_period`), so 300 rpm
+  adds 5 a second, 90 rpm floors to 1 a second (60 a minute) and 30 rpm rounds up to 1 a
+  second (60 a minute: budgets under 60 over-admit);
+* the bucket holds the whole per-minute budget and starts full, so an idle limiter
+  absorbs a burst of one minute's worth of calls.
+
+The same derivation applies to ``tokens_per_minute`` when a limiter weighs calls by tokens.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from llm_resilience.errors import RequestExceedsCapacityError
+
+__all__ = [
+    "PERIOD_SECONDS",
+    "RateLimiter",
+    "check_token_weight",
+    "non_negative_int",
+    "optional_positive_int",
+    "per_period",
+    "positive_int",
+]
+
+#: Length of one replenishment step, in seconds.
+PERIOD_SECONDS = 1.0
+
+
+def per_period(per_minute: int) -> int:
+    """Permits added per 1-second step for a per-minute budget: ``max(1, per_minute // 60)``.
+
+    >>> [per_period(rpm) for rpm in (30, 60, 90, 300, 6000)]
+    [1, 1, 1, 5, 100]
+    """
+    return max(1, per_minute // 60)
+
+
+def positive_int(option: str, value: object) -> int:
+    """``value`` if it is an ``int`` >= 1; else ``TypeError`` (not an int, or a bool) or
+    ``ValueError`` (< 1), both naming ``option`` and the allowed range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{option} must be an integer >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{option} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def optional_positive_int(option: str, value: object) -> int | None:
+    """Like :func:`positive_int`, but None (the option left unset) passes through."""
+    return None if value is None else positive_int(option, value)
+
+
+def non_negative_int(option: str, value: object) -> int:
+    """``value`` if it is an ``int`` >= 0, else ``TypeError``/``ValueError`` naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{option} must be an integer >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{option} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def check_token_weight(num_tokens: object, token_capacity: int | None) -> int:
+    """Validate a call's token weight (an ``int`` >= 0) against the token bucket.
+
+    Raises :class:`~llm_resilience.errors.RequestExceedsCapacityError` when the weight
+    exceeds ``token_capacity`` (the ``tokens_per_minute`` budget): such a call could
+    never be granted. Without a token bucket the weight is checked and ignored.
+    """
+    weight = non_negative_int("num_tokens", num_tokens)
+    if token_capacity is not None and weight > token_capacity:
+        raise RequestExceedsCapacityError(
+            weight, token_capacity, unit="tokens", option="tokens_per_minute"
+        )
+    return weight
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    """The limiter contract, shaped to fit both frameworks' ``rate_limiter=`` slots.
+
+    One ``acquire`` satisfies LangChain's ``acquire(*, blocking=True) -> bool`` and
+    LlamaIndex's ``acquire(num_tokens=0)``; ``aacquire`` is LangChain's async name and
+    ``async_acquire`` LlamaIndex's. Each call takes one request permit and, with
+    ``tokens_per_minute`` set, ``num_tokens`` token permits.
+    """
+
+    @property
+    def requests_per_minute(self) -> int: ...
+    @property
+    def max_queued_requests(self) -> int | None: ...
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+    @property
+    def period(self) -> float: ...
+    @property
+    def permits_per_period(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def token_capacity(self) -> int | None: ...
+    @property
+    def tokens_per_period(self) -> int | None: ...
+    @property
+    def queued(self) -> int: ...
+
+    def acquire(self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat") -> bool:
+        """Take a permit, waiting for it unless ``blocking=False``; False if refused."""
+        ...
+
+    async def aacquire(
+        self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat"
+    ) -> bool:
+        """Async :meth:`acquire`."""
+        ...
+
+    async def async_acquire(self, num_tokens: int = 0) -> None:
+        """LlamaIndex's name for :meth:`aacquire`."""
+        ...
+
+    def reconcile(self, estimated_tokens: int, actual_tokens: int) -> None:
+        """Settle a call's token weight with its real usage (no-op without a token budget)."""
+        ...
+
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...

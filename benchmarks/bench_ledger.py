@@ -1,0 +1,309 @@
+"""Gate reads and writes of ``SqlCostLedger`` on SQLite and PostgreSQL.
+
+Three measurements per database:
+
+* **gate read latency**: ``spend("day")`` and ``spend("month")`` (what the budget gate
+  reads before every call) on a ledger holding ``ROWS`` entries in the current UTC month
+  (1,000,000; 100,000 with ``--quick``), p50/p99 over many calls, against the plain
+  ``SELECT SUM(cost) FROM cost_ledger WHERE timestamp >= <month start>`` a ledger without
+  running totals would run, issued through the bare driver (its floor). The rows are
+  bulk-loaded in one transaction (SQLite: ``executemany``; PostgreSQL: ``COPY``), then the
+  ledger is opened on them, which builds the running totals from the rows exactly as it
+  does when migrating a first-release table: that open is timed too.
+* **records per second**: 8 writer processes (``spawn``, each with its own ledger) and,
+  for reference, 1, each recording ``WRITES`` entries (2,000; 300 with ``--quick``),
+  timed from a barrier that releases them together to the last commit.
+
+SQLite works in a temporary directory; PostgreSQL (``LLM_RESILIENCE_TEST_POSTGRES_URL``,
+default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``) in a fresh schema dropped at
+the end, skipped with a note when the server is not there. Prints markdown tables.
+
+    python benchmarks/bench_ledger.py            # ~3 min on 2 cores
+    python benchmarks/bench_ledger.py --quick    # ~40 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import random
+import socket
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+from llm_resilience.ledger._protocol import window_bounds
+
+POSTGRES_URL = os.environ.get(
+    "LLM_RESILIENCE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+GOAL_P50_MS = 1.0
+WRITERS = 8
+COLUMNS = (
+    "timestamp, kind, input_tokens, output_tokens, cost, pages, model, estimated, surface, scope"
+)
+
+
+def month_rows(count: int, now: datetime) -> Iterator[tuple[Any, ...]]:
+    """``count`` chat entries spread over the current UTC month up to ``now``; one in ten
+    scoped to a tenant; costs with up to 7 decimals, as token prices produce."""
+    start, _ = window_bounds("month", now)
+    span = (now - start).total_seconds()
+    rng = random.Random(7)
+    for n in range(count):
+        at = start + timedelta(seconds=span * n / count)
+        tokens_in, tokens_out = rng.randint(100, 4000), rng.randint(10, 800)
+        cost = (Decimal(tokens_in) * 3 + Decimal(tokens_out) * 15) / 1_000_000
+        scope = "tenant-1" if n % 10 == 0 else None
+        yield at, "chat", tokens_in, tokens_out, cost, 0, "gpt-4o-mini", False, "chat", scope
+
+
+def percentiles(samples_ns: list[int]) -> tuple[float, float]:
+    """(p50, p99) in milliseconds."""
+    ordered = sorted(samples_ns)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return statistics.median(ordered) / 1e6, p99 / 1e6
+
+
+def timed(call: Callable[[], object], repeats: int) -> list[int]:
+    call()  # warm-up: connection, statement cache
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter_ns()
+        call()
+        samples.append(time.perf_counter_ns() - started)
+    return samples
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+def load_sqlite(path: Path, count: int, now: datetime) -> None:
+    SqlCostLedger(f"sqlite:///{path}").close()  # our schema, empty
+    connection = sqlite3.connect(path)
+    with connection:
+        connection.executemany(
+            f"INSERT INTO cost_ledger ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                (at.strftime("%Y-%m-%d %H:%M:%S.%f"), kind, i, o, format(c, "f"), p, m, e, s, sc)
+                for at, kind, i, o, c, p, m, e, s, sc in month_rows(count, now)
+            ),
+        )
+        connection.execute("DELETE FROM cost_ledger_totals")  # rebuilt by the next open
+    connection.close()
+
+
+def load_postgres(url: str, count: int, now: datetime) -> None:
+    import psycopg
+
+    SqlCostLedger(url).close()
+    with psycopg.connect(**postgres_params(url)) as connection:
+        with connection.cursor() as cursor:
+            with cursor.copy(f"COPY cost_ledger ({COLUMNS}) FROM STDIN") as copy:
+                for row in month_rows(count, now):
+                    copy.write_row(row)
+            cursor.execute("DELETE FROM cost_ledger_totals")
+            cursor.execute("ANALYZE cost_ledger")
+
+
+def postgres_params(url: str) -> dict[str, Any]:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    params: dict[str, Any] = {
+        "host": parsed.host,
+        "port": parsed.port or 5432,
+        "user": parsed.username,
+        "dbname": parsed.database,
+    }
+    if parsed.password:
+        params["password"] = parsed.password
+    if "options" in parsed.query:
+        params["options"] = parsed.query["options"]
+    return params
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str | None]:
+    """A URL confined to a fresh schema, or None when PostgreSQL is not reachable."""
+    try:
+        import psycopg
+        from sqlalchemy.engine import make_url
+    except ImportError:
+        yield None
+        return
+    base = make_url(POSTGRES_URL)
+    try:
+        socket.create_connection((base.host or "127.0.0.1", base.port or 5432), timeout=1).close()
+    except OSError:
+        yield None
+        return
+    name = f"bench_ledger_{uuid.uuid4().hex[:10]}"
+    params = postgres_params(POSTGRES_URL)
+    with psycopg.connect(**params, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {name}")
+    try:
+        scoped = base.update_query_dict({"options": f"-csearch_path={name}"})
+        yield scoped.render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(**params, autocommit=True) as connection:
+            connection.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+# -- measurements -------------------------------------------------------------------------
+
+
+def gate_reads(
+    database: str, url: str, count: int, repeats: int, scans: int, now: datetime
+) -> list[str]:
+    """Markdown rows: load, open (building totals), our reads, the scanning baseline."""
+    started = time.perf_counter()
+    if database == "SQLite":
+        load_sqlite(Path(url.removeprefix("sqlite:///")), count, now)
+    else:
+        load_postgres(url, count, now)
+    loaded = time.perf_counter() - started
+    started = time.perf_counter()
+    ledger = SqlCostLedger(url)
+    opened = time.perf_counter() - started
+    month_start, _ = window_bounds("month", now)
+
+    if database == "SQLite":
+        raw = sqlite3.connect(url.removeprefix("sqlite:///"))
+        stamp = month_start.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+        def scan() -> object:
+            query = "SELECT SUM(cost) FROM cost_ledger WHERE timestamp >= ?"
+            return raw.execute(query, (stamp,)).fetchone()
+
+        close_raw: Callable[[], None] = raw.close
+    else:
+        import psycopg
+
+        pg = psycopg.connect(**postgres_params(url), autocommit=True)
+
+        def scan() -> object:
+            query = "SELECT SUM(cost) FROM cost_ledger WHERE timestamp >= %s"
+            return pg.execute(query, (month_start,)).fetchone()
+
+        close_raw = pg.close
+
+    try:
+        day = percentiles(timed(lambda: ledger.spend("day"), repeats))
+        month = percentiles(timed(lambda: ledger.spend("month"), repeats))
+        scoped = percentiles(timed(lambda: ledger.spend("month", scope="tenant-1"), repeats))
+        baseline = percentiles(timed(scan, scans))
+        exact = ledger.spend("month")
+    finally:
+        close_raw()
+        ledger.close()
+    print(
+        f"{database}: {count:,} rows loaded in {loaded:.1f} s; opening the ledger on them "
+        f"(building the running totals) took {opened:.1f} s; spend('month') = {exact}",
+        flush=True,
+    )
+    rows = [
+        ("`spend('day')` (ours)", day, repeats),
+        ("`spend('month')` (ours)", month, repeats),
+        ("`spend('month', scope=...)` (ours)", scoped, repeats),
+        ("`SELECT SUM(cost) ... >= month start` (driver)", baseline, scans),
+    ]
+    return [
+        f"| {database} | {count:,} | {name} | {p50:.3f} | {p99:.3f} | {n} | "
+        f"{baseline[0] / p50:,.0f}x |"
+        for name, (p50, p99), n in rows
+    ]
+
+
+def writer(url: str, start: Any, results: Any, writes: int) -> None:
+    ledger = SqlCostLedger(url)
+    now = datetime.now(UTC)
+    entry = LedgerEntry(now, "chat", 1200, 300, Decimal("0.0081"), model="gpt-4o-mini")
+    ledger.record(entry)  # connection open and warm before the clock starts
+    start.wait()
+    for _ in range(writes):
+        ledger.record(entry)
+    results.put(time.perf_counter())
+    ledger.close()
+
+
+def writes_per_second(url: str, processes: int, writes: int) -> float:
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(processes + 1), context.Queue()
+    workers = [
+        context.Process(target=writer, args=(url, start, results, writes))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    began = time.perf_counter()
+    finished = max(results.get(timeout=600) for _ in workers)
+    for worker in workers:
+        worker.join()
+    return processes * writes / (finished - began)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100k rows, fewer repeats")
+    args = parser.parse_args(argv)
+    rows = 100_000 if args.quick else 1_000_000
+    repeats, scans = (300, 5) if args.quick else (3000, 20)
+    writes = 300 if args.quick else 2000
+    now = datetime.now(UTC)
+
+    print(
+        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
+        f"{os.cpu_count()} CPUs, {platform.platform()}\n",
+        flush=True,
+    )
+    reads = [
+        "| database | rows in month | read | p50 ms | p99 ms | calls | scan p50 / this p50 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    throughput = [
+        "| database | writer processes | records/s |",
+        "| --- | ---: | ---: |",
+    ]
+    with tempfile.TemporaryDirectory() as folder:
+        url = f"sqlite:///{Path(folder) / 'spend.db'}"
+        reads += gate_reads("SQLite", url, rows, repeats, scans, now)
+        for processes in (WRITERS, 1):
+            url = f"sqlite:///{Path(folder) / f'writers-{processes}.db'}"
+            rate = writes_per_second(url, processes, writes)
+            throughput.append(f"| SQLite | {processes} | {rate:,.0f} |")
+    with postgres_schema() as postgres:
+        if postgres is None:
+            print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.\n")
+        else:
+            reads += gate_reads("PostgreSQL", postgres, rows, repeats, scans, now)
+            for processes in (WRITERS, 1):
+                rate = writes_per_second(postgres, processes, writes)
+                throughput.append(f"| PostgreSQL | {processes} | {rate:,.0f} |")
+
+    print("\n### Gate reads\n")
+    print("\n".join(reads))
+    print(
+        f"\nGoal: p50 of our reads under {GOAL_P50_MS} ms. Our reads are exact Decimal "
+        "(running totals plus live holds); the SQLite scan sums text as floats.\n"
+    )
+    print(f"### Writes ({writes:,} records per process, each its own transaction)\n")
+    print("\n".join(throughput))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,599 @@
+"""The spend budget: prices, limits, and the gate every priced call passes through.
+
+::
+
+    gate = BudgetGate(CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
+                                 daily_limit=25), ledger=SqlCostLedger("sqlite:///spend.db"))
+    ticket = gate.begin("chat", max_output_tokens=1024)  # raises BudgetExceededError
+    try:
+        response = call_the_model()
+    except BaseException:
+        ticket.abandon()                                   # a failed call costs nothing
+        raise
+    ticket.finish(chat_usage(in_tokens, out_tokens, prompt=pairs, response_text=text),
+                  model=served_model)
+
+Adapters only translate framework types into these calls; every rule lives here and in
+:mod:`llm_resilience.usage`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+from typing import Literal, TypeAlias
+
+from llm_resilience.errors import BudgetExceededError
+from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.telemetry import record_llm_usage
+from llm_resilience.usage import Usage, cost_of
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_TOKENS",
+    "BudgetGate",
+    "BudgetTicket",
+    "CostBudget",
+    "ModelPrice",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Output tokens a strict-mode hold assumes for a chat call with no ``max_output_tokens``.
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+
+#: Money as users may write it: ``Decimal("0.15")``, ``"0.15"`` or an ``int``; never a float.
+Money: TypeAlias = Decimal | int | str
+Surface = Literal["chat", "embedding"]
+#: One limit the gate applies: the window, whose spend it reads (None: the global total),
+#: and the limit.
+_Limit: TypeAlias = tuple[Window, str | None, Decimal]
+
+_IN_MEMORY_WARNING = (
+    "No persistent cost ledger: spend is kept in memory by InMemoryCostLedger and resets "
+    "when the process restarts. Pass SqlCostLedger(url) to keep it across restarts and workers."
+)
+
+
+def _money(option: str, value: object) -> Decimal:
+    """``value`` as exact, finite, non-negative money; the errors name ``option``."""
+    if isinstance(value, float):
+        raise TypeError(
+            f"{option} must be exact money, not the float {value!r}: "
+            f"use Decimal('0.15') or a string"
+        )
+    if isinstance(value, bool) or not isinstance(value, Decimal | int | str):
+        raise TypeError(f"{option} must be a Decimal, an int or a string, got {value!r}")
+    try:
+        money = Decimal(value.strip() if isinstance(value, str) else value)
+    except InvalidOperation:
+        raise ValueError(f"{option} must be a number >= 0, got {value!r}") from None
+    if not money.is_finite() or money < 0:
+        raise ValueError(f"{option} must be a finite number >= 0, got {value!r}")
+    return money
+
+
+def _optional_money(option: str, value: object) -> Decimal | None:
+    return None if value is None else _money(option, value)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class ModelPrice:
+    """One model's prices per million tokens, exact.
+
+    >>> ModelPrice("2.50", 10).output_per_mtok
+    Decimal('10')
+
+    Values are ``Decimal``, ``int`` or ``str``: a float raises ``TypeError`` (floats are not
+    exact) and a negative value ``ValueError``, each naming the field. An embedding model's
+    price usually needs only ``input_per_mtok`` (``output_per_mtok=0``): embeddings bill at
+    ``embedding_per_mtok`` when set, else at ``input_per_mtok``.
+    """
+
+    #: Price per million input (prompt) tokens.
+    input_per_mtok: Decimal
+    #: Price per million output (completion) tokens.
+    output_per_mtok: Decimal
+    #: Price per million embedded tokens; None bills embeddings at ``input_per_mtok``.
+    embedding_per_mtok: Decimal | None
+
+    def __init__(
+        self, input_per_mtok: Money, output_per_mtok: Money, embedding_per_mtok: Money | None = None
+    ) -> None:
+        object.__setattr__(self, "input_per_mtok", _money("input_per_mtok", input_per_mtok))
+        object.__setattr__(self, "output_per_mtok", _money("output_per_mtok", output_per_mtok))
+        object.__setattr__(
+            self, "embedding_per_mtok", _optional_money("embedding_per_mtok", embedding_per_mtok)
+        )
+
+
+@dataclass(frozen=True, init=False)
+class CostBudget:
+    """Prices and spend limits, exact to the last digit (``Decimal``).
+
+    >>> budget = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
+    ...                     embedding_price_per_mtok="0.02", daily_limit=25, monthly_limit=400)
+
+    Money is ``Decimal``, ``int`` or ``str`` in whatever currency the prices are quoted in;
+    a float raises ``TypeError`` ("use Decimal('0.15') or a string"). Validated here:
+    no negative values (``ValueError`` naming the option), and at least one of
+    ``daily_limit``, ``monthly_limit``, ``global_daily_limit``, ``global_monthly_limit``.
+    A limit of 0 is a kill switch: every call is refused.
+
+    Windows are UTC calendar windows: ``day`` is the current UTC date, ``month`` the current
+    UTC month from its first day. Scopes (a tenant, user or API key passed to
+    :meth:`BudgetGate.begin`):
+
+    * a call without a scope is gated by ``daily_limit``/``monthly_limit`` and by
+      ``global_daily_limit``/``global_monthly_limit``, all against the global spend;
+    * a call with ``scope="tenant-1"`` is gated by ``daily_limit``/``monthly_limit``
+      against that scope's own spend, and by the ``global_*`` limits against the global
+      spend (every scope together).
+
+    ``prices`` maps model names to :class:`ModelPrice`, applied to the model that actually
+    served: the exact name first, then the longest configured prefix the served name starts
+    with (``"gpt-4o"`` prices ``"gpt-4o-2024-08-06"``), else the three surface prices.
+
+    ``strict=True`` reserves each call's worst-case cost at the gate, so concurrent calls
+    cannot overshoot a limit (see :class:`BudgetGate`). Without it the gate is a pre-call
+    check: every call in flight when the limit is reached still completes and records, so
+    spend can exceed a limit by up to the cost of the calls running concurrently.
+    """
+
+    #: Chat price per million input tokens.
+    input_price_per_mtok: Decimal
+    #: Chat price per million output tokens.
+    output_price_per_mtok: Decimal
+    #: Embedding price per million input tokens.
+    embedding_price_per_mtok: Decimal
+    #: Limit of a UTC day: global spend for unscoped calls, the scope's spend for scoped ones.
+    daily_limit: Decimal | None
+    #: Limit of a UTC month, scoped like ``daily_limit``.
+    monthly_limit: Decimal | None
+    #: Per-model prices (read-only), keyed by exact model name or name prefix.
+    prices: Mapping[str, ModelPrice] = field(hash=False)
+    #: Limit of the global spend of a UTC day, for every call, scoped or not.
+    global_daily_limit: Decimal | None
+    #: Limit of the global spend of a UTC month, for every call, scoped or not.
+    global_monthly_limit: Decimal | None
+    #: Reserve worst-case cost at the gate so concurrency cannot overshoot.
+    strict: bool
+
+    def __init__(
+        self,
+        input_price_per_mtok: Money = 0,
+        output_price_per_mtok: Money = 0,
+        embedding_price_per_mtok: Money = 0,
+        daily_limit: Money | None = None,
+        monthly_limit: Money | None = None,
+        *,
+        prices: Mapping[str, ModelPrice] | None = None,
+        global_daily_limit: Money | None = None,
+        global_monthly_limit: Money | None = None,
+        strict: bool = False,
+    ) -> None:
+        assign = object.__setattr__
+        for option, value in (
+            ("input_price_per_mtok", input_price_per_mtok),
+            ("output_price_per_mtok", output_price_per_mtok),
+            ("embedding_price_per_mtok", embedding_price_per_mtok),
+        ):
+            assign(self, option, _money(option, value))
+        limits = {
+            "daily_limit": daily_limit,
+            "monthly_limit": monthly_limit,
+            "global_daily_limit": global_daily_limit,
+            "global_monthly_limit": global_monthly_limit,
+        }
+        for option, limit in limits.items():
+            assign(self, option, _optional_money(option, limit))
+        if all(limit is None for limit in limits.values()):
+            raise ValueError(
+                "CostBudget needs at least one limit: set daily_limit, monthly_limit, "
+                "global_daily_limit or global_monthly_limit (money >= 0; 0 refuses every call)"
+            )
+        checked: dict[str, ModelPrice] = {}
+        for model, price in (prices or {}).items():
+            if not isinstance(model, str) or not model:
+                raise TypeError(f"prices keys must be non-empty model names, got {model!r}")
+            if not isinstance(price, ModelPrice):
+                raise TypeError(
+                    f"prices[{model!r}] must be a ModelPrice(input_per_mtok, output_per_mtok), "
+                    f"got {price!r}"
+                )
+            checked[model] = price
+        assign(self, "prices", MappingProxyType(checked))
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be True or False, got {strict!r}")
+        assign(self, "strict", strict)
+
+    def price_for(self, model: str | None) -> ModelPrice:
+        """The price of ``model``: exact name, else longest matching prefix, else surface prices.
+
+        >>> budget = CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)})
+        >>> budget.price_for("gpt-4o-2024-08-06").output_per_mtok
+        Decimal('8')
+        """
+        if model is not None:
+            exact = self.prices.get(model)
+            if exact is not None:
+                return exact
+            prefixes = [name for name in self.prices if model.startswith(name)]
+            if prefixes:
+                return self.prices[max(prefixes, key=len)]
+        return ModelPrice(
+            self.input_price_per_mtok, self.output_price_per_mtok, self.embedding_price_per_mtok
+        )
+
+    def limits_for(self, scope: str | None) -> list[tuple[Window, str | None, Decimal]]:
+        """The limits gating a call of ``scope``, day first: ``(window, spend scope, limit)``.
+
+        The spend scope is ``scope`` for a scope's own limit and None for the global spend.
+        An unscoped call with both ``daily_limit`` and ``global_daily_limit`` gets the lower.
+        """
+        windows: tuple[tuple[Window, Decimal | None, Decimal | None], ...] = (
+            ("day", self.daily_limit, self.global_daily_limit),
+            ("month", self.monthly_limit, self.global_monthly_limit),
+        )
+        found: list[_Limit] = []
+        for window, own, overall in windows:
+            if scope is None:
+                present = [limit for limit in (own, overall) if limit is not None]
+                if present:
+                    found.append((window, None, min(present)))
+                continue
+            if own is not None:
+                found.append((window, scope, own))
+            if overall is not None:
+                found.append((window, None, overall))
+        return found
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class BudgetGate:
+    """Refuses calls once spend reaches a limit; records what each admitted call cost.
+
+    ::
+
+        gate = BudgetGate(budget, ledger)          # share one ledger across wrappers
+        ticket = gate.begin("chat", scope="tenant-1", estimated_input_tokens=900,
+                            max_output_tokens=512, model="gpt-4o")
+        ...                                        # the call
+        ticket.finish(usage, model="gpt-4o-2024-08-06")   # or ticket.abandon()
+
+    Default mode: for each configured window, day first then month, the gate reads the
+    window's spend (an unconfigured window is not read) and raises
+    :class:`~llm_resilience.errors.BudgetExceededError` once ``spend >= limit``. It is a
+    pre-call check, so calls admitted concurrently can overshoot a limit by up to the cost
+    of every call in flight.
+
+    Strict mode (``CostBudget(strict=True)``): the gate reserves the call's worst-case cost
+    (``estimated_input_tokens`` plus ``max_output_tokens`` output tokens, 4096
+    (:data:`DEFAULT_MAX_OUTPUT_TOKENS`) for a chat call that sets none, at ``model``'s
+    price or the surface prices) atomically in the ledger, refusing it if any limit would
+    be exceeded; ``finish`` replaces the hold with the real cost. Concurrent calls cannot
+    overshoot, as long as the real cost stays within the hold: pass the priciest model a
+    fallback chain may serve as ``model``.
+
+    Ledger failures degrade, never break (each logs a WARNING on ``llm_resilience.budget``):
+    an unreadable ledger lets the call through ungated (a limit of 0 still refuses, spend
+    reported as 0); an unwritable one lets the call succeed unrecorded. With no ``ledger``
+    an :class:`~llm_resilience.ledger.InMemoryCostLedger` is used, and one warning per gate
+    names ``SqlCostLedger``, since in-memory spend resets when the process restarts.
+
+    ``now`` returns the current timezone-aware time (UTC by default); inject it in tests.
+    """
+
+    __slots__ = ("_now", "budget", "ledger")
+
+    def __init__(
+        self,
+        budget: CostBudget,
+        ledger: CostLedger | None = None,
+        *,
+        now: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        if not isinstance(budget, CostBudget):
+            raise TypeError(f"budget must be a CostBudget, got {budget!r}")
+        #: Prices, limits and mode.
+        self.budget = budget
+        #: Where spend is recorded and read back.
+        self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else ledger
+        self._now = now
+        if getattr(self.ledger, "persistent", None) is False:
+            logger.warning(_IN_MEMORY_WARNING)
+
+    def __repr__(self) -> str:
+        return f"BudgetGate(budget={self.budget!r}, ledger={self.ledger!r})"
+
+    def worst_case_cost(
+        self,
+        surface: Surface,
+        *,
+        estimated_input_tokens: int = 0,
+        max_output_tokens: int | None = None,
+        model: str | None = None,
+    ) -> Decimal:
+        """What strict mode holds for a call: its cost if it used every token it may.
+
+        >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
+        >>> gate.worst_case_cost("chat", estimated_input_tokens=1000)  # 4096 output assumed
+        Decimal('0.06444')
+        """
+        _check_surface(surface)
+        output = 0
+        if surface == "chat":
+            output = DEFAULT_MAX_OUTPUT_TOKENS if max_output_tokens is None else max_output_tokens
+        usage = Usage(estimated_input_tokens, output, estimated=True)
+        return cost_of(usage, self.budget.price_for(model), surface=surface)
+
+    def begin(
+        self,
+        surface: Surface,
+        *,
+        scope: str | None = None,
+        estimated_input_tokens: int = 0,
+        max_output_tokens: int | None = None,
+        model: str | None = None,
+    ) -> BudgetTicket:
+        """Gate one call; raises ``BudgetExceededError`` if a limit refuses it.
+
+        ``model`` is the model asked for (it prices the strict-mode hold and is recorded
+        when ``finish`` is not told which model served). Returns the ticket to
+        ``finish`` or ``abandon``.
+        """
+        now, limits, amount = self._prepare(
+            surface, scope, estimated_input_tokens, max_output_tokens, model
+        )
+        reservation: Reservation | None = None
+        if self.budget.strict:
+            try:
+                reservation = self.ledger.reserve(
+                    amount, limits=_mapping(limits), scope=scope, now=now
+                )
+            except BudgetExceededError:
+                raise
+            except Exception as exc:
+                self._ungated(exc, surface, limits)
+        else:
+            for window, spend_scope, limit in limits:
+                try:
+                    spend = self.ledger.spend(window, scope=spend_scope, now=now)
+                except Exception as exc:
+                    self._ungated(exc, surface, limits)
+                    break
+                if spend >= limit:
+                    raise BudgetExceededError(window, limit, spend, spend_scope)
+        return BudgetTicket(self, surface, scope, model, reservation)
+
+    async def abegin(
+        self,
+        surface: Surface,
+        *,
+        scope: str | None = None,
+        estimated_input_tokens: int = 0,
+        max_output_tokens: int | None = None,
+        model: str | None = None,
+    ) -> BudgetTicket:
+        """Async :meth:`begin`, through the ledger's async methods."""
+        now, limits, amount = self._prepare(
+            surface, scope, estimated_input_tokens, max_output_tokens, model
+        )
+        reservation: Reservation | None = None
+        if self.budget.strict:
+            try:
+                reservation = await self.ledger.areserve(
+                    amount, limits=_mapping(limits), scope=scope, now=now
+                )
+            except BudgetExceededError:
+                raise
+            except Exception as exc:
+                self._ungated(exc, surface, limits)
+        else:
+            for window, spend_scope, limit in limits:
+                try:
+                    spend = await self.ledger.aspend(window, scope=spend_scope, now=now)
+                except Exception as exc:
+                    self._ungated(exc, surface, limits)
+                    break
+                if spend >= limit:
+                    raise BudgetExceededError(window, limit, spend, spend_scope)
+        return BudgetTicket(self, surface, scope, model, reservation)
+
+    def _prepare(
+        self,
+        surface: Surface,
+        scope: str | None,
+        estimated_input_tokens: int,
+        max_output_tokens: int | None,
+        model: str | None,
+    ) -> tuple[datetime, list[_Limit], Decimal]:
+        _check_surface(surface)
+        if scope is not None and (not isinstance(scope, str) or not scope):
+            raise TypeError(f"scope must be non-empty text or None, got {scope!r}")
+        _check_count("estimated_input_tokens", estimated_input_tokens)
+        if max_output_tokens is not None:
+            _check_count("max_output_tokens", max_output_tokens)
+        amount = Decimal(0)
+        if self.budget.strict:
+            amount = self.worst_case_cost(
+                surface,
+                estimated_input_tokens=estimated_input_tokens,
+                max_output_tokens=max_output_tokens,
+                model=model,
+            )
+        return self.now(), self.budget.limits_for(scope), amount
+
+    def now(self) -> datetime:
+        """The injected clock's time, in UTC (a naive time raises ``ValueError``)."""
+        current = self._now()
+        if current.tzinfo is None or current.utcoffset() is None:
+            raise ValueError(f"now() must return a timezone-aware datetime, got {current!r}")
+        return current.astimezone(UTC)
+
+    @staticmethod
+    def _ungated(exc: Exception, surface: str, limits: list[_Limit]) -> None:
+        # A kill switch needs no ledger: it refuses even when spend cannot be read.
+        for window, spend_scope, limit in limits:
+            if limit == 0:
+                raise BudgetExceededError(window, limit, Decimal(0), spend_scope) from exc
+        logger.warning(
+            "Cost ledger unreadable (%s); letting this %s call through ungated.",
+            type(exc).__name__,
+            surface,
+            exc_info=exc,
+        )
+
+
+class BudgetTicket:
+    """One admitted call: ``finish`` records its cost, ``abandon`` records nothing.
+
+    The first of ``finish``/``abandon`` (or their async twins) wins; later calls do nothing,
+    so ``abandon`` is safe in a ``finally`` after ``finish``. Abandon a call that failed, and
+    a stream that was cancelled, failed or closed early: its true usage is unknown, and
+    guessing would corrupt the ledger. In strict mode both release the hold.
+    """
+
+    __slots__ = ("_done", "_gate", "model", "reservation", "scope", "surface")
+
+    def __init__(
+        self,
+        gate: BudgetGate,
+        surface: Surface,
+        scope: str | None,
+        model: str | None,
+        reservation: Reservation | None,
+    ) -> None:
+        self._gate = gate
+        #: ``"chat"`` or ``"embedding"``.
+        self.surface: Surface = surface
+        #: The budget scope the call counts toward; None is unscoped.
+        self.scope = scope
+        #: The model asked for at the gate.
+        self.model = model
+        #: The strict-mode hold, or None (default mode, or an unreadable ledger).
+        self.reservation = reservation
+        self._done = False
+
+    def __repr__(self) -> str:
+        return (
+            f"BudgetTicket(surface={self.surface!r}, scope={self.scope!r}, "
+            f"model={self.model!r}, reservation={self.reservation!r}, done={self._done})"
+        )
+
+    def finish(self, usage: Usage, *, model: str | None = None) -> LedgerEntry | None:
+        """Record the call: ``usage`` priced at the serving ``model`` (default: the gate's).
+
+        Returns the entry (None if the ticket was already finished or abandoned). A ledger
+        that cannot be written logs a WARNING and raises nothing.
+        """
+        entry = self._entry(usage, model)
+        if entry is None:
+            return None
+        try:
+            if self.reservation is None:
+                self._gate.ledger.record(entry)
+            else:
+                self._gate.ledger.settle(self.reservation, entry)
+        except Exception as exc:
+            _unwritable(exc, self.surface)
+        return entry
+
+    async def afinish(self, usage: Usage, *, model: str | None = None) -> LedgerEntry | None:
+        """Async :meth:`finish`."""
+        entry = self._entry(usage, model)
+        if entry is None:
+            return None
+        try:
+            if self.reservation is None:
+                await self._gate.ledger.arecord(entry)
+            else:
+                await self._gate.ledger.asettle(self.reservation, entry)
+        except Exception as exc:
+            _unwritable(exc, self.surface)
+        return entry
+
+    def abandon(self) -> None:
+        """Record nothing and release the strict-mode hold, if any."""
+        if self._done:
+            return
+        self._done = True
+        if self.reservation is not None:
+            try:
+                self._gate.ledger.settle(self.reservation, None)
+            except Exception as exc:
+                _unreleased(exc)
+
+    async def aabandon(self) -> None:
+        """Async :meth:`abandon`."""
+        if self._done:
+            return
+        self._done = True
+        if self.reservation is not None:
+            try:
+                await self._gate.ledger.asettle(self.reservation, None)
+            except Exception as exc:
+                _unreleased(exc)
+
+    def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
+        if self._done:
+            return None
+        self._done = True
+        served = model if model is not None else self.model
+        price = self._gate.budget.price_for(served)
+        cost = cost_of(usage, price, surface=self.surface)
+        record_llm_usage(
+            surface=self.surface,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=cost,
+        )
+        return LedgerEntry(
+            timestamp=self._gate.now(),
+            kind=self.surface,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=cost,
+            model=served,
+            estimated=usage.estimated,
+            surface=self.surface,
+            scope=self.scope,
+        )
+
+
+def _check_surface(surface: object) -> None:
+    if surface not in ("chat", "embedding"):
+        raise ValueError(f"surface must be 'chat' or 'embedding', got {surface!r}")
+
+
+def _check_count(option: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{option} must be an int >= 0, got {value!r}")
+
+
+def _mapping(limits: list[_Limit]) -> dict[tuple[Window, str | None], Decimal]:
+    return {(window, spend_scope): limit for window, spend_scope, limit in limits}
+
+
+def _unwritable(exc: Exception, surface: str) -> None:
+    logger.warning(
+        "Cost ledger unwritable (%s); the %s call succeeded but its cost was not recorded.",
+        type(exc).__name__,
+        surface,
+        exc_info=exc,
+    )
+
+
+def _unreleased(exc: Exception) -> None:
+    logger.warning(
+        "Cost ledger could not release a strict-mode reservation (%s); it stops counting "
+        "once the ledger's reservation TTL (15 minutes by default) passes.",
+        type(exc).__name__,
+        exc_info=exc,
+    )

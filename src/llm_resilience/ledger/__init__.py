@@ -1,0 +1,55 @@
+"""Spend ledgers: where the budget gate records each call's cost and reads spend back.
+
+* :class:`InMemoryCostLedger`: the default; exact and thread-safe, lost on restart.
+* :class:`SqlCostLedger`: SQLite (``sqlite:///spend.db``) or PostgreSQL
+  (``postgresql+psycopg://...``) through SQLAlchemy; survives restarts and is shared by
+  every process and worker opening the same database.
+
+Any object with the :class:`CostLedger` methods can replace both.
+
+>>> from datetime import UTC, datetime
+>>> from decimal import Decimal
+>>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+>>> ledger = InMemoryCostLedger()
+>>> ledger.record(LedgerEntry(datetime.now(UTC), "chat", 1000, 200, Decimal("0.006")))
+>>> ledger.spend("day")
+Decimal('0.006')
+
+:class:`SqlCostLedger` loads on first use, so importing this package never imports
+SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from llm_resilience.ledger._memory import InMemoryCostLedger
+from llm_resilience.ledger._protocol import (
+    DEFAULT_RESERVATION_TTL,
+    CostLedger,
+    LedgerEntry,
+    Reservation,
+    Window,
+)
+
+if TYPE_CHECKING:
+    from llm_resilience.ledger._sql import SqlCostLedger
+
+__all__ = [
+    "DEFAULT_RESERVATION_TTL",
+    "CostLedger",
+    "InMemoryCostLedger",
+    "LedgerEntry",
+    "Reservation",
+    "SqlCostLedger",
+    "Window",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SqlCostLedger":
+        from llm_resilience.ledger._sql import SqlCostLedger
+
+        globals()[name] = SqlCostLedger
+        return SqlCostLedger
+    raise AttributeError(f"module 'llm_resilience.ledger' has no attribute {name!r}")

@@ -1,0 +1,189 @@
+"""The in-process ledger: exact, thread-safe, and forgotten when the process exits."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from llm_resilience.ledger._protocol import (
+    DEFAULT_RESERVATION_TTL,
+    WINDOWS,
+    LedgerEntry,
+    Reservation,
+    Window,
+    check_amount,
+    check_limits,
+    check_now,
+    check_scope,
+    exact_sum,
+    refusal,
+    window_key,
+)
+
+__all__ = ["InMemoryCostLedger"]
+
+
+def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str | None]]:
+    """The running totals an entry or hold at ``when`` counts toward."""
+    scopes: tuple[str | None, ...] = (None,) if scope is None else (None, scope)
+    return [(window_key(window, when), each) for window in WINDOWS for each in scopes]
+
+
+class InMemoryCostLedger:
+    """A ledger in this process's memory: the default, and lost on restart.
+
+    >>> from datetime import UTC, datetime
+    >>> ledger = InMemoryCostLedger()
+    >>> now = datetime(2026, 11, 29, 10, tzinfo=UTC)
+    >>> ledger.record(LedgerEntry(now, "chat", cost=Decimal("0.1")))
+    >>> ledger.record(LedgerEntry(now, "ocr", pages=3, cost=Decimal("0.2")))
+    >>> ledger.spend("day", now=now)
+    Decimal('0.3')
+
+    Running totals per UTC day and month (globally and per scope) make :meth:`spend`
+    O(1) plus the live holds; one lock makes :meth:`reserve` atomic across threads.
+    Holds count toward spend for ``reservation_ttl`` (15 minutes by default) unless
+    settled first. Share one instance between every wrapper of the process; use
+    :class:`~llm_resilience.ledger.SqlCostLedger` to keep spend across restarts and
+    processes.
+    """
+
+    __slots__ = ("_entries", "_holds", "_lock", "_totals", "reservation_ttl")
+
+    #: Spend does not survive the process: the budget gate warns when this ledger is used.
+    persistent = False
+
+    def __init__(self, *, reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL) -> None:
+        if not isinstance(reservation_ttl, timedelta) or reservation_ttl <= timedelta(0):
+            raise ValueError(
+                f"reservation_ttl must be a positive timedelta, got {reservation_ttl!r}"
+            )
+        #: How long an unsettled hold counts toward spend.
+        self.reservation_ttl = reservation_ttl
+        self._lock = threading.Lock()
+        self._entries: list[LedgerEntry] = []
+        self._totals: dict[tuple[str, str | None], Decimal] = {}
+        self._holds: dict[str, Reservation] = {}
+
+    def __repr__(self) -> str:
+        return f"InMemoryCostLedger(entries={len(self._entries)}, holds={len(self._holds)})"
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Store ``entry``; it counts toward its UTC day and month at once."""
+        if not isinstance(entry, LedgerEntry):
+            raise TypeError(f"entry must be a LedgerEntry, got {entry!r}")
+        with self._lock:
+            self._add(entry)
+
+    async def arecord(self, entry: LedgerEntry) -> None:
+        """:meth:`record`; it never waits for more than the lock's brief hold."""
+        self.record(entry)
+
+    def spend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        """Exact spend of the UTC ``window`` holding ``now``: entries plus live holds,
+        of ``scope`` only, or of every scope when ``scope`` is None."""
+        when = check_now(now)
+        key = (window_key(window, when), check_scope(scope))
+        with self._lock:
+            return self._spend(key, window, when)
+
+    async def aspend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        """:meth:`spend`, for async callers."""
+        return self.spend(window, scope=scope, now=now)
+
+    def reserve(
+        self,
+        amount: Decimal,
+        *,
+        limits: Mapping[tuple[Window, str | None], Decimal],
+        scope: str | None,
+        now: datetime | None = None,
+    ) -> Reservation:
+        """Hold ``amount`` if every limit admits it, all under one lock.
+
+        Raises :class:`~llm_resilience.errors.BudgetExceededError` naming the first limit
+        (in ``limits`` order) that ``spend + amount`` would exceed, holding nothing.
+        """
+        amount = check_amount(amount)
+        checked = check_limits(limits)
+        when = check_now(now)
+        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
+        # Forget holds that are dead both at ``now`` and on the real clock, so a caller
+        # passing a past ``now`` never drops a hold that other callers still count.
+        horizon = min(when, datetime.now(UTC)) - self.reservation_ttl
+        with self._lock:
+            for dead in [key for key, held in self._holds.items() if held.timestamp <= horizon]:
+                del self._holds[dead]
+            for window, limit_scope, limit in checked:
+                spent = self._spend((window_key(window, when), limit_scope), window, when)
+                error = refusal(window, limit_scope, limit, spent, amount)
+                if error is not None:
+                    raise error
+            self._holds[hold.id] = hold
+        return hold
+
+    async def areserve(
+        self,
+        amount: Decimal,
+        *,
+        limits: Mapping[tuple[Window, str | None], Decimal],
+        scope: str | None,
+        now: datetime | None = None,
+    ) -> Reservation:
+        """:meth:`reserve`, for async callers."""
+        return self.reserve(amount, limits=limits, scope=scope, now=now)
+
+    def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        """Release ``reservation`` and record ``entry`` (if not None) atomically."""
+        if entry is not None and not isinstance(entry, LedgerEntry):
+            raise TypeError(f"entry must be a LedgerEntry or None, got {entry!r}")
+        with self._lock:
+            self._holds.pop(reservation.id, None)
+            if entry is not None:
+                self._add(entry)
+
+    async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        """:meth:`settle`, for async callers."""
+        self.settle(reservation, entry)
+
+    def entries(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerEntry]:
+        """Entries with ``since <= timestamp < until`` (either bound optional), oldest first."""
+        low = None if since is None else check_now(since)
+        high = None if until is None else check_now(until)
+        with self._lock:
+            chosen = [
+                entry
+                for entry in self._entries
+                if (low is None or entry.timestamp >= low)
+                and (high is None or entry.timestamp < high)
+            ]
+        chosen.sort(key=lambda entry: entry.timestamp)  # stable: ties keep recording order
+        return chosen
+
+    def close(self) -> None:
+        """Nothing to release; the entries stay readable."""
+
+    def _add(self, entry: LedgerEntry) -> None:
+        self._entries.append(entry)
+        for key in _totals_keys(entry.timestamp, entry.scope):
+            self._totals[key] = exact_sum((self._totals.get(key, Decimal(0)), entry.cost))
+
+    def _spend(self, key: tuple[str, str | None], window: Window, when: datetime) -> Decimal:
+        """Total plus live holds of one window and scope; the caller holds the lock."""
+        held = (
+            hold.amount
+            for hold in self._holds.values()
+            if hold.timestamp + self.reservation_ttl > when
+            and window_key(window, hold.timestamp) == key[0]
+            and (key[1] is None or hold.scope == key[1])
+        )
+        return exact_sum((self._totals.get(key, Decimal(0)), *held))

@@ -1,0 +1,320 @@
+"""What a spend ledger is: the entry it stores, the hold strict mode takes, the protocol.
+
+Windows are UTC calendar windows: ``"day"`` is the current UTC date and ``"month"`` the
+current UTC month from its first day. Every entry and every hold belongs to exactly one
+day and one month, named by :func:`window_key` (``"day:2026-11-29"``, ``"month:2026-11"``),
+and to the global total plus, when it has one, its scope's total.
+
+Money is :class:`~decimal.Decimal` end to end and sums are exact: :func:`exact_sum` adds
+without the default context's 28-digit rounding.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Literal, Protocol, get_args, runtime_checkable
+
+from llm_resilience.errors import BudgetExceededError
+
+__all__ = [
+    "DEFAULT_RESERVATION_TTL",
+    "WINDOWS",
+    "CostLedger",
+    "LedgerEntry",
+    "Reservation",
+    "Window",
+    "check_amount",
+    "check_limits",
+    "check_now",
+    "check_scope",
+    "exact_sum",
+    "refusal",
+    "window_bounds",
+    "window_key",
+]
+
+Window = Literal["day", "month"]
+#: The windows a ledger answers for, in the order a gate reads them.
+WINDOWS: tuple[Window, ...] = get_args(Window)
+#: How long a strict-mode hold counts toward spend unless settled first: 15 minutes, so a
+#: worker that crashed between ``reserve`` and ``settle`` cannot block a budget forever.
+DEFAULT_RESERVATION_TTL = timedelta(minutes=15)
+
+# Additions of money never round: precision is the maximum the decimal module allows,
+# and Inexact is trapped so a rounding could never pass silently.
+_EXACT = decimal.Context(
+    prec=decimal.MAX_PREC,
+    Emax=decimal.MAX_EMAX,
+    Emin=decimal.MIN_EMIN,
+    traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Overflow],
+)
+
+
+def exact_sum(values: Iterable[Decimal]) -> Decimal:
+    """The exact sum of ``values`` (``Decimal(0)`` when empty), whatever their digits.
+
+    >>> exact_sum([Decimal("0.1"), Decimal("0.2")])
+    Decimal('0.3')
+    """
+    total = Decimal(0)
+    for value in values:
+        total = _EXACT.add(total, value)
+    return total
+
+
+def _money(option: str, value: object) -> Decimal:
+    """``value`` as finite, non-negative ``Decimal`` money (an ``int`` converts exactly)."""
+    if isinstance(value, float):
+        raise TypeError(
+            f"{option} must be a Decimal, not a float (got {value!r}): floats are inexact"
+        )
+    if isinstance(value, bool) or not isinstance(value, Decimal | int):
+        raise TypeError(f"{option} must be a Decimal >= 0, got {value!r}")
+    money = Decimal(value)
+    if not money.is_finite() or money < 0:
+        raise ValueError(f"{option} must be a finite Decimal >= 0, got {value!r}")
+    return money
+
+
+def _count(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{option} must be an integer >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{option} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _utc(option: str, value: object) -> datetime:
+    """``value`` converted to UTC; naive datetimes are refused, never guessed."""
+    if not isinstance(value, datetime):
+        raise TypeError(f"{option} must be a timezone-aware datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{option} must be timezone-aware (UTC), got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def _optional_text(option: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{option} must be non-empty text or None, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One priced call (or any other billed thing) as the ledger stores it.
+
+    >>> from datetime import UTC, datetime
+    >>> entry = LedgerEntry(datetime(2026, 11, 29, 10, tzinfo=UTC), "chat",
+    ...                     input_tokens=1200, output_tokens=300, cost=Decimal("0.0081"))
+
+    Counts and money only, never prompt or response text. Validated on construction:
+    a naive ``timestamp`` raises ``ValueError`` (an aware one is converted to UTC), a
+    float ``cost`` raises ``TypeError`` (an ``int`` becomes a ``Decimal``), counts and
+    cost must be >= 0, ``kind`` non-empty text, ``scope`` non-empty text or None.
+    """
+
+    #: When the call finished, timezone-aware, stored in UTC.
+    timestamp: datetime
+    #: What was billed: ``"chat"``, ``"embedding"``, ``"ocr"``, ... any non-empty text.
+    kind: str
+    #: Input (prompt) tokens, >= 0.
+    input_tokens: int = 0
+    #: Output (completion) tokens, >= 0.
+    output_tokens: int = 0
+    #: Exact money, >= 0, in the currency the prices are quoted in.
+    cost: Decimal = Decimal(0)
+    #: Pages, for per-page kinds such as ``"ocr"``; 0 for token-billed calls.
+    pages: int = 0
+    #: The model that actually served (a fallback leg, not the chain), if known.
+    model: str | None = None
+    #: True when the token counts were estimated, not reported by the provider.
+    estimated: bool = False
+    #: ``"chat"``, ``"embedding"`` or None.
+    surface: str | None = None
+    #: Budget scope (tenant, user, key); None is unscoped.
+    scope: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "timestamp", _utc("timestamp", self.timestamp))
+        if not isinstance(self.kind, str) or not self.kind:
+            raise TypeError(f"kind must be non-empty text, got {self.kind!r}")
+        for option in ("input_tokens", "output_tokens", "pages"):
+            _count(option, getattr(self, option))
+        object.__setattr__(self, "cost", _money("cost", self.cost))
+        if not isinstance(self.estimated, bool):
+            raise TypeError(f"estimated must be a bool, got {self.estimated!r}")
+        for option in ("model", "surface", "scope"):
+            _optional_text(option, getattr(self, option))
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A hold on budget taken at the gate in strict mode, released by ``settle``.
+
+    Counts toward :meth:`CostLedger.spend` in the day and month of ``timestamp``,
+    globally and for ``scope``, until settled or until the ledger's reservation TTL
+    (15 minutes by default) has passed since ``timestamp``.
+    """
+
+    #: Opaque unique id (32 hex digits).
+    id: str
+    #: The money held: the call's worst-case cost.
+    amount: Decimal
+    #: The scope the hold counts toward besides the global total; None is unscoped.
+    scope: str | None
+    #: When the hold was taken (UTC).
+    timestamp: datetime
+
+
+@runtime_checkable
+class CostLedger(Protocol):
+    """Where spend is recorded and read back; any object with these methods will do.
+
+    ``spend`` includes outstanding holds, so concurrent strict-mode gates see each
+    other; ``reserve`` checks and holds atomically. Failures are raised, never hidden:
+    the budget gate decides what a failing ledger means for a call.
+    """
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Store ``entry``; it counts toward its day and month at once."""
+
+    async def arecord(self, entry: LedgerEntry) -> None:
+        """Async :meth:`record`."""
+
+    def spend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        """Spend of the ``window`` holding ``now`` (default: the current UTC time):
+        every entry and live hold of that UTC day or month, for ``scope`` (None: all)."""
+
+    async def aspend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        """Async :meth:`spend`."""
+
+    def reserve(
+        self,
+        amount: Decimal,
+        *,
+        limits: Mapping[tuple[Window, str | None], Decimal],
+        scope: str | None,
+        now: datetime | None = None,
+    ) -> Reservation:
+        """Atomically check every ``(window, limit_scope) -> limit`` and hold ``amount``.
+
+        Raises :class:`~llm_resilience.errors.BudgetExceededError` for the first limit
+        the hold would exceed (``spend + amount > limit``, or a limit already reached).
+        """
+
+    async def areserve(
+        self,
+        amount: Decimal,
+        *,
+        limits: Mapping[tuple[Window, str | None], Decimal],
+        scope: str | None,
+        now: datetime | None = None,
+    ) -> Reservation:
+        """Async :meth:`reserve`."""
+
+    def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        """Release ``reservation`` and record ``entry`` (if any) in one transaction.
+
+        Settling a hold that expired or was already settled just records ``entry``.
+        """
+
+    async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        """Async :meth:`settle`."""
+
+    def entries(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerEntry]:
+        """Entries with ``since <= timestamp < until`` (either bound optional), oldest first."""
+
+    def close(self) -> None:
+        """Release connections; a closed in-memory ledger keeps its entries."""
+
+
+def check_now(now: datetime | None) -> datetime:
+    """``now`` in UTC, or the current UTC time when None; a naive ``now`` is refused."""
+    return datetime.now(UTC) if now is None else _utc("now", now)
+
+
+def check_scope(scope: object) -> str | None:
+    """A budget scope: non-empty text, or None for the global total."""
+    return _optional_text("scope", scope)
+
+
+def _check_window(window: object) -> Window:
+    if window == "day":
+        return "day"
+    if window == "month":
+        return "month"
+    raise ValueError(f"window must be 'day' or 'month', got {window!r}")
+
+
+def window_key(window: Window, when: datetime) -> str:
+    """The name of the ``window`` holding the UTC instant ``when``.
+
+    >>> when = datetime(2026, 11, 29, 23, 59, tzinfo=UTC)
+    >>> window_key("day", when), window_key("month", when)
+    ('day:2026-11-29', 'month:2026-11')
+    """
+    if _check_window(window) == "day":
+        return f"day:{when:%Y-%m-%d}"
+    return f"month:{when:%Y-%m}"
+
+
+def window_bounds(window: Window, when: datetime) -> tuple[datetime, datetime]:
+    """``[start, end)`` in UTC of the ``window`` holding the UTC instant ``when``.
+
+    >>> start, end = window_bounds("month", datetime(2026, 12, 31, 23, tzinfo=UTC))
+    >>> start.isoformat(), end.isoformat()
+    ('2026-12-01T00:00:00+00:00', '2027-01-01T00:00:00+00:00')
+    """
+    day = datetime(when.year, when.month, when.day, tzinfo=UTC)
+    if _check_window(window) == "day":
+        return day, day + timedelta(days=1)
+    start = day.replace(day=1)
+    end = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+    return start, end
+
+
+def check_amount(amount: object) -> Decimal:
+    """A reservation's ``amount``: a finite ``Decimal`` >= 0 (float: ``TypeError``)."""
+    return _money("amount", amount)
+
+
+def check_limits(
+    limits: Mapping[tuple[Window, str | None], Decimal],
+) -> list[tuple[Window, str | None, Decimal]]:
+    """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order."""
+    checked: list[tuple[Window, str | None, Decimal]] = []
+    for (window, scope), limit in limits.items():
+        checked.append(
+            (_check_window(window), _optional_text("scope", scope), _money("limit", limit))
+        )
+    return checked
+
+
+def refusal(
+    window: Window, limit_scope: str | None, limit: Decimal, spend: Decimal, amount: Decimal
+) -> BudgetExceededError | None:
+    """The error ``reserve`` raises for this limit, or None if the hold fits.
+
+    A hold fits when ``spend + amount <= limit`` and the limit is not already reached,
+    so a hold of 0 is refused at a reached limit (a limit of 0 stays a kill switch),
+    as the plain gate refuses once ``spend >= limit``.
+    """
+    if spend >= limit or exact_sum((spend, amount)) > limit:
+        return BudgetExceededError(window, limit, spend, scope=limit_scope)
+    return None

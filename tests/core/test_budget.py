@@ -1,0 +1,591 @@
+"""The budget gate: limits per UTC window and scope, exact money, strict reservations."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from llm_resilience import telemetry
+from llm_resilience.budget import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    BudgetGate,
+    BudgetTicket,
+    CostBudget,
+    ModelPrice,
+)
+from llm_resilience.errors import BudgetExceededError
+from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.usage import Usage
+
+NOON = datetime(2026, 3, 14, 12, tzinfo=UTC)
+
+
+class Clock:
+    """A settable UTC clock for the gate's ``now``."""
+
+    def __init__(self, when: datetime = NOON) -> None:
+        self.when = when
+
+    def __call__(self) -> datetime:
+        return self.when
+
+
+class CountingLedger(InMemoryCostLedger):
+    """An in-memory ledger that remembers every spend read, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[tuple[Window, str | None]] = []
+
+    def spend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        self.reads.append((window, scope))
+        return super().spend(window, scope=scope, now=now)
+
+
+class BrokenLedger(InMemoryCostLedger):
+    """Fails to read (``spend``/``reserve``) or to write (``record``/``settle``) on demand."""
+
+    persistent = True  # keep the in-memory warning out of these tests
+
+    def __init__(self, *, reads: bool = False, writes: bool = False) -> None:
+        super().__init__()
+        self.fail_reads = reads
+        self.fail_writes = writes
+
+    def _read(self) -> None:
+        if self.fail_reads:
+            raise OSError("database is locked")
+
+    def _write(self) -> None:
+        if self.fail_writes:
+            raise OSError("disk I/O error")
+
+    def spend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        self._read()
+        return super().spend(window, scope=scope, now=now)
+
+    def reserve(
+        self,
+        amount: Decimal,
+        *,
+        limits: Mapping[tuple[Window, str | None], Decimal],
+        scope: str | None,
+        now: datetime | None = None,
+    ) -> Reservation:
+        self._read()
+        return super().reserve(amount, limits=limits, scope=scope, now=now)
+
+    def record(self, entry: LedgerEntry) -> None:
+        self._write()
+        super().record(entry)
+
+    def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        self._write()
+        super().settle(reservation, entry)
+
+
+def spend_to(
+    ledger: InMemoryCostLedger, amount: str, *, when: datetime = NOON, scope: str | None = None
+) -> None:
+    ledger.record(LedgerEntry(when, "chat", cost=Decimal(amount), scope=scope))
+
+
+def gate_for(
+    budget: CostBudget, ledger: InMemoryCostLedger | None = None, when: datetime = NOON
+) -> BudgetGate:
+    return BudgetGate(budget, InMemoryCostLedger() if ledger is None else ledger, now=Clock(when))
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def test_floats_are_refused_with_a_message_naming_the_option_and_the_fix() -> None:
+    with pytest.raises(TypeError, match=r"daily_limit.*use Decimal\('0.15'\) or a string"):
+        CostBudget(daily_limit=2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="input_price_per_mtok"):
+        CostBudget(0.15, daily_limit=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="output_per_mtok"):
+        ModelPrice(1, 0.6)  # type: ignore[arg-type]
+
+
+def test_negative_values_are_refused_naming_the_option() -> None:
+    with pytest.raises(ValueError, match="monthly_limit"):
+        CostBudget(monthly_limit=-1)
+    with pytest.raises(ValueError, match="embedding_price_per_mtok"):
+        CostBudget(embedding_price_per_mtok="-0.02", daily_limit=1)
+    with pytest.raises(ValueError, match="embedding_per_mtok"):
+        ModelPrice(1, 2, "-1")
+    with pytest.raises(ValueError, match="global_daily_limit"):
+        CostBudget(global_daily_limit="a lot")
+
+
+def test_a_budget_needs_at_least_one_limit_and_says_which_options_count() -> None:
+    with pytest.raises(
+        ValueError, match="daily_limit, monthly_limit, global_daily_limit or global_monthly_limit"
+    ):
+        CostBudget(input_price_per_mtok=3, output_price_per_mtok=15)
+
+
+def test_prices_must_be_model_prices_and_strict_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"prices\['gpt-4o'\] must be a ModelPrice"):
+        CostBudget(daily_limit=1, prices={"gpt-4o": (2.5, 10)})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="strict must be True or False"):
+        CostBudget(daily_limit=1, strict="yes")  # type: ignore[arg-type]
+
+
+def test_money_given_as_int_str_or_decimal_is_stored_exactly_and_the_budget_is_frozen() -> None:
+    budget = CostBudget("0.15", 1, Decimal("0.02"), daily_limit="25.10")
+    assert (budget.input_price_per_mtok, budget.output_price_per_mtok) == (
+        Decimal("0.15"),
+        Decimal(1),
+    )
+    assert budget.embedding_price_per_mtok == Decimal("0.02")
+    assert budget.daily_limit == Decimal("25.10")
+    assert budget.monthly_limit is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        budget.daily_limit = Decimal(1)  # type: ignore[misc]
+
+
+def test_begin_names_the_allowed_surfaces() -> None:
+    gate = gate_for(CostBudget(daily_limit=1))
+    with pytest.raises(ValueError, match="'chat' or 'embedding'"):
+        gate.begin("completion")  # type: ignore[arg-type]
+
+
+# -- the gate -----------------------------------------------------------------------------
+
+
+def test_a_call_is_refused_once_spend_reaches_the_limit_exactly() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(daily_limit="0.50"), ledger)
+    spend_to(ledger, "0.49")
+    gate.begin("chat").abandon()
+    spend_to(ledger, "0.01")
+    with pytest.raises(BudgetExceededError) as refused:
+        gate.begin("chat")
+    assert (refused.value.window, refused.value.limit, refused.value.spend) == (
+        "day",
+        Decimal("0.50"),
+        Decimal("0.50"),
+    )
+    assert refused.value.scope is None
+
+
+def test_the_day_is_checked_before_the_month() -> None:
+    ledger = CountingLedger()
+    gate = gate_for(CostBudget(daily_limit=1, monthly_limit=1), ledger)
+    gate.begin("chat").abandon()
+    assert ledger.reads == [("day", None), ("month", None)]
+    spend_to(ledger, "1")
+    with pytest.raises(BudgetExceededError) as refused:
+        gate.begin("chat")
+    assert refused.value.window == "day"
+
+
+def test_an_unconfigured_window_is_never_read() -> None:
+    ledger = CountingLedger()
+    gate = gate_for(CostBudget(monthly_limit=10), ledger)
+    asyncio.run(gate.abegin("embedding"))
+    gate.begin("chat")
+    assert ledger.reads == [("month", None), ("month", None)]
+
+
+def test_windows_are_utc_calendar_days_and_months() -> None:
+    ledger = InMemoryCostLedger()
+    last_second = datetime(2026, 1, 31, 23, 59, 59, tzinfo=UTC)
+    spend_to(ledger, "1", when=last_second)
+    budget = CostBudget(daily_limit=1, monthly_limit=1)
+
+    with pytest.raises(BudgetExceededError):  # still the 31st in UTC, though Feb 1 in +02:00
+        gate_for(
+            budget, ledger, datetime(2026, 2, 1, 1, 59, 59, tzinfo=timezone(timedelta(hours=2)))
+        ).begin("chat")
+    gate_for(budget, ledger, datetime(2026, 2, 1, 0, 0, 0, tzinfo=UTC)).begin(
+        "chat"
+    )  # new day and month
+
+    ticket = gate_for(budget, ledger, datetime(2026, 2, 1, tzinfo=UTC)).begin("chat")
+    ticket.finish(Usage(0, 0, estimated=False))
+    assert [entry.timestamp.date().isoformat() for entry in ledger.entries()] == [
+        "2026-01-31",
+        "2026-02-01",
+    ]
+
+
+def test_a_limit_of_zero_refuses_every_call_in_every_mode_even_with_an_unreadable_ledger() -> None:
+    for budget in (CostBudget(daily_limit=0), CostBudget(monthly_limit=0, strict=True)):
+        with pytest.raises(BudgetExceededError) as refused:
+            gate_for(budget).begin("embedding")
+        assert refused.value.limit == 0
+        with pytest.raises(BudgetExceededError):
+            BudgetGate(budget, BrokenLedger(reads=True)).begin("chat")
+
+
+def test_money_is_exact_so_point_one_plus_point_two_is_point_three() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(input_price_per_mtok="0.1", daily_limit="0.3"), ledger)
+    gate.begin("chat").finish(Usage(1_000_000, 0, estimated=False))
+    gate.begin("chat").finish(Usage(2_000_000, 0, estimated=False))
+    assert [entry.cost for entry in ledger.entries()] == [Decimal("0.1"), Decimal("0.2")]
+    assert ledger.spend("day", now=NOON) == Decimal("0.3")
+    with pytest.raises(BudgetExceededError):  # 0.3 >= 0.3: no float dust lets it through
+        gate.begin("chat")
+
+
+def test_recorded_entries_carry_the_serving_model_its_price_and_the_estimated_flag() -> None:
+    ledger = InMemoryCostLedger()
+    budget = CostBudget(
+        1,
+        2,
+        "0.5",
+        daily_limit=100,
+        prices={"gpt-4o": ModelPrice("2.5", 10), "gpt-4o-mini": ModelPrice("0.15", "0.6")},
+    )
+    gate = gate_for(budget, ledger)
+    usage = Usage(1_000_000, 1_000_000, estimated=True)
+    gate.begin("chat", model="gpt-4o").finish(
+        usage, model="gpt-4o-mini-2024-07-18"
+    )  # longest prefix
+    gate.begin("chat", model="gpt-4o").finish(usage, model="gpt-4o-2024-08-06")
+    gate.begin("chat", model="gpt-4o").finish(usage)  # the model asked for, when none is named
+    gate.begin("chat").finish(usage, model="claude-sonnet-4-5")  # unpriced: surface prices
+    gate.begin("embedding").finish(
+        Usage(1_000_000, 0, estimated=True), model="text-embedding-3-small"
+    )
+    recorded = [(e.model, e.cost, e.kind, e.surface, e.estimated) for e in ledger.entries()]
+    assert recorded == [
+        ("gpt-4o-mini-2024-07-18", Decimal("0.75"), "chat", "chat", True),
+        ("gpt-4o-2024-08-06", Decimal("12.5"), "chat", "chat", True),
+        ("gpt-4o", Decimal("12.5"), "chat", "chat", True),
+        ("claude-sonnet-4-5", Decimal("3"), "chat", "chat", True),
+        ("text-embedding-3-small", Decimal("0.5"), "embedding", "embedding", True),
+    ]
+
+
+def test_a_scope_is_gated_by_its_own_spend_and_by_the_global_limits() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(daily_limit=5, global_daily_limit=8), ledger)
+    spend_to(ledger, "5", scope="tenant-1")
+    with pytest.raises(BudgetExceededError) as own:
+        gate.begin("chat", scope="tenant-1")
+    assert (own.value.scope, own.value.limit, own.value.spend) == (
+        "tenant-1",
+        Decimal(5),
+        Decimal(5),
+    )
+    gate.begin("chat", scope="tenant-2").abandon()  # tenant-1's spend is not tenant-2's
+
+    spend_to(ledger, "3", scope="tenant-2")  # 8 spent across tenants: the global limit
+    with pytest.raises(BudgetExceededError) as overall:
+        gate.begin("chat", scope="tenant-3")
+    assert (overall.value.scope, overall.value.limit, overall.value.spend) == (
+        None,
+        Decimal(8),
+        Decimal(8),
+    )
+
+
+def test_an_unscoped_call_is_gated_by_the_global_spend_under_the_lower_limit() -> None:
+    ledger = CountingLedger()
+    gate = gate_for(CostBudget(daily_limit=10, global_daily_limit=3), ledger)
+    spend_to(ledger, "3", scope="tenant-1")
+    with pytest.raises(BudgetExceededError) as refused:
+        gate.begin("chat")
+    assert (refused.value.limit, refused.value.spend, refused.value.scope) == (
+        Decimal(3),
+        Decimal(3),
+        None,
+    )
+    assert ledger.reads == [("day", None)]  # one read per window, not one per limit
+
+
+def test_scoped_entries_record_their_scope() -> None:
+    ledger = InMemoryCostLedger()
+    gate_for(CostBudget(1, daily_limit=1), ledger).begin("chat", scope="key-7").finish(
+        Usage(10, 0, False)
+    )
+    assert ledger.entries()[0].scope == "key-7"
+    assert ledger.spend("day", scope="key-7", now=NOON) == Decimal("0.00001")
+
+
+# -- strict mode and concurrency ----------------------------------------------------------
+
+# Each call may cost 0.01 (1000 output tokens at 10 per million); 0.90 of 1.00 is spent,
+# so exactly 10 more calls fit.
+PER_CALL = Decimal("0.01")
+CALLS = 50
+
+
+def nearly_spent(strict: bool) -> tuple[BudgetGate, InMemoryCostLedger]:
+    ledger = InMemoryCostLedger()
+    spend_to(ledger, "0.90")
+    return gate_for(CostBudget(0, 10, daily_limit="1.00", strict=strict), ledger), ledger
+
+
+def run_threads(gate: BudgetGate) -> int:
+    """50 threads pass (or fail) the gate together; none records until all have tried."""
+    start = threading.Barrier(CALLS)
+    gated = threading.Barrier(CALLS)
+    admitted: list[BudgetTicket] = []
+
+    def call() -> None:
+        start.wait(timeout=5)
+        try:
+            ticket: BudgetTicket | None = gate.begin("chat", max_output_tokens=1000)
+        except BudgetExceededError:
+            ticket = None
+        gated.wait(timeout=5)  # the worst case for a pre-call check: all in flight at once
+        if ticket is not None:
+            admitted.append(ticket)
+            ticket.finish(Usage(0, 1000, estimated=False))
+
+    threads = [threading.Thread(target=call) for _ in range(CALLS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    return len(admitted)
+
+
+def test_strict_mode_never_overshoots_with_fifty_concurrent_threads() -> None:
+    gate, ledger = nearly_spent(strict=True)
+    admitted = run_threads(gate)
+    assert admitted == 10
+    assert ledger.spend("day", now=NOON) == Decimal("1.00")
+
+
+def test_default_mode_overshoots_by_every_call_in_flight_with_fifty_threads() -> None:
+    gate, ledger = nearly_spent(strict=False)
+    admitted = run_threads(gate)
+    assert admitted == CALLS
+    overshoot = ledger.spend("day", now=NOON) - Decimal("1.00")
+    assert overshoot == Decimal("0.40")  # 50 x 0.01 on top of 0.90: 40 calls' worth too many
+
+
+async def test_strict_mode_never_overshoots_with_fifty_concurrent_tasks() -> None:
+    gate, ledger = nearly_spent(strict=True)
+
+    async def call() -> bool:
+        try:
+            ticket = await gate.abegin("chat", max_output_tokens=1000)
+        except BudgetExceededError:
+            return False
+        await asyncio.sleep(0)  # let the other tasks reach the gate meanwhile
+        await ticket.afinish(Usage(0, 1000, estimated=False))
+        return True
+
+    results = await asyncio.gather(*(call() for _ in range(CALLS)))
+    assert sum(results) == 10
+    assert ledger.spend("day", now=NOON) == Decimal("1.00")
+
+
+async def test_default_mode_overshoots_with_fifty_tasks_that_all_pass_the_gate_first() -> None:
+    gate, ledger = nearly_spent(strict=False)
+    tickets = await asyncio.gather(*(gate.abegin("chat") for _ in range(CALLS)))
+    await asyncio.gather(*(ticket.afinish(Usage(0, 1000, estimated=False)) for ticket in tickets))
+    assert ledger.spend("day", now=NOON) - Decimal("1.00") == Decimal("0.40")
+
+
+def test_strict_mode_holds_the_worst_case_with_4096_output_tokens_by_default() -> None:
+    gate = gate_for(CostBudget(3, 15, daily_limit=10, strict=True))
+    ticket = gate.begin("chat", estimated_input_tokens=1000)
+    assert DEFAULT_MAX_OUTPUT_TOKENS == 4096
+    assert ticket.reservation is not None
+    assert ticket.reservation.amount == Decimal("0.06444")  # 1000 x 3 + 4096 x 15, per million
+    held = gate.begin("embedding", estimated_input_tokens=1000, max_output_tokens=500).reservation
+    assert held is not None
+    assert held.amount == Decimal(0)  # embeddings have no output; surface embedding price is 0
+
+
+def test_finishing_replaces_the_hold_with_the_real_cost() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(0, 10, daily_limit=1, strict=True), ledger)
+    ticket = gate.begin("chat", max_output_tokens=1000)
+    assert ledger.spend("day", now=NOON) == PER_CALL  # the hold counts while the call runs
+    ticket.finish(Usage(0, 300, estimated=False))
+    assert ledger.spend("day", now=NOON) == Decimal("0.003")
+
+
+def test_abandoning_releases_the_reservation_and_records_nothing() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(0, 10, daily_limit="0.01", strict=True), ledger)
+    ticket = gate.begin("chat", max_output_tokens=1000)
+    with pytest.raises(BudgetExceededError):
+        gate.begin("chat", max_output_tokens=1000)
+    ticket.abandon()
+    assert ledger.spend("day", now=NOON) == 0
+    gate.begin("chat", max_output_tokens=1000)  # the released hold fits again
+    assert ledger.entries() == []
+
+
+async def test_async_abandon_releases_the_reservation_too() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(0, 10, daily_limit="0.01", strict=True), ledger)
+    ticket = await gate.abegin("chat", max_output_tokens=1000)
+    await ticket.aabandon()
+    assert ledger.spend("day", now=NOON) == 0
+    await gate.abegin("chat", max_output_tokens=1000)
+
+
+def test_the_first_of_finish_or_abandon_wins() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(1, daily_limit=1, strict=True), ledger)
+    ticket = gate.begin("chat", max_output_tokens=10)
+    assert ticket.finish(Usage(5, 5, estimated=False)) is not None
+    ticket.abandon()  # e.g. from a finally block
+    assert ticket.finish(Usage(5, 5, estimated=False)) is None
+    assert len(ledger.entries()) == 1
+
+
+def test_a_failed_call_in_default_mode_records_nothing() -> None:
+    ledger = InMemoryCostLedger()
+    gate_for(CostBudget(daily_limit=1), ledger).begin("chat").abandon()
+    assert ledger.entries() == []
+
+
+# -- ledger failures and warnings ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_unreadable_ledger_lets_the_call_through_with_a_warning(
+    strict: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = BrokenLedger(reads=True)
+    gate = gate_for(CostBudget(daily_limit=1, monthly_limit=1, strict=strict), ledger)
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
+        ticket = gate.begin("chat", scope="tenant-1")
+    assert ticket.reservation is None
+    assert [record.getMessage() for record in caplog.records] == [
+        "Cost ledger unreadable (OSError); letting this chat call through ungated."
+    ]
+    ticket.finish(Usage(1, 1, estimated=False))
+    assert len(ledger.entries()) == 1
+
+
+async def test_an_unreadable_ledger_lets_async_calls_through_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = gate_for(CostBudget(daily_limit=1), BrokenLedger(reads=True))
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
+        ticket = await gate.abegin("embedding")
+    assert isinstance(ticket, BudgetTicket)
+    assert "ungated" in caplog.text
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_an_unwritable_ledger_lets_the_call_succeed_with_a_warning(
+    strict: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = BrokenLedger(writes=True)
+    gate = gate_for(CostBudget(1, daily_limit=1, strict=strict), ledger)
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
+        entry = gate.begin("chat").finish(Usage(10, 0, estimated=False))
+        async_entry = await (await gate.abegin("chat")).afinish(Usage(10, 0, estimated=False))
+    assert entry is not None
+    assert async_entry is not None
+    assert entry.cost == Decimal("0.00001")
+    messages = [record.getMessage() for record in caplog.records]
+    assert (
+        messages
+        == [
+            "Cost ledger unwritable (OSError); the chat call succeeded but its cost was not recorded."
+        ]
+        * 2
+    )
+
+
+def test_the_in_memory_default_warns_once_per_gate_naming_sql_cost_ledger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
+        gate = BudgetGate(CostBudget(daily_limit=1), now=Clock())
+        gate.begin("chat").finish(Usage(1, 1, estimated=False))
+        gate.begin("chat").finish(Usage(1, 1, estimated=False))
+        BudgetGate(CostBudget(daily_limit=1), BrokenLedger())  # persistent: no warning
+    assert isinstance(gate.ledger, InMemoryCostLedger)
+    assert len(caplog.records) == 1
+    assert "SqlCostLedger" in caplog.records[0].getMessage()
+    assert "resets when the process restarts" in caplog.records[0].getMessage()
+
+
+def test_a_naive_clock_is_refused_instead_of_guessed() -> None:
+    gate = BudgetGate(CostBudget(daily_limit=1), BrokenLedger(), now=lambda: datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        gate.begin("chat")
+
+
+# -- telemetry ----------------------------------------------------------------------------
+
+
+def counter_points(reader: Any) -> dict[str, dict[tuple[tuple[str, Any], ...], Any]]:
+    found: dict[str, dict[tuple[tuple[str, Any], ...], Any]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name in (telemetry.LLM_TOKENS, telemetry.LLM_COST):
+                    points = found.setdefault(metric.name, {})
+                    for point in metric.data.data_points:
+                        points[tuple(sorted(point.attributes.items()))] = point.value
+                    found[metric.name + ".unit"] = {(): metric.unit}
+    return found
+
+
+def test_finishing_counts_tokens_and_cost_with_genai_attributes(metric_reader: Any) -> None:
+    gate = gate_for(CostBudget(3, 15, 1, daily_limit=100))
+    gate.begin("chat").finish(Usage(1000, 200, estimated=False))
+    gate.begin("embedding").finish(Usage(500, 0, estimated=True))
+    gate.begin("chat").abandon()  # abandoned calls count nothing
+
+    points = counter_points(metric_reader)
+    assert points[telemetry.LLM_TOKENS + ".unit"] == {(): "{token}"}
+    assert points[telemetry.LLM_TOKENS] == {
+        (
+            ("direction", "in"),
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.token.type", "input"),
+            ("surface", "chat"),
+        ): 1000,
+        (
+            ("direction", "out"),
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.token.type", "output"),
+            ("surface", "chat"),
+        ): 200,
+        (
+            ("direction", "in"),
+            ("gen_ai.operation.name", "embeddings"),
+            ("gen_ai.token.type", "input"),
+            ("surface", "embedding"),
+        ): 500,
+    }
+    assert points[telemetry.LLM_COST] == {
+        (("gen_ai.operation.name", "chat"), ("surface", "chat")): pytest.approx(0.006),
+        (("gen_ai.operation.name", "embeddings"), ("surface", "embedding")): pytest.approx(0.0005),
+    }
+
+
+def test_importing_the_budget_imports_neither_sqlalchemy_nor_opentelemetry() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, llm_resilience.budget\n"
+        "print(sorted(m for m in ('sqlalchemy', 'sqlmodel', 'opentelemetry') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

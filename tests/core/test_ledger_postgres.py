@@ -1,0 +1,200 @@
+"""What only the PostgreSQL ledger does (SPEC section 4).
+
+The shared contract, including 8 processes x 500 records and cross-process ``reserve``,
+runs on PostgreSQL in ``test_ledger_sql.py``. Here: a first-release PostgreSQL table
+(``TIMESTAMP WITHOUT TIME ZONE``, plain ``NUMERIC``) migrated by concurrent openers,
+session time zones, and how failures surface. Each test works in a fresh schema of the
+``test`` database, dropped afterwards; the failure tests need no server at all.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+pytest.importorskip("psycopg")
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine, make_url
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+COLUMNS = [
+    "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
+    "pages", "model", "estimated", "surface", "scope",
+]  # fmt: skip
+
+
+@contextmanager
+def schema(base_url: str, **options: str) -> Iterator[tuple[str, Engine]]:
+    """A URL confined to a fresh schema (plus libpq ``options``), and an engine on it."""
+    name = f"ledger_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base_url)
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {name}")
+    settings = " ".join(
+        f"-c{key}={value}" for key, value in {"search_path": name, **options}.items()
+    )
+    url = make_url(base_url).update_query_dict({"options": settings, "application_name": name})
+    rendered = url.render_as_string(hide_password=False)
+    inside = create_engine(rendered)
+    try:
+        yield rendered, inside
+    finally:
+        inside.dispose()
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA {name} CASCADE")
+        admin.dispose()
+
+
+def test_a_first_release_table_is_migrated_by_eight_concurrent_openers(postgres_url: str) -> None:
+    with schema(postgres_url) as (url, engine):
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                "CREATE TABLE cost_ledger (id SERIAL PRIMARY KEY, timestamp TIMESTAMP NOT NULL, "
+                "kind TEXT NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, "
+                "cost NUMERIC NOT NULL)"
+            )
+            connection.exec_driver_sql(
+                "INSERT INTO cost_ledger (timestamp, kind, input_tokens, output_tokens, cost) VALUES "
+                "('2026-11-29 08:00:00', 'chat', 100, 20, 0.1), "
+                "('2026-11-29 09:30:00', 'embedding', 50, 0, 0.2), "
+                "('2026-11-03 10:00:00', 'chat', 10, 10, 1), "
+                "('2026-10-31 23:59:59.999999', 'chat', 10, 10, 5)"
+            )
+        start, failures = threading.Barrier(8), []
+
+        def open_it() -> None:
+            start.wait()
+            try:
+                SqlCostLedger(url).close()
+            except Exception as error:  # collected, asserted below
+                failures.append(error)
+
+        openers = [threading.Thread(target=open_it) for _ in range(8)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join()
+        assert failures == []
+
+        with engine.connect() as connection:
+            columns = connection.exec_driver_sql(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = 'cost_ledger' "
+                "ORDER BY ordinal_position"
+            ).scalars()
+            assert list(columns) == COLUMNS
+        ledger = SqlCostLedger(url)
+        try:
+            assert [(e.timestamp, e.cost) for e in ledger.entries()] == [
+                (datetime(2026, 10, 31, 23, 59, 59, 999999, tzinfo=UTC), Decimal(5)),
+                (datetime(2026, 11, 3, 10, tzinfo=UTC), Decimal(1)),
+                (datetime(2026, 11, 29, 8, tzinfo=UTC), Decimal("0.1")),
+                (datetime(2026, 11, 29, 9, 30, tzinfo=UTC), Decimal("0.2")),
+            ]
+            assert ledger.spend("day", now=NOW) == Decimal("0.3")
+            assert ledger.spend("month", now=NOW) == Decimal("1.3")  # built once, not 8 times
+        finally:
+            ledger.close()
+
+
+def test_timestamps_are_utc_whatever_the_session_time_zone(postgres_url: str) -> None:
+    with schema(postgres_url, TimeZone="Asia/Tokyo") as (url, engine):
+        with engine.begin() as connection:  # a first-release column without a time zone
+            connection.exec_driver_sql(
+                "CREATE TABLE cost_ledger (id SERIAL PRIMARY KEY, timestamp TIMESTAMP NOT NULL, "
+                "kind TEXT NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, "
+                "cost NUMERIC NOT NULL)"
+            )
+        late = datetime(2026, 11, 29, 23, 30, tzinfo=UTC)  # already the 30th in Tokyo
+        ledger = SqlCostLedger(url)
+        try:
+            ledger.record(LedgerEntry(late, "chat", cost=Decimal("0.5")))
+            assert ledger.entries()[0].timestamp == late
+            assert ledger.spend("day", now=late) == Decimal("0.5")
+        finally:
+            ledger.close()
+        with engine.connect() as connection:
+            stored = connection.exec_driver_sql("SELECT timestamp FROM cost_ledger").scalar_one()
+        assert stored == datetime(2026, 11, 29, 23, 30)  # naive, and UTC
+
+
+def test_numeric_keeps_every_digit_of_a_cost(postgres_url: str) -> None:
+    forty_digits = Decimal("123456789012345678901.2345678901234567890")
+    with schema(postgres_url) as (url, _):
+        ledger = SqlCostLedger(url)
+        try:
+            ledger.record(LedgerEntry(NOW, "chat", cost=forty_digits))
+            assert ledger.entries()[0].cost == forty_digits
+            assert ledger.spend("month", now=NOW) == forty_digits
+        finally:
+            ledger.close()
+
+
+def test_a_dropped_connection_fails_one_call_and_the_next_reconnects(postgres_url: str) -> None:
+    with schema(postgres_url) as (url, engine):
+        ledger = SqlCostLedger(url)
+        try:
+            ledger.record(LedgerEntry(NOW, "chat", cost=Decimal(1)))
+            with engine.connect() as connection:
+                killed = connection.exec_driver_sql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = current_setting('application_name') "
+                    "AND pid <> pg_backend_pid()"
+                ).scalar_one()
+            assert killed >= 1
+            with pytest.raises(Exception, match=r"terminat|closed|connection"):
+                ledger.spend("day", now=NOW)
+            assert ledger.spend("day", now=NOW) == Decimal(1)
+        finally:
+            ledger.close()
+
+
+def test_the_url_and_repr_never_show_the_password(postgres_url: str) -> None:
+    with_password = make_url(postgres_url).set(password="s3cret")  # trust auth ignores it
+    with schema(with_password.render_as_string(hide_password=False)) as (url, _):
+        ledger = SqlCostLedger(url)
+        try:
+            assert "s3cret" not in repr(ledger)
+            assert "s3cret" not in ledger.url
+            assert "***" in ledger.url
+        finally:
+            ledger.close()
+
+
+def test_a_refused_connection_raises_at_once() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(Exception, match=r"refused|failed"):
+        SqlCostLedger(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    assert time.monotonic() - started < 2
+
+
+def test_a_server_that_never_answers_fails_after_the_connect_timeout() -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, then says nothing
+    port = silent.getsockname()[1]
+    accepted: list[Any] = []
+    keeper = threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True)
+    keeper.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception, match=r"timeout|timed out"):
+            SqlCostLedger(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test", connect_timeout=2)
+        assert time.monotonic() - started < 4  # libpq counts whole seconds, 2 at least
+    finally:
+        for connection, _ in accepted:
+            connection.close()
+        silent.close()

@@ -1,8 +1,18 @@
 """LangChain adapters for llm-resilience.
 
->>> from langchain_llm_resilience import FallbackChatModel
+>>> from langchain_llm_resilience import FallbackChatModel, RateLimitedChatModel
 """
 
+from langchain_llm_resilience.cost import SCOPE_KWARG, CostTrackedChatModel, CostTrackedEmbeddings
 from langchain_llm_resilience.fallback import STREAM_RESTART_EVENT, FallbackChatModel
+from langchain_llm_resilience.ratelimit import RateLimitedChatModel, RateLimitedEmbeddings
 
-__all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
+__all__ = [
+    "SCOPE_KWARG",
+    "STREAM_RESTART_EVENT",
+    "CostTrackedChatModel",
+    "CostTrackedEmbeddings",
+    "FallbackChatModel",
+    "RateLimitedChatModel",
+    "RateLimitedEmbeddings",
+]

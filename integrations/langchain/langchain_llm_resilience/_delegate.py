@@ -182,7 +182,11 @@ class DelegatingChatModel(BaseChatModel):
     # -- what subclasses define ---------------------------------------------------------
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> Any:
-        """Before the inner call; returns a context handed to :meth:`_end`."""
+        """Before the inner call; returns a context handed to :meth:`_end`.
+
+        ``kwargs`` are the call arguments about to reach ``inner``: a layer may pop its
+        own per-call options from them.
+        """
         return None
 
     async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> Any:
@@ -215,7 +219,11 @@ class DelegatingChatModel(BaseChatModel):
     def _kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.inner_kwargs:
             kwargs = {**self.inner_kwargs, **kwargs}
-        return without_tracing(kwargs)
+        return dict(without_tracing(kwargs))
+
+    def _stream_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Call arguments for a streaming call (a layer may ask for more, e.g. usage)."""
+        return self._kwargs(kwargs)
 
     # -- calls ----------------------------------------------------------------------------
 
@@ -266,7 +274,7 @@ class DelegatingChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        call_kwargs = self._kwargs(kwargs)
+        call_kwargs = self._stream_kwargs(kwargs)
         context = self._begin(messages, call_kwargs)
         merged: ChatGenerationChunk | None = None
         completed = False
@@ -285,7 +293,7 @@ class DelegatingChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        call_kwargs = self._kwargs(kwargs)
+        call_kwargs = self._stream_kwargs(kwargs)
         context = await self._abegin(messages, call_kwargs)
         merged: ChatGenerationChunk | None = None
         completed = False

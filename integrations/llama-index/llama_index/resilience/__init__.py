@@ -2,14 +2,31 @@
 
 Example::
 
-    from llama_index.resilience import FallbackLLM
+    from llama_index.resilience import CostTrackedLLM, FallbackLLM, RateLimitedLLM
+    from llm_resilience import CostBudget
 
-    llm = FallbackLLM(llms=[primary, secondary], per_client_timeout=30)
+    llm = CostTrackedLLM(
+        inner=RateLimitedLLM(
+            inner=FallbackLLM(llms=[primary, secondary], per_client_timeout=30),
+            requests_per_minute=300,
+        ),
+        budget=CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25),
+    )
 """
 
 from __future__ import annotations
 
+from llama_index.resilience.cost import CostTrackedEmbedding, CostTrackedLLM
 from llama_index.resilience.events import FallbackStreamRestartEvent
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
+from llama_index.resilience.ratelimit import RateLimitedEmbedding, RateLimitedLLM
 
-__all__ = ["SERVED_BY_KEY", "FallbackLLM", "FallbackStreamRestartEvent"]
+__all__ = [
+    "SERVED_BY_KEY",
+    "CostTrackedEmbedding",
+    "CostTrackedLLM",
+    "FallbackLLM",
+    "FallbackStreamRestartEvent",
+    "RateLimitedEmbedding",
+    "RateLimitedLLM",
+]

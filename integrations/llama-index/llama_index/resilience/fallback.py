@@ -30,12 +30,12 @@ Three translation rules are worth knowing:
   have applied, is acquired by the adapter instead. A member whose method does not
   carry those decorators is called as it is. Swapping a member's ``callback_manager``
   would not do: instrumentation events go to global dispatchers, not to the callback
-  manager, and mutating a shared member is not thread-safe.
+  manager, and mutating a shared member is not thread-safe. (This machinery is
+  :func:`llama_index.resilience._delegate.undecorated_call`, shared by every layer.)
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import (
     AsyncIterable,
@@ -47,7 +47,6 @@ from collections.abc import (
     Sequence,
 )
 from datetime import timedelta
-from types import CodeType, FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from llama_index.core.base.llms.types import (
@@ -72,6 +71,7 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
+from llama_index.resilience._delegate import undecorated_call
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
 from llm_resilience.fallback import (
@@ -247,7 +247,7 @@ class FallbackLLM(FunctionCallingLLM):
         tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
 
         def attempt(index: int, member: LLM) -> ChatResponse:
-            call = _direct(member, "chat", is_async=False)
+            call = undecorated_call(member, "chat", is_async=False)
             response: ChatResponse = call(
                 **_chat_kwargs(member, index, messages, kwargs, tool_request)
             )
@@ -260,7 +260,7 @@ class FallbackLLM(FunctionCallingLLM):
         tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
 
         async def attempt(index: int, member: LLM) -> ChatResponse:
-            call = _direct(member, "achat", is_async=True)
+            call = undecorated_call(member, "achat", is_async=True)
             response: ChatResponse = await call(
                 **_chat_kwargs(member, index, messages, kwargs, tool_request)
             )
@@ -273,7 +273,7 @@ class FallbackLLM(FunctionCallingLLM):
         tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
 
         def attempt(index: int, member: LLM) -> Iterator[ChatResponse]:
-            call = _direct(member, "stream_chat", is_async=False)
+            call = undecorated_call(member, "stream_chat", is_async=False)
             return _relay(
                 lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
             )
@@ -289,7 +289,7 @@ class FallbackLLM(FunctionCallingLLM):
         tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
 
         def attempt(index: int, member: LLM) -> AsyncIterator[ChatResponse]:
-            call = _direct(member, "astream_chat", is_async=True)
+            call = undecorated_call(member, "astream_chat", is_async=True)
             return _arelay(
                 lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
             )
@@ -302,7 +302,7 @@ class FallbackLLM(FunctionCallingLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         def attempt(index: int, member: LLM) -> CompletionResponse:
-            call = _direct(member, "complete", is_async=False)
+            call = undecorated_call(member, "complete", is_async=False)
             response: CompletionResponse = call(prompt, formatted=formatted, **kwargs)
             return _served(response, index)
 
@@ -313,7 +313,7 @@ class FallbackLLM(FunctionCallingLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
         async def attempt(index: int, member: LLM) -> CompletionResponse:
-            call = _direct(member, "acomplete", is_async=True)
+            call = undecorated_call(member, "acomplete", is_async=True)
             response: CompletionResponse = await call(prompt, formatted=formatted, **kwargs)
             return _served(response, index)
 
@@ -324,7 +324,7 @@ class FallbackLLM(FunctionCallingLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
         def attempt(index: int, member: LLM) -> Iterator[CompletionResponse]:
-            call = _direct(member, "stream_complete", is_async=False)
+            call = undecorated_call(member, "stream_complete", is_async=False)
             return _relay(lambda: call(prompt, formatted=formatted, **kwargs), index)
 
         stream = self._chain.stream(attempt, is_content=_carries_content)
@@ -335,7 +335,7 @@ class FallbackLLM(FunctionCallingLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         def attempt(index: int, member: LLM) -> AsyncIterator[CompletionResponse]:
-            call = _direct(member, "astream_complete", is_async=True)
+            call = undecorated_call(member, "astream_complete", is_async=True)
             return _arelay(lambda: call(prompt, formatted=formatted, **kwargs), index)
 
         stream = self._chain.astream(attempt, is_content=_carries_content)
@@ -585,90 +585,3 @@ def _announce_restart(restart: StreamRestart) -> None:
             error_type=type(restart.error).__name__,
         )
     )
-
-
-# -- calling members below their event decorators ------------------------------------
-
-
-def _callback_wrapper_codes() -> frozenset[CodeType]:
-    """Code objects of the wrappers ``llm_chat_callback``/``llm_completion_callback`` make.
-
-    Obtained by applying the real decorators, so a renamed wrapper in a future
-    llama-index-core is still recognised. Decorating a function twice yields the
-    pass-through wrapper, which is collected as well.
-    """
-    codes: set[CodeType] = set()
-    for decorator in (llm_chat_callback(), llm_completion_callback()):
-
-        def probe(_self: Any, messages: Any, **kwargs: Any) -> None:
-            return None
-
-        async def aprobe(_self: Any, messages: Any, **kwargs: Any) -> None:
-            return None
-
-        for function in (probe, aprobe):
-            codes.add(decorator(function).__code__)
-            codes.add(decorator(function).__code__)
-    return frozenset(codes)
-
-
-_CALLBACK_WRAPPER_CODES = _callback_wrapper_codes()
-
-
-def _is_span_proxy(obj: object) -> bool:
-    """Whether ``obj`` is the ``wrapt`` proxy ``Dispatcher.span`` puts around a method."""
-    wrapper = getattr(obj, "_self_wrapper", None)
-    qualname = getattr(wrapper, "__qualname__", "")
-    return isinstance(qualname, str) and qualname.startswith("Dispatcher.span.")
-
-
-@functools.lru_cache(maxsize=512)
-def _undecorated(cls: type, name: str) -> tuple[FunctionType, bool] | None:
-    """``cls.<name>`` without the dispatcher span and the LLM callback decorator.
-
-    Returns the plain function and whether the callback decorator was removed, or None
-    when the method is not a plain function underneath (then it is called as it is).
-    """
-    try:
-        function: Any = inspect.getattr_static(cls, name)
-    except AttributeError:
-        return None
-    while _is_span_proxy(function):
-        function = function.__wrapped__
-    stripped = False
-    code = getattr(function, "__code__", None)
-    if code in _CALLBACK_WRAPPER_CODES:
-        cells = dict(zip(code.co_freevars, function.__closure__ or (), strict=False))
-        inner = cells.get("f")
-        if inner is not None and isinstance(inner.cell_contents, FunctionType):
-            function = inner.cell_contents
-            stripped = True
-    if not isinstance(function, FunctionType):
-        return None
-    return function, stripped
-
-
-def _direct(member: LLM, name: str, *, is_async: bool) -> Callable[..., Any]:
-    """``member.<name>`` called below its event decorators, rate limiter included."""
-    found = _undecorated(type(member), name)
-    if found is None:
-        return getattr(member, name)  # type: ignore[no-any-return]
-    function, stripped = found
-    method = MethodType(function, member)
-    limiter = member.rate_limiter
-    if not stripped or limiter is None:
-        return method
-    # The callback decorator is where LlamaIndex applies an LLM's own rate_limiter.
-    if is_async:
-
-        async def limited_async(*args: Any, **kwargs: Any) -> Any:
-            await limiter.async_acquire()
-            return await method(*args, **kwargs)
-
-        return limited_async
-
-    def limited(*args: Any, **kwargs: Any) -> Any:
-        limiter.acquire()
-        return method(*args, **kwargs)
-
-    return limited

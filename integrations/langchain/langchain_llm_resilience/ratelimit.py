@@ -1,0 +1,192 @@
+"""Rate limiting for LangChain: wrappers, and the core limiters in ``rate_limiter=`` slots.
+
+Importing this module registers the core limiters as virtual subclasses of LangChain's
+``BaseRateLimiter``, so ``ChatOpenAI(rate_limiter=TokenBucketRateLimiter(300))`` works:
+their ``acquire(*, blocking=True)``/``aacquire`` already speak that interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.embeddings import Embeddings
+from langchain_core.messages import BaseMessage
+from langchain_core.rate_limiters import BaseRateLimiter
+from pydantic import Field, PrivateAttr
+
+from langchain_llm_resilience._delegate import DelegatingChatModel
+from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
+from llm_resilience.usage import embedding_usage, estimate_request_tokens
+
+__all__ = ["RateLimitedChatModel", "RateLimitedEmbeddings"]
+
+BaseRateLimiter.register(TokenBucketRateLimiter)
+BaseRateLimiter.register(RedisTokenBucketRateLimiter)
+
+
+def _build_limiter(
+    requests_per_minute: int | None,
+    max_queued_requests: int | None,
+    tokens_per_minute: int | None,
+    limiter: Any,
+) -> Any:
+    """The limiter a wrapper uses: a shared ``limiter=`` or one built from the budget."""
+    if limiter is not None:
+        if requests_per_minute is not None or tokens_per_minute is not None:
+            raise ValueError(
+                "pass either limiter= (a shared limiter) or requests_per_minute= "
+                "(and optionally tokens_per_minute=), not both"
+            )
+        if not callable(getattr(limiter, "acquire", None)) or not callable(
+            getattr(limiter, "aacquire", None)
+        ):
+            raise TypeError(
+                f"limiter must be a TokenBucketRateLimiter, a RedisTokenBucketRateLimiter or "
+                f"an object with acquire()/aacquire(); got {type(limiter).__name__}"
+            )
+        return limiter
+    if requests_per_minute is None:
+        raise ValueError(
+            "requests_per_minute is required (an integer >= 1) unless a shared limiter= is given"
+        )
+    return TokenBucketRateLimiter(
+        requests_per_minute,
+        max_queued_requests=max_queued_requests,
+        tokens_per_minute=tokens_per_minute,
+    )
+
+
+def _weighted(limiter: Any) -> bool:
+    return getattr(limiter, "tokens_per_minute", None) is not None
+
+
+def _prompt(messages: list[BaseMessage]) -> list[tuple[str, str]]:
+    return [(message.type, message.text) for message in messages]
+
+
+class RateLimitedChatModel(DelegatingChatModel):
+    """A chat model that waits for a permit before each call to ``inner``.
+
+    >>> model = RateLimitedChatModel(inner=ChatOpenAI(model="gpt-4o"), requests_per_minute=300)
+    ... # doctest: +SKIP
+
+    One permit per call, taken before the inner model is called (a stream takes it on its
+    first iteration and holds nothing while streaming). Over budget, callers wait, first
+    come first served; with ``max_queued_requests`` a caller finding the queue full gets
+    ``RateLimitQueueFullError`` at once and the inner model is never called. With
+    ``tokens_per_minute`` a call also needs its estimated prompt tokens plus its
+    ``max_tokens`` in token permits, reconciled with the reported usage afterwards.
+    ``limiter=`` shares one limiter (in-process or Redis) between wrappers instead.
+    Tools, structured output and metadata pass through to ``inner``.
+    """
+
+    requests_per_minute: int | None = None
+    """Permits per minute (>= 1): ``max(1, rpm // 60)`` refill every second, capacity rpm."""
+    max_queued_requests: int | None = None
+    """Bound on waiting callers; None waits without bound."""
+    tokens_per_minute: int | None = None
+    """Optional token budget per minute (prompt estimate + max output tokens per call)."""
+    limiter: Any = Field(default=None, exclude=True)
+    """A shared limiter instead of the three numbers above."""
+
+    _limiter: Any = PrivateAttr()
+
+    def __init__(self, **data: Any) -> None:
+        limiter = _build_limiter(
+            data.get("requests_per_minute"),
+            data.get("max_queued_requests"),
+            data.get("tokens_per_minute"),
+            data.get("limiter"),
+        )
+        super().__init__(**data)
+        self._limiter = limiter
+
+    @property
+    def _llm_type(self) -> str:
+        return "rate-limited-chat-model"
+
+    @property
+    def rate_limiter_in_use(self) -> Any:
+        """The limiter this wrapper takes its permits from."""
+        return self._limiter
+
+    def _weight(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
+        if not _weighted(self._limiter):
+            return 0
+        max_tokens = kwargs.get("max_tokens", getattr(self.inner, "max_tokens", None))
+        return estimate_request_tokens(
+            _prompt(messages), max_tokens if isinstance(max_tokens, int) else None
+        )
+
+    def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
+        weight = self._weight(messages, kwargs)
+        self._limiter.acquire(weight, surface="chat")
+        return weight
+
+    async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
+        weight = self._weight(messages, kwargs)
+        await self._limiter.aacquire(weight, surface="chat")
+        return weight
+
+    def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
+        if not context or message is None:
+            return
+        usage = getattr(message, "usage_metadata", None)
+        if usage:
+            self._limiter.reconcile(
+                context, int(usage["input_tokens"]) + int(usage["output_tokens"])
+            )
+
+
+class RateLimitedEmbeddings(Embeddings):
+    """Embeddings that take one permit per call (per batch, not per text) from a limiter.
+
+    >>> embeddings = RateLimitedEmbeddings(inner=OpenAIEmbeddings(), requests_per_minute=1200)
+    ... # doctest: +SKIP
+
+    The inner model is never called after a refusal or a cancellation while waiting.
+    """
+
+    def __init__(
+        self,
+        *,
+        inner: Embeddings,
+        requests_per_minute: int | None = None,
+        max_queued_requests: int | None = None,
+        tokens_per_minute: int | None = None,
+        limiter: Any = None,
+    ) -> None:
+        if not isinstance(inner, Embeddings):
+            raise TypeError(f"inner must be a LangChain Embeddings; got {type(inner).__name__}")
+        #: The wrapped embeddings model.
+        self.inner = inner
+        #: The limiter this wrapper takes its permits from.
+        self.limiter = _build_limiter(
+            requests_per_minute, max_queued_requests, tokens_per_minute, limiter
+        )
+
+    def find_layer(self, cls: type[Any]) -> Any:
+        """The first layer of type ``cls`` in the stack below (itself included), or None."""
+        from llm_resilience.layers import find_layer
+
+        return find_layer(self, cls)
+
+    def _weight(self, texts: Sequence[str]) -> int:
+        return embedding_usage(texts).input_tokens if _weighted(self.limiter) else 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.limiter.acquire(self._weight(texts), surface="embedding")
+        return self.inner.embed_documents(texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        self.limiter.acquire(self._weight([text]), surface="embedding")
+        return self.inner.embed_query(text)
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        await self.limiter.aacquire(self._weight(texts), surface="embedding")
+        return await self.inner.aembed_documents(texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        await self.limiter.aacquire(self._weight([text]), surface="embedding")
+        return await self.inner.aembed_query(text)

@@ -1,0 +1,185 @@
+"""Reading LlamaIndex requests and responses for the core's token and cost rules.
+
+Translation only: what counts as reported usage, and how to estimate what is missing,
+is :mod:`llm_resilience.usage`'s. This module finds the numbers where LlamaIndex
+integrations put them:
+
+* OpenAI-shaped: ``response.raw.usage`` (``prompt_tokens``/``completion_tokens``, the
+  ``openai`` SDK object or a dict), and the same counts copied into
+  ``response.additional_kwargs`` by ``llama-index-llms-openai``;
+* Anthropic-shaped: ``response.raw["usage"]`` (``input_tokens``/``output_tokens``) or
+  ``response.message.additional_kwargs["usage"]``.
+
+The serving model is ``raw.model`` when the provider reports it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
+from llama_index.core.llms.llm import LLM
+
+__all__ = ["StreamTally", "max_output_tokens", "prompt_pairs", "raw_model", "reported_tokens"]
+
+_INPUT_KEYS = ("prompt_tokens", "input_tokens")
+_OUTPUT_KEYS = ("completion_tokens", "output_tokens")
+
+
+def prompt_pairs(request: Sequence[ChatMessage] | str) -> list[tuple[str, str]]:
+    """``(role, text)`` pairs of chat messages, or one user turn for a completion prompt."""
+    if isinstance(request, str):
+        return [("user", request)]
+    return [(_role(message), message.content or "") for message in request]
+
+
+def response_text(response: ChatResponse | CompletionResponse) -> str:
+    """The answer's text, tool calls included (they are billed as output too)."""
+    if isinstance(response, CompletionResponse):
+        return response.text or ""
+    message = response.message
+    parts = [message.content or ""]
+    calls = [block for block in message.blocks if getattr(block, "block_type", None) == "tool_call"]
+    if calls:
+        parts.extend(
+            f"{getattr(call, 'tool_name', '')}{_json(getattr(call, 'tool_kwargs', ''))}"
+            for call in calls
+        )
+    else:
+        parts.extend(
+            _tool_call_text(call) for call in message.additional_kwargs.get("tool_calls") or []
+        )
+    return "".join(parts)
+
+
+def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | None, int | None]:
+    """The provider's ``(input, output)`` token counts; None for a count not reported.
+
+    Looks in ``raw.usage``, then ``additional_kwargs`` (flat counts, then its ``usage``),
+    then ``message.additional_kwargs["usage"]``; the first place with both counts wins,
+    else the first with one.
+    """
+    places: list[Any] = [
+        _field(response.raw, "usage"),
+        response.additional_kwargs,
+        _field(response.additional_kwargs, "usage"),
+    ]
+    if isinstance(response, ChatResponse):
+        places.append(_field(response.message.additional_kwargs, "usage"))
+    partial: tuple[int | None, int | None] | None = None
+    for place in places:
+        counts = _counts(place)
+        if counts is None:
+            continue
+        if None not in counts:
+            return counts
+        partial = partial or counts
+    return partial or (None, None)
+
+
+def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
+    """The model the provider says served (``raw.model``), if it says so."""
+    model = _field(response.raw, "model")
+    return model if isinstance(model, str) and model else None
+
+
+def max_output_tokens(llm: LLM, kwargs: Mapping[str, Any]) -> int | None:
+    """A call's output cap: its ``max_tokens`` kwarg, else the LLM's ``num_output`` if > 0."""
+    asked = _count(kwargs.get("max_tokens"))
+    if asked is not None:
+        return asked
+    reserved = llm.metadata.num_output
+    return reserved if isinstance(reserved, int) and reserved > 0 else None
+
+
+class StreamTally:
+    """What a stream reported, chunk by chunk: text deltas, usage, the serving model.
+
+    Usage may come in pieces (Anthropic: input in the first event, output in the last;
+    OpenAI: both in a final usage-only chunk), so each count is the largest reported.
+    """
+
+    __slots__ = ("_deltas", "input_tokens", "model", "output_tokens")
+
+    def __init__(self) -> None:
+        self._deltas: list[str] = []
+        #: Largest input count any chunk reported, or None.
+        self.input_tokens: int | None = None
+        #: Largest output count any chunk reported, or None.
+        self.output_tokens: int | None = None
+        #: The last model a chunk's ``raw`` named, or None.
+        self.model: str | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether any chunk was added."""
+        return bool(self._deltas)
+
+    def add(self, chunk: ChatResponse | CompletionResponse) -> None:
+        self._deltas.append(chunk.delta or "")
+        reported_in, reported_out = reported_tokens(chunk)
+        self.input_tokens = _largest(self.input_tokens, reported_in)
+        self.output_tokens = _largest(self.output_tokens, reported_out)
+        self.model = raw_model(chunk) or self.model
+
+    def text(self, last: ChatResponse | CompletionResponse) -> str:
+        """The streamed answer: the last chunk's accumulated text, or the joined deltas."""
+        joined = "".join(self._deltas)
+        final = response_text(last)
+        return final if len(final) >= len(joined) else joined
+
+
+def _role(message: ChatMessage) -> str:
+    role = message.role
+    return str(getattr(role, "value", role))
+
+
+def _field(container: Any, key: str) -> Any:
+    if container is None:
+        return None
+    if isinstance(container, Mapping):
+        return container.get(key)
+    return getattr(container, key, None)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _counts(place: Any) -> tuple[int | None, int | None] | None:
+    if place is None:
+        return None
+    found_in = next(
+        (c for c in (_count(_field(place, k)) for k in _INPUT_KEYS) if c is not None), None
+    )
+    found_out = next(
+        (c for c in (_count(_field(place, k)) for k in _OUTPUT_KEYS) if c is not None), None
+    )
+    if found_in is None and found_out is None:
+        return None
+    return found_in, found_out
+
+
+def _largest(current: int | None, new: int | None) -> int | None:
+    if new is None:
+        return current
+    return new if current is None else max(current, new)
+
+
+def _json(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def _tool_call_text(call: Any) -> str:
+    if isinstance(call, Mapping):
+        return _json(dict(call))
+    function = getattr(call, "function", None)
+    if function is not None:
+        return f"{getattr(function, 'name', '') or ''}{getattr(function, 'arguments', '') or ''}"
+    return str(call)

@@ -1,0 +1,314 @@
+"""``CostTrackedLLM`` and ``CostTrackedEmbedding``: LlamaIndex layers over a spend budget.
+
+The adapter only translates: limits, windows, prices, what counts as reported usage and
+how missing usage is estimated are the core's (:mod:`llm_resilience.budget`,
+:mod:`llm_resilience.usage`). Each call passes the budget gate before the inner call
+(a spent budget raises :class:`~llm_resilience.errors.BudgetExceededError` and the inner
+model is never called) and records one ledger entry after it:
+
+* chat and completion: the provider's usage when the response reports both counts
+  (OpenAI-shaped ``raw.usage``/``additional_kwargs``, Anthropic-shaped ``raw["usage"]``
+  or ``message.additional_kwargs["usage"]``), else both estimated over the request
+  messages and the answer, flagged ``estimated``;
+* streams: gated on first iteration, recorded once after the last chunk from the usage
+  the chunks reported, else estimated from the accumulated text; a stream that fails,
+  is cancelled or is closed early records nothing;
+* embeddings: always estimated over the input texts.
+
+Every entry names the model that served: the provider's ``raw.model``, else the member
+of a :class:`~llama_index.resilience.FallbackLLM` below that answered, else the inner
+LLM's ``metadata.model_name``. A failed call records nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.embeddings import BaseEmbedding
+from llama_index.core.llms.llm import LLM
+from llama_index.resilience._delegate import (
+    AnyResponse,
+    CallKind,
+    DelegatingEmbedding,
+    DelegatingLLM,
+    EmbeddingKind,
+    Request,
+)
+from llama_index.resilience._usage import (
+    StreamTally,
+    max_output_tokens,
+    prompt_pairs,
+    raw_model,
+    reported_tokens,
+    response_text,
+)
+from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
+
+from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
+from llm_resilience.layers import find_layer
+from llm_resilience.ledger import CostLedger
+from llm_resilience.tokens import count_message_tokens
+from llm_resilience.usage import Usage, chat_usage, embedding_usage
+
+__all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
+
+#: Per-call keyword that overrides a :class:`CostTrackedLLM`'s ``scope`` (never sent on).
+BUDGET_SCOPE_KWARG = "budget_scope"
+
+
+class CostTrackedLLM(DelegatingLLM):
+    """An LLM that refuses calls once a spend limit is reached, and records each call's cost.
+
+    Example::
+
+        from llama_index.core import Settings
+        from llama_index.llms.openai import OpenAI
+        from llama_index.resilience import CostTrackedLLM
+        from llm_resilience import CostBudget
+        from llm_resilience.ledger import SqlCostLedger
+
+        llm = CostTrackedLLM(
+            inner=OpenAI(model="gpt-4o"),
+            budget=CostBudget(input_price_per_mtok="2.50", output_price_per_mtok=10,
+                              daily_limit=25),
+            ledger=SqlCostLedger("sqlite:///spend.db"),
+        )
+        Settings.llm = llm                            # query engines and agents are gated
+        llm.complete("Hi", budget_scope="tenant-7")  # counts toward tenant-7's limits
+
+    ``budget`` is a :class:`~llm_resilience.budget.CostBudget`; this layer keeps one
+    :class:`~llm_resilience.budget.BudgetGate` over it. ``ledger`` may be shared by every
+    layer of the process (None: a new in-memory ledger, with a warning naming
+    ``SqlCostLedger``). ``scope`` (a tenant, user or key; None is unscoped) applies to
+    every call; a call's ``budget_scope=`` keyword overrides it and is never passed to
+    the inner LLM. Windows are UTC days and months; money is exact ``Decimal``.
+
+    Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
+    non-text ``scope``, or an ``inner`` that is not an ``LLM``; calls raise
+    :class:`~llm_resilience.errors.BudgetExceededError` (``window``, ``limit``,
+    ``spend``) once spend has reached a limit. Tools, structured output and metadata
+    pass through to ``inner``.
+    """
+
+    budget: Any = Field(exclude=True, description="The llm_resilience.CostBudget applied.")
+    ledger: Any = Field(exclude=True, description="Where spend is recorded and read back.")
+    scope: str | None = Field(default=None, description="Budget scope of every call.")
+
+    _call_options = (BUDGET_SCOPE_KWARG,)
+    _gate: BudgetGate = PrivateAttr()
+
+    def __init__(
+        self,
+        *,
+        inner: LLM,
+        budget: CostBudget,
+        ledger: CostLedger | None = None,
+        scope: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        gate = _gate(budget, ledger, scope)
+        super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
+        self._gate = gate
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CostTrackedLLM"
+
+    @property
+    def gate(self) -> BudgetGate:
+        """The budget gate every call of this layer passes."""
+        return self._gate
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _admit(self, request: Request, kwargs: dict[str, Any]) -> tuple[dict[str, Any], _Call]:
+        scope = _check_scope(kwargs.pop(BUDGET_SCOPE_KWARG, self.scope), BUDGET_SCOPE_KWARG)
+        prompt = prompt_pairs(request)
+        # Only strict mode prices the prompt at the gate; tokenizing it otherwise is waste.
+        estimated = count_message_tokens(prompt) if self._gate.budget.strict else 0
+        gate_kwargs = {
+            "scope": scope,
+            "estimated_input_tokens": estimated,
+            "max_output_tokens": max_output_tokens(self.inner, kwargs),
+            "model": self.inner.metadata.model_name,
+        }
+        return gate_kwargs, _Call(prompt)
+
+    def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
+        gate_kwargs, call = self._admit(request, kwargs)
+        call.ticket = self._gate.begin("chat", **gate_kwargs)
+        return call
+
+    async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
+        gate_kwargs, call = self._admit(request, kwargs)
+        call.ticket = await self._gate.abegin("chat", **gate_kwargs)
+        return call
+
+    def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
+        call: _Call = context
+        call.tally.add(chunk)
+
+    def _end(self, context: Any, response: AnyResponse | None) -> None:
+        call: _Call = context
+        assert call.ticket is not None
+        if response is None:
+            call.ticket.abandon()
+            return
+        usage, model = self._account(call, response)
+        call.ticket.finish(usage, model=model)
+
+    async def _aend(self, context: Any, response: AnyResponse | None) -> None:
+        call: _Call = context
+        assert call.ticket is not None
+        if response is None:
+            await call.ticket.aabandon()
+            return
+        usage, model = self._account(call, response)
+        await call.ticket.afinish(usage, model=model)
+
+    def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str]:
+        """The usage to record and the model that served."""
+        tally = call.tally
+        if tally.started:
+            reported_in, reported_out = tally.input_tokens, tally.output_tokens
+            text, model = tally.text(response), tally.model
+        else:
+            reported_in, reported_out = reported_tokens(response)
+            text, model = response_text(response), raw_model(response)
+        usage = chat_usage(reported_in, reported_out, prompt=call.prompt, response_text=text)
+        return usage, model or self._served_by(response)
+
+    def _served_by(self, response: AnyResponse) -> str:
+        """The fallback member that answered (by its path mark), else the inner LLM."""
+        path = response.additional_kwargs.get(SERVED_BY_KEY)
+        chain = find_layer(self.inner, FallbackLLM)
+        if chain is not None and isinstance(path, list) and path:
+            member = _member_at(chain, path)
+            if member is not None:
+                return member.metadata.model_name
+        return self.inner.metadata.model_name
+
+
+class CostTrackedEmbedding(DelegatingEmbedding):
+    """An embedding model gated by a spend budget, recording each call's estimated cost.
+
+    Example::
+
+        Settings.embed_model = CostTrackedEmbedding(
+            inner=OpenAIEmbedding(),
+            budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit=5),
+            ledger=ledger,  # shared with the CostTrackedLLM
+        )
+
+    One gate and one ledger entry per provider call (a query, a text, or a batch of up
+    to ``embed_batch_size`` texts), priced at ``embedding_price_per_mtok`` (or the
+    ``prices`` entry of the inner model's ``model_name``). Usage is always estimated
+    over the input texts (``cl100k_base``). Options and errors are
+    :class:`CostTrackedLLM`'s; the scope is fixed per layer (LlamaIndex's embedding
+    calls take no per-call keywords).
+    """
+
+    budget: Any = Field(exclude=True, description="The llm_resilience.CostBudget applied.")
+    ledger: Any = Field(exclude=True, description="Where spend is recorded and read back.")
+    scope: str | None = Field(default=None, description="Budget scope of every call.")
+
+    _gate: BudgetGate = PrivateAttr()
+
+    def __init__(
+        self,
+        *,
+        inner: BaseEmbedding,
+        budget: CostBudget,
+        ledger: CostLedger | None = None,
+        scope: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        gate = _gate(budget, ledger, scope)
+        super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
+        self._gate = gate
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CostTrackedEmbedding"
+
+    @property
+    def gate(self) -> BudgetGate:
+        """The budget gate every call of this layer passes."""
+        return self._gate
+
+    def _estimated(self, texts: list[str]) -> int:
+        return embedding_usage(texts).input_tokens if self._gate.budget.strict else 0
+
+    def _begin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[BudgetTicket, list[str]]:
+        ticket = self._gate.begin(
+            "embedding",
+            scope=self.scope,
+            estimated_input_tokens=self._estimated(texts),
+            model=self.inner.model_name,
+        )
+        return ticket, texts
+
+    async def _abegin(
+        self, kind: EmbeddingKind, texts: list[str]
+    ) -> tuple[BudgetTicket, list[str]]:
+        ticket = await self._gate.abegin(
+            "embedding",
+            scope=self.scope,
+            estimated_input_tokens=self._estimated(texts),
+            model=self.inner.model_name,
+        )
+        return ticket, texts
+
+    def _end(self, context: Any, embeddings: list[list[float]] | None) -> None:
+        ticket, texts = context
+        if embeddings is None:
+            ticket.abandon()
+        else:
+            ticket.finish(embedding_usage(texts), model=self.inner.model_name)
+
+    async def _aend(self, context: Any, embeddings: list[list[float]] | None) -> None:
+        ticket, texts = context
+        if embeddings is None:
+            await ticket.aabandon()
+        else:
+            await ticket.afinish(embedding_usage(texts), model=self.inner.model_name)
+
+
+@dataclass(slots=True)
+class _Call:
+    """One admitted chat or completion call: its prompt, ticket and stream tally."""
+
+    prompt: list[tuple[str, str]]
+    ticket: BudgetTicket | None = None
+    tally: StreamTally = field(default_factory=StreamTally)
+
+
+def _gate(budget: object, ledger: CostLedger | None, scope: object) -> BudgetGate:
+    if not isinstance(budget, CostBudget):
+        raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
+    _check_scope(scope, "scope")
+    return BudgetGate(budget, ledger)
+
+
+def _check_scope(scope: object, option: str) -> str | None:
+    if scope is None:
+        return None
+    if not isinstance(scope, str) or not scope:
+        raise TypeError(f"{option} must be a non-empty string or None; got {scope!r}")
+    return scope
+
+
+def _member_at(chain: FallbackLLM, path: list[Any]) -> LLM | None:
+    """The member ``path`` names (``[1, 0]``: ``llms[1]``, then that chain's ``llms[0]``)."""
+    current: FallbackLLM | None = chain
+    member: LLM | None = None
+    for index in path:
+        if current is None or isinstance(index, bool) or not isinstance(index, int):
+            return None
+        if not 0 <= index < len(current.llms):
+            return None
+        member = current.llms[index]
+        current = find_layer(member, FallbackLLM)
+    return member

@@ -1,0 +1,248 @@
+"""``RateLimitedLLM`` and ``RateLimitedEmbedding``: LlamaIndex layers over a token bucket.
+
+The adapter only translates: the bucket, its queue and its derivation are the core's
+(:mod:`llm_resilience.ratelimit`). Each call takes one permit before the inner call; a
+stream takes it on its first iteration and holds nothing while streaming; an embedding
+batch takes one permit, not one per text. A refused or cancelled wait never reaches the
+inner model.
+
+Importing this module also registers the core limiters as LlamaIndex
+``BaseRateLimiter``\\ s, so they fit any LlamaIndex model's own ``rate_limiter=`` field.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.embeddings import BaseEmbedding
+from llama_index.core.llms.llm import LLM
+from llama_index.core.rate_limiter import BaseRateLimiter
+from llama_index.resilience._delegate import (
+    AnyResponse,
+    CallKind,
+    DelegatingEmbedding,
+    DelegatingLLM,
+    EmbeddingKind,
+    Request,
+)
+from llama_index.resilience._usage import (
+    StreamTally,
+    max_output_tokens,
+    prompt_pairs,
+    reported_tokens,
+)
+
+from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
+from llm_resilience.usage import chat_usage, embedding_usage, estimate_request_tokens
+
+__all__ = ["RateLimitedEmbedding", "RateLimitedLLM"]
+
+logger = logging.getLogger(__name__)
+
+# The core limiters implement LlamaIndex's acquire/async_acquire signatures.
+BaseRateLimiter.register(TokenBucketRateLimiter)
+BaseRateLimiter.register(RedisTokenBucketRateLimiter)
+
+
+class RateLimitedLLM(DelegatingLLM):
+    """An LLM that waits for a rate-limit permit before each call.
+
+    Example::
+
+        from llama_index.core import Settings
+        from llama_index.llms.openai import OpenAI
+        from llama_index.resilience import RateLimitedLLM
+
+        Settings.llm = RateLimitedLLM(inner=OpenAI(model="gpt-4o"), requests_per_minute=300)
+
+    Give either ``requests_per_minute`` (a new
+    :class:`~llm_resilience.ratelimit.TokenBucketRateLimiter`: ``max(1, rpm // 60)``
+    permits a second, a burst of ``rpm``; with ``max_queued_requests`` and
+    ``tokens_per_minute`` if set) or ``limiter``, a limiter shared with other layers (a
+    :class:`~llm_resilience.ratelimit.RedisTokenBucketRateLimiter` shares one budget
+    across processes). Each of the eight chat/completion calls takes one permit first,
+    waiting first come first served; a stream takes it on first iteration.
+
+    When the limiter has ``tokens_per_minute``, a call also weighs its estimated prompt
+    tokens plus its output cap (the call's ``max_tokens``, else the LLM's
+    ``metadata.num_output``), and the weight is reconciled with the usage the provider
+    reports afterwards.
+
+    Raises ``ValueError`` when neither or both of ``requests_per_minute`` and
+    ``limiter`` are given, ``TypeError`` for a limiter without ``acquire``/``aacquire``
+    or an ``inner`` that is not an ``LLM``; the limiter raises
+    :class:`~llm_resilience.errors.RateLimitQueueFullError` when its queue is full.
+    Tools, structured output and metadata pass through to ``inner``.
+    """
+
+    limiter: Any = Field(exclude=True, description="The rate limiter every call waits on.")
+
+    def __init__(
+        self,
+        *,
+        inner: LLM,
+        requests_per_minute: int | None = None,
+        max_queued_requests: int | None = None,
+        tokens_per_minute: int | None = None,
+        limiter: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        chosen = _limiter(requests_per_minute, max_queued_requests, tokens_per_minute, limiter)
+        super().__init__(inner=inner, limiter=chosen, **kwargs)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RateLimitedLLM"
+
+    def _weight(self, request: Request, kwargs: dict[str, Any]) -> _Permit:
+        if getattr(self.limiter, "tokens_per_minute", None) is None:
+            return _Permit(0, None)
+        prompt = prompt_pairs(request)
+        weight = estimate_request_tokens(prompt, max_output_tokens(self.inner, kwargs))
+        return _Permit(weight, prompt)
+
+    def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Permit:
+        permit = self._weight(request, kwargs)
+        self.limiter.acquire(permit.weight, surface="chat")
+        return permit
+
+    async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Permit:
+        permit = self._weight(request, kwargs)
+        await self.limiter.aacquire(permit.weight, surface="chat")
+        return permit
+
+    def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
+        permit: _Permit = context
+        if permit.prompt is not None:
+            permit.tally.add(chunk)
+
+    def _end(self, context: Any, response: AnyResponse | None) -> None:
+        permit: _Permit = context
+        if permit.prompt is None or response is None:
+            return
+        if permit.tally.started:
+            reported_in, reported_out = permit.tally.input_tokens, permit.tally.output_tokens
+        else:
+            reported_in, reported_out = reported_tokens(response)
+        if reported_in is None or reported_out is None:
+            return
+        # The core's rule decides whether the counts are a report (an input of 0 for a
+        # non-empty prompt is not); only a report settles the estimate.
+        usage = chat_usage(reported_in, reported_out, prompt=permit.prompt, response_text="")
+        if usage.estimated:
+            return
+        try:
+            self.limiter.reconcile(permit.weight, usage.input_tokens + usage.output_tokens)
+        except Exception as exc:
+            # The call has succeeded; a limiter that cannot settle must not fail it.
+            logger.warning(
+                "Rate limiter could not reconcile a call's token weight (%s).",
+                type(exc).__name__,
+                exc_info=exc,
+            )
+
+
+class RateLimitedEmbedding(DelegatingEmbedding):
+    """An embedding model that waits for a rate-limit permit before each call.
+
+    Example::
+
+        from llama_index.core import Settings
+        from llama_index.embeddings.openai import OpenAIEmbedding
+        from llama_index.resilience import RateLimitedEmbedding
+
+        Settings.embed_model = RateLimitedEmbedding(
+            inner=OpenAIEmbedding(), requests_per_minute=3000
+        )
+
+    One permit per provider call: a query, a text, or a batch of up to
+    ``embed_batch_size`` texts (so ``get_text_embedding_batch`` over 100 texts with a
+    batch size of 10 takes 10 permits). Options and errors are
+    :class:`RateLimitedLLM`'s; with ``tokens_per_minute`` a call weighs the estimated
+    tokens of its texts (never reconciled: embedding usage is not reported).
+    """
+
+    limiter: Any = Field(exclude=True, description="The rate limiter every call waits on.")
+
+    def __init__(
+        self,
+        *,
+        inner: BaseEmbedding,
+        requests_per_minute: int | None = None,
+        max_queued_requests: int | None = None,
+        tokens_per_minute: int | None = None,
+        limiter: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        chosen = _limiter(requests_per_minute, max_queued_requests, tokens_per_minute, limiter)
+        super().__init__(inner=inner, limiter=chosen, **kwargs)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RateLimitedEmbedding"
+
+    def _weight(self, texts: list[str]) -> int:
+        if getattr(self.limiter, "tokens_per_minute", None) is None:
+            return 0
+        return embedding_usage(texts).input_tokens
+
+    def _begin(self, kind: EmbeddingKind, texts: list[str]) -> None:
+        self.limiter.acquire(self._weight(texts), surface="embedding")
+
+    async def _abegin(self, kind: EmbeddingKind, texts: list[str]) -> None:
+        await self.limiter.aacquire(self._weight(texts), surface="embedding")
+
+
+class _Permit:
+    """One granted call: its token weight and, when weighed, its prompt and stream tally."""
+
+    __slots__ = ("prompt", "tally", "weight")
+
+    def __init__(self, weight: int, prompt: list[tuple[str, str]] | None) -> None:
+        self.weight = weight
+        self.prompt = prompt
+        self.tally = StreamTally()
+
+
+def _limiter(
+    requests_per_minute: int | None,
+    max_queued_requests: int | None,
+    tokens_per_minute: int | None,
+    limiter: Any,
+) -> Any:
+    """The limiter a layer waits on: ``limiter`` as given, or one built from the numbers."""
+    if limiter is not None:
+        if requests_per_minute is not None:
+            raise ValueError(
+                "give either requests_per_minute or limiter, not both: a shared limiter "
+                "carries its own requests_per_minute"
+            )
+        extras = [
+            name
+            for name, value in (
+                ("max_queued_requests", max_queued_requests),
+                ("tokens_per_minute", tokens_per_minute),
+            )
+            if value is not None
+        ]
+        if extras:
+            raise ValueError(
+                f"{' and '.join(extras)} configure the limiter built from "
+                f"requests_per_minute; set them on the limiter passed as limiter="
+            )
+        if not callable(getattr(limiter, "acquire", None)) or not callable(
+            getattr(limiter, "aacquire", None)
+        ):
+            raise TypeError(
+                f"limiter must have acquire() and aacquire() (an llm_resilience "
+                f"TokenBucketRateLimiter or RedisTokenBucketRateLimiter); got "
+                f"{type(limiter).__module__}.{type(limiter).__qualname__}"
+            )
+        return limiter
+    if requests_per_minute is None:
+        raise ValueError(
+            "give requests_per_minute (an integer >= 1) or limiter (a shared rate limiter)"
+        )
+    return TokenBucketRateLimiter(requests_per_minute, max_queued_requests, tokens_per_minute)

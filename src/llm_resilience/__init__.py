@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         BudgetExceededError,
         LLMResilienceError,
         PerClientTimeoutError,
+        RateLimitBackendError,
         RateLimitQueueFullError,
         RequestExceedsCapacityError,
     )
@@ -43,6 +44,7 @@ __all__ = [
     "PerClientTimeoutError",
     "RateLimitQueueFullError",
     "RedisTokenBucketRateLimiter",
+    "RateLimitBackendError",
     "RequestExceedsCapacityError",
     "SqlCostLedger",
     "StreamRestart",
@@ -61,6 +63,7 @@ _LOCATIONS = {
     "LLMResilienceError": "llm_resilience.errors",
     "PerClientTimeoutError": "llm_resilience.errors",
     "RateLimitQueueFullError": "llm_resilience.errors",
+    "RateLimitBackendError": "llm_resilience.errors",
     "RequestExceedsCapacityError": "llm_resilience.errors",
     "Cooldown": "llm_resilience.fallback",
     "FallbackChain": "llm_resilience.fallback",

@@ -18,8 +18,8 @@ SQLite works in a temporary directory; PostgreSQL (``LLM_RESILIENCE_TEST_POSTGRE
 default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``) in a fresh schema dropped at
 the end, skipped with a note when the server is not there. Prints markdown tables.
 
-    python benchmarks/bench_ledger.py            # ~3 min on 2 cores
-    python benchmarks/bench_ledger.py --quick    # ~40 s
+    python benchmarks/bench_ledger.py            # ~100 s on 2 cores
+    python benchmarks/bench_ledger.py --quick    # ~30 s
 """
 
 from __future__ import annotations
@@ -109,13 +109,12 @@ def load_postgres(url: str, count: int, now: datetime) -> None:
     import psycopg
 
     SqlCostLedger(url).close()
-    with psycopg.connect(**postgres_params(url)) as connection:
-        with connection.cursor() as cursor:
-            with cursor.copy(f"COPY cost_ledger ({COLUMNS}) FROM STDIN") as copy:
-                for row in month_rows(count, now):
-                    copy.write_row(row)
-            cursor.execute("DELETE FROM cost_ledger_totals")
-            cursor.execute("ANALYZE cost_ledger")
+    with psycopg.connect(**postgres_params(url)) as connection, connection.cursor() as cursor:
+        with cursor.copy(f"COPY cost_ledger ({COLUMNS}) FROM STDIN") as copy:
+            for row in month_rows(count, now):
+                copy.write_row(row)
+        cursor.execute("DELETE FROM cost_ledger_totals")
+        cursor.execute("ANALYZE cost_ledger")
 
 
 def postgres_params(url: str) -> dict[str, Any]:
@@ -243,8 +242,7 @@ def writes_per_second(url: str, processes: int, writes: int) -> float:
     context = multiprocessing.get_context("spawn")
     start, results = context.Barrier(processes + 1), context.Queue()
     workers = [
-        context.Process(target=writer, args=(url, start, results, writes))
-        for _ in range(processes)
+        context.Process(target=writer, args=(url, start, results, writes)) for _ in range(processes)
     ]
     for worker in workers:
         worker.start()

@@ -203,6 +203,16 @@ def test_settling_without_an_entry_only_releases_the_hold() -> None:
     assert ledger.entries() == []
 
 
+def test_only_the_latest_max_entries_are_kept_but_spend_counts_them_all() -> None:
+    ledger = InMemoryCostLedger(max_entries=3)
+    for minute in range(5):
+        ledger.record(entry(str(minute), at=NOW + timedelta(minutes=minute)))
+    assert [e.cost for e in ledger.entries()] == [Decimal(2), Decimal(3), Decimal(4)]
+    assert ledger.spend("day", now=NOW) == Decimal(10)
+    with pytest.raises(ValueError, match="max_entries"):
+        InMemoryCostLedger(max_entries=0)
+
+
 def test_a_hold_that_would_pass_a_limit_is_refused_with_the_window_limit_and_spend() -> None:
     ledger = InMemoryCostLedger()
     ledger.record(entry("7", scope="tenant-a"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -46,17 +47,27 @@ class InMemoryCostLedger:
     Running totals per UTC day and month (globally and per scope) make :meth:`spend`
     O(1) plus the live holds; one lock makes :meth:`reserve` atomic across threads.
     Holds count toward spend for ``reservation_ttl`` (15 minutes by default) unless
-    settled first. Share one instance between every wrapper of the process; use
+    settled first. :meth:`entries` returns the latest ``max_entries`` (100,000, about
+    30 MB; None keeps all) so a long-lived process does not grow without bound; spend
+    always counts every entry. Share one instance between every wrapper of the process; use
     :class:`~llm_resilience.ledger.SqlCostLedger` to keep spend across restarts and
     processes.
     """
 
     __slots__ = ("_entries", "_holds", "_lock", "_totals", "reservation_ttl")
 
+    #: Default bound on the entries kept for :meth:`entries`.
+    DEFAULT_MAX_ENTRIES = 100_000
+
     #: Spend does not survive the process: the budget gate warns when this ledger is used.
     persistent = False
 
-    def __init__(self, *, reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL) -> None:
+    def __init__(
+        self,
+        *,
+        reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
+        max_entries: int | None = DEFAULT_MAX_ENTRIES,
+    ) -> None:
         if not isinstance(reservation_ttl, timedelta) or reservation_ttl <= timedelta(0):
             raise ValueError(
                 f"reservation_ttl must be a positive timedelta, got {reservation_ttl!r}"
@@ -64,7 +75,11 @@ class InMemoryCostLedger:
         #: How long an unsettled hold counts toward spend.
         self.reservation_ttl = reservation_ttl
         self._lock = threading.Lock()
-        self._entries: list[LedgerEntry] = []
+        if max_entries is not None and (
+            isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1
+        ):
+            raise ValueError(f"max_entries must be an integer >= 1 or None, got {max_entries!r}")
+        self._entries: deque[LedgerEntry] = deque(maxlen=max_entries)
         self._totals: dict[tuple[str, str | None], Decimal] = {}
         self._holds: dict[str, Reservation] = {}
 

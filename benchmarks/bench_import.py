@@ -52,8 +52,11 @@ after_import = loaded()
 new_modules = len(set(sys.modules) - before)
 from llm_resilience import FallbackChain
 t2 = time.perf_counter_ns()
+# Every name but the two whose whole point is a heavy backend (they load SQLAlchemy and
+# redis on first use, by design).
 for name in llm_resilience.__all__:
-    getattr(llm_resilience, name)
+    if name not in ("SqlCostLedger", "RedisTokenBucketRateLimiter"):
+        getattr(llm_resilience, name)
 t3 = time.perf_counter_ns()
 print(json.dumps({{
     "import_ns": t1 - t0, "fallback_ns": t2 - t1, "all_ns": t3 - t2,
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | ---: |")
     print(f"| `import llm_resilience`, perf_counter in the child | {import_ms:.2f} |")
     print(f"| then `from llm_resilience import FallbackChain` | {fallback_ms:.2f} |")
-    print(f"| then every other name in `__all__` | {all_ms:.2f} |")
+    print(f"| then every other name in `__all__` (but the SQL and Redis backends) | {all_ms:.2f} |")
     print(f"| bare interpreter start (`-c pass`), wall | {_ms(bare):.1f} |")
     print(f"| `-c 'import llm_resilience'`, wall | {_ms(imported):.1f} |")
     print(f"| import cost = wall difference, paired per run | {delta_ms:.1f} |")
@@ -148,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Modules newly loaded by the import: {probes[0]['new_modules']}.")
     print(f"Goal: import < {GOAL_MS:.0f} ms: {verdict}.")
     print(f"Heavy packages in sys.modules after the import: {', '.join(heavy_import) or 'none'}.")
-    print(f"... after resolving every public name: {', '.join(heavy_all) or 'none'}.")
+    print(
+        "... after resolving every public name but SqlCostLedger and "
+        f"RedisTokenBucketRateLimiter: {', '.join(heavy_all) or 'none'}."
+    )
     if heavy_import or heavy_all:
         print("FAIL: the core must not import " + ", ".join(f"{h}*" for h in HEAVY) + ".")
     return 0 if verdict == "PASS" and not heavy_import and not heavy_all else 1

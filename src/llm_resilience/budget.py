@@ -20,7 +20,7 @@ Adapters only translate framework types into these calls; every rule lives here 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -278,8 +278,9 @@ class BudgetGate:
     (:data:`DEFAULT_MAX_OUTPUT_TOKENS`) for a chat call that sets none, at ``model``'s
     price or the surface prices) atomically in the ledger, refusing it if any limit would
     be exceeded; ``finish`` replaces the hold with the real cost. Concurrent calls cannot
-    overshoot, as long as the real cost stays within the hold: pass the priciest model a
-    fallback chain may serve as ``model``.
+    overshoot, as long as the real cost stays within the hold: pass every model a
+    fallback chain may serve as ``may_serve`` and the hold is priced at the dearest (the
+    framework wrappers do this for the chains below them).
 
     Ledger failures degrade, never break (each logs a WARNING on ``llm_resilience.budget``):
     an unreadable ledger lets the call through ungated (a limit of 0 still refuses, spend
@@ -319,8 +320,13 @@ class BudgetGate:
         estimated_input_tokens: int = 0,
         max_output_tokens: int | None = None,
         model: str | None = None,
+        may_serve: Sequence[str] = (),
     ) -> Decimal:
         """What strict mode holds for a call: its cost if it used every token it may.
+
+        ``may_serve`` lists the models that could answer instead of ``model`` (the legs of
+        a fallback chain): the hold is priced at the dearest of them, so whichever serves,
+        the real cost stays within it.
 
         >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
         >>> gate.worst_case_cost("chat", estimated_input_tokens=1000)  # 4096 output assumed
@@ -331,7 +337,11 @@ class BudgetGate:
         if surface == "chat":
             output = DEFAULT_MAX_OUTPUT_TOKENS if max_output_tokens is None else max_output_tokens
         usage = Usage(estimated_input_tokens, output, estimated=True)
-        return cost_of(usage, self.budget.price_for(model), surface=surface)
+        candidates = [model, *may_serve] if may_serve else [model]
+        return max(
+            cost_of(usage, self.budget.price_for(candidate), surface=surface)
+            for candidate in candidates
+        )
 
     def begin(
         self,
@@ -341,6 +351,7 @@ class BudgetGate:
         estimated_input_tokens: int = 0,
         max_output_tokens: int | None = None,
         model: str | None = None,
+        may_serve: Sequence[str] = (),
     ) -> BudgetTicket:
         """Gate one call; raises ``BudgetExceededError`` if a limit refuses it.
 
@@ -349,7 +360,7 @@ class BudgetGate:
         ``finish`` or ``abandon``.
         """
         now, limits, amount = self._prepare(
-            surface, scope, estimated_input_tokens, max_output_tokens, model
+            surface, scope, estimated_input_tokens, max_output_tokens, model, may_serve
         )
         reservation: Reservation | None = None
         if self.budget.strict:
@@ -380,10 +391,11 @@ class BudgetGate:
         estimated_input_tokens: int = 0,
         max_output_tokens: int | None = None,
         model: str | None = None,
+        may_serve: Sequence[str] = (),
     ) -> BudgetTicket:
         """Async :meth:`begin`, through the ledger's async methods."""
         now, limits, amount = self._prepare(
-            surface, scope, estimated_input_tokens, max_output_tokens, model
+            surface, scope, estimated_input_tokens, max_output_tokens, model, may_serve
         )
         reservation: Reservation | None = None
         if self.budget.strict:
@@ -413,6 +425,7 @@ class BudgetGate:
         estimated_input_tokens: int,
         max_output_tokens: int | None,
         model: str | None,
+        may_serve: Sequence[str] = (),
     ) -> tuple[datetime, list[_Limit], Decimal]:
         _check_surface(surface)
         if scope is not None and (not isinstance(scope, str) or not scope):
@@ -427,6 +440,7 @@ class BudgetGate:
                 estimated_input_tokens=estimated_input_tokens,
                 max_output_tokens=max_output_tokens,
                 model=model,
+                may_serve=may_serve,
             )
         return self.now(), self.budget.limits_for(scope), amount
 

@@ -589,3 +589,32 @@ def test_importing_the_budget_imports_neither_sqlalchemy_nor_opentelemetry() -> 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_strict_hold_is_priced_at_the_dearest_model_that_may_serve() -> None:
+    budget = CostBudget(
+        input_price_per_mtok=1,
+        output_price_per_mtok=1,
+        daily_limit=100,
+        strict=True,
+        prices={"cheap": ModelPrice(1, 2), "dear": ModelPrice(10, 40)},
+    )
+    gate = BudgetGate(budget, InMemoryCostLedger())
+    cheap = gate.worst_case_cost(
+        "chat", estimated_input_tokens=1000, max_output_tokens=1000, model="cheap"
+    )
+    either = gate.worst_case_cost(
+        "chat",
+        estimated_input_tokens=1000,
+        max_output_tokens=1000,
+        model="cheap",
+        may_serve=["dear"],
+    )
+    assert cheap == Decimal("0.003")
+    assert either == Decimal("0.05")
+    ticket = gate.begin(
+        "chat", estimated_input_tokens=1000, max_output_tokens=1000, may_serve=["cheap", "dear"]
+    )
+    assert ticket.reservation is not None
+    assert ticket.reservation.amount == Decimal("0.05")
+    ticket.abandon()

@@ -42,6 +42,20 @@ def _model_name(model: object) -> str | None:
     return None
 
 
+def _leaves(model: object) -> list[object]:
+    """The provider models at the bottom of a stack (the members of any fallback chain)."""
+    leaves: list[object] = []
+    pending: list[object] = [model]
+    while pending:
+        current = pending.pop(0)
+        children = list(layers_below(current))
+        if children:
+            pending[0:0] = children
+        else:
+            leaves.append(current)
+    return leaves
+
+
 def _asks_stream_usage(model: BaseChatModel) -> bool:
     """Whether every provider model below ``model`` accepts ``stream_usage=`` when streaming.
 
@@ -49,15 +63,7 @@ def _asks_stream_usage(model: BaseChatModel) -> bool:
     only asks for streamed usage with ``stream_usage=True``; without it such streams
     arrive with no usage and would be recorded as estimates.
     """
-    leaves: list[object] = []
-    pending: list[object] = [model]
-    while pending:
-        current = pending.pop()
-        children = list(layers_below(current))
-        if children:
-            pending.extend(children)
-        else:
-            leaves.append(current)
+    leaves = _leaves(model)
     # The models that take it per call declare it as a field (langchain-openai's chat
     # models, langchain-anthropic's); any other model might pass it on to its provider.
     return bool(leaves) and all(
@@ -99,6 +105,7 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     _gate: BudgetGate = PrivateAttr()
     _stream_usage: bool = PrivateAttr(default=False)
+    _may_serve: tuple[str, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
         _check_scope(data.get("scope"), "scope")
@@ -108,6 +115,9 @@ class CostTrackedChatModel(DelegatingChatModel):
         super().__init__(**data)
         self._gate = gate
         self._stream_usage = _asks_stream_usage(self.inner)
+        # Strict holds are priced at the dearest model that may answer (any fallback leg).
+        names = (_model_name(leaf) for leaf in _leaves(self.inner))
+        self._may_serve = tuple(name for name in names if name)
 
     @property
     def _llm_type(self) -> str:
@@ -137,6 +147,7 @@ class CostTrackedChatModel(DelegatingChatModel):
             "estimated_input_tokens": estimated,
             "max_output_tokens": max_tokens if isinstance(max_tokens, int) else None,
             "model": _model_name(self.inner),
+            "may_serve": self._may_serve,
         }
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:

@@ -233,3 +233,21 @@ def test_bad_options_fail_at_construction_naming_the_option(
     options.update(params)
     with pytest.raises(error, match=word):
         CostTrackedChatModel(**options)
+
+
+def test_a_strict_hold_covers_the_dearest_fallback_leg() -> None:
+    chain = FallbackChatModel(
+        models=[FailingChatModel(model="dear-model"), ScriptedChatModel(model="cheap-model")]
+    )
+    budget = CostBudget(
+        daily_limit="0.05",
+        strict=True,
+        prices={"dear-model": ModelPrice(100, 100), "cheap-model": ModelPrice(1, 1)},
+    )
+    model = CostTrackedChatModel(inner=chain, budget=budget, ledger=InMemoryCostLedger())
+    # 1,000 output tokens at the dear leg's price (0.1) would not fit the 0.05 left, even
+    # though the cheap leg (0.001) is the one that would answer this time.
+    with pytest.raises(BudgetExceededError):
+        model.invoke("x", max_tokens=1000)
+    answer = model.invoke("x", max_tokens=100)  # 0.01 at the dear price: fits
+    assert answer.response_metadata["model_name"] == "cheap-model"

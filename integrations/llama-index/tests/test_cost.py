@@ -801,3 +801,24 @@ async def test_a_real_openai_llm_records_its_reported_usage_or_an_estimate(
         assert not include_usage
         assert entry.estimated is True
         assert entry.output_tokens == count_tokens("Paris is the capital of France.")
+
+
+def test_a_strict_hold_covers_the_dearest_fallback_leg() -> None:
+    chain = FallbackLLM(
+        llms=[
+            FakeFunctionCallingLLM(model_name="dear-model", error=rate_limit_error()),
+            FakeFunctionCallingLLM(model_name="cheap-model"),
+        ]
+    )
+    budget = CostBudget(
+        daily_limit="0.05",
+        strict=True,
+        prices={"dear-model": ModelPrice(100, 100), "cheap-model": ModelPrice(1, 1)},
+    )
+    layer = CostTrackedLLM(inner=chain, budget=budget, ledger=InMemoryCostLedger())
+    message = [ChatMessage(role=MessageRole.USER, content="x")]
+    # 1,000 output tokens at the dear leg's price (0.1) do not fit the 0.05 left, even
+    # though the cheap leg (0.001) is the one that would answer.
+    with pytest.raises(BudgetExceededError):
+        layer.chat(message, max_tokens=1000)
+    assert layer.chat(message, max_tokens=100).message.content == "The fake model answers."

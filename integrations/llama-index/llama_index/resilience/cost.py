@@ -98,6 +98,7 @@ class CostTrackedLLM(DelegatingLLM):
 
     _call_options = (BUDGET_SCOPE_KWARG,)
     _gate: BudgetGate = PrivateAttr()
+    _may_serve: tuple[str, ...] = PrivateAttr(default=())
 
     def __init__(
         self,
@@ -111,6 +112,10 @@ class CostTrackedLLM(DelegatingLLM):
         gate = _gate(budget, ledger, scope)
         super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
         self._gate = gate
+        # Strict holds are priced at the dearest model that may answer (any fallback leg).
+        self._may_serve = tuple(
+            leaf.metadata.model_name for leaf in _leaf_llms(inner) if leaf.metadata.model_name
+        )
 
     @classmethod
     def class_name(cls) -> str:
@@ -133,6 +138,7 @@ class CostTrackedLLM(DelegatingLLM):
             "estimated_input_tokens": estimated,
             "max_output_tokens": max_output_tokens(self.inner, kwargs),
             "model": self.inner.metadata.model_name,
+            "may_serve": self._may_serve,
         }
         return gate_kwargs, _Call(prompt)
 
@@ -312,3 +318,19 @@ def _member_at(chain: FallbackLLM, path: list[Any]) -> LLM | None:
         member = current.llms[index]
         current = find_layer(member, FallbackLLM)
     return member
+
+
+def _leaf_llms(llm: LLM) -> list[LLM]:
+    """The provider LLMs at the bottom of a stack (the members of any fallback chain)."""
+    from llm_resilience.layers import layers_below
+
+    leaves: list[LLM] = []
+    pending: list[object] = [llm]
+    while pending:
+        current = pending.pop(0)
+        children = list(layers_below(current))
+        if children:
+            pending[0:0] = children
+        elif isinstance(current, LLM):
+            leaves.append(current)
+    return leaves

@@ -14,6 +14,7 @@ from typing import Self
 from llm_resilience.errors import RateLimitQueueFullError, RequestExceedsCapacityError
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
+    BucketArithmetic,
     check_token_weight,
     non_negative_int,
     optional_positive_int,
@@ -25,7 +26,7 @@ from llm_resilience.telemetry import Outcome, record_rate_limit_wait
 __all__ = ["TokenBucketRateLimiter"]
 
 
-class TokenBucketRateLimiter:
+class TokenBucketRateLimiter(BucketArithmetic):
     """A token bucket for one process: callers over budget wait their turn.
 
     ::
@@ -139,46 +140,6 @@ class TokenBucketRateLimiter:
         )
 
     # -- the derivation, visible ------------------------------------------------------
-
-    @property
-    def requests_per_minute(self) -> int:
-        """The configured request budget per minute."""
-        return self._rpm
-
-    @property
-    def max_queued_requests(self) -> int | None:
-        """How many callers may wait at once (None: unbounded)."""
-        return self._max_queued
-
-    @property
-    def tokens_per_minute(self) -> int | None:
-        """The configured token budget per minute, or None."""
-        return self._tpm
-
-    @property
-    def period(self) -> float:
-        """Seconds between refills: 1.0."""
-        return PERIOD_SECONDS
-
-    @property
-    def permits_per_period(self) -> int:
-        """Request permits added each period: ``max(1, requests_per_minute // 60)``."""
-        return self._permits_per_period
-
-    @property
-    def capacity(self) -> int:
-        """Most request permits the bucket holds (= ``requests_per_minute``; starts full)."""
-        return self._rpm
-
-    @property
-    def token_capacity(self) -> int | None:
-        """Most token permits the token bucket holds (= ``tokens_per_minute``), or None."""
-        return self._tpm
-
-    @property
-    def tokens_per_period(self) -> int | None:
-        """Token permits added each period: ``max(1, tokens_per_minute // 60)``, or None."""
-        return self._tokens_per_period
 
     @property
     def queued(self) -> int:

@@ -144,3 +144,61 @@ class RateLimiter(Protocol):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None: ...
+
+
+class BucketArithmetic:
+    """The seed's derivation, exposed read-only by both limiters (a mixin).
+
+    Budgets spread over 1-second steps: ``max(1, rpm // 60)`` permits each step,
+    ``rpm`` of capacity, full at the start. So budgets under 60 rpm over-admit (30 rpm
+    sustains 60 a minute) and the rest round down to a multiple of 60 (90 rpm sustains
+    60). The same holds for ``tokens_per_minute``. Kept visible, not "fixed".
+    """
+
+    __slots__ = ()
+
+    _rpm: int
+    _max_queued: int | None
+    _tpm: int | None
+    _permits_per_period: int
+    _tokens_per_period: int | None
+
+    @property
+    def requests_per_minute(self) -> int:
+        """The configured request budget per minute (shared by every user of the bucket)."""
+        return self._rpm
+
+    @property
+    def max_queued_requests(self) -> int | None:
+        """How many callers may wait at once (None: unbounded)."""
+        return self._max_queued
+
+    @property
+    def tokens_per_minute(self) -> int | None:
+        """The configured token budget per minute, or None when calls are not weighed."""
+        return self._tpm
+
+    @property
+    def period(self) -> float:
+        """Seconds between refills: 1.0."""
+        return PERIOD_SECONDS
+
+    @property
+    def permits_per_period(self) -> int:
+        """Request permits added each period: ``max(1, requests_per_minute // 60)``."""
+        return self._permits_per_period
+
+    @property
+    def capacity(self) -> int:
+        """Most request permits the bucket holds (= ``requests_per_minute``; starts full)."""
+        return self._rpm
+
+    @property
+    def token_capacity(self) -> int | None:
+        """Most token permits the token bucket holds (= ``tokens_per_minute``), or None."""
+        return self._tpm
+
+    @property
+    def tokens_per_period(self) -> int | None:
+        """Token permits added each period: ``max(1, tokens_per_minute // 60)``, or None."""
+        return self._tokens_per_period

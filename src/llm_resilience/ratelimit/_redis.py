@@ -33,6 +33,7 @@ from llm_resilience.errors import (
 )
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
+    BucketArithmetic,
     check_token_weight,
     non_negative_int,
     optional_positive_int,
@@ -163,7 +164,7 @@ def _load_redis() -> Any:
         ) from exc
 
 
-class RedisTokenBucketRateLimiter:
+class RedisTokenBucketRateLimiter(BucketArithmetic):
     """:class:`TokenBucketRateLimiter`'s bucket, shared through Redis by every process and host.
 
     >>> limiter = RedisTokenBucketRateLimiter(600, name="openai-chat")  # doctest: +SKIP
@@ -218,7 +219,7 @@ class RedisTokenBucketRateLimiter:
         "_key",
         "_last_error",
         "_lock",
-        "_max_queued_requests",
+        "_max_queued",
         "_name",
         "_no_script_error",
         "_on_backend_error",
@@ -226,9 +227,9 @@ class RedisTokenBucketRateLimiter:
         "_owns_client",
         "_permits_per_period",
         "_redis_error",
-        "_requests_per_minute",
-        "_tokens_per_minute",
+        "_rpm",
         "_tokens_per_period",
+        "_tpm",
         "_waiting",
     )
 
@@ -244,11 +245,9 @@ class RedisTokenBucketRateLimiter:
         on_backend_error: BackendErrorMode = "fail_open",
         key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
-        self._requests_per_minute = positive_int("requests_per_minute", requests_per_minute)
-        self._max_queued_requests = optional_positive_int(
-            "max_queued_requests", max_queued_requests
-        )
-        self._tokens_per_minute = optional_positive_int("tokens_per_minute", tokens_per_minute)
+        self._rpm = positive_int("requests_per_minute", requests_per_minute)
+        self._max_queued = optional_positive_int("max_queued_requests", max_queued_requests)
+        self._tpm = optional_positive_int("tokens_per_minute", tokens_per_minute)
         if not isinstance(name, str):
             raise TypeError(
                 f"name must be a non-empty string naming the shared bucket, got {name!r}"
@@ -270,10 +269,8 @@ class RedisTokenBucketRateLimiter:
         self._name = name
         self._key = key_prefix + name
         self._on_backend_error: BackendErrorMode = on_backend_error
-        self._permits_per_period = per_period(self._requests_per_minute)
-        self._tokens_per_period = (
-            None if self._tokens_per_minute is None else per_period(self._tokens_per_minute)
-        )
+        self._permits_per_period = per_period(self._rpm)
+        self._tokens_per_period = None if self._tpm is None else per_period(self._tpm)
 
         redis = _load_redis()
         self._redis_error: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
@@ -333,46 +330,6 @@ class RedisTokenBucketRateLimiter:
         return self._on_backend_error
 
     @property
-    def requests_per_minute(self) -> int:
-        """The request budget per minute, shared by every process using this bucket."""
-        return self._requests_per_minute
-
-    @property
-    def max_queued_requests(self) -> int | None:
-        """Bound on callers waiting in this process (None: unbounded)."""
-        return self._max_queued_requests
-
-    @property
-    def tokens_per_minute(self) -> int | None:
-        """The token budget per minute (None: calls are not weighed by tokens)."""
-        return self._tokens_per_minute
-
-    @property
-    def period(self) -> float:
-        """Seconds between refills: 1.0."""
-        return PERIOD_SECONDS
-
-    @property
-    def permits_per_period(self) -> int:
-        """Request permits added each period: ``max(1, rpm // 60)``."""
-        return self._permits_per_period
-
-    @property
-    def capacity(self) -> int:
-        """Request permits the bucket holds (and starts with): ``rpm``."""
-        return self._requests_per_minute
-
-    @property
-    def token_capacity(self) -> int | None:
-        """Token permits the bucket holds (and starts with): ``tpm``, or None."""
-        return self._tokens_per_minute
-
-    @property
-    def tokens_per_period(self) -> int | None:
-        """Token permits added each period: ``max(1, tpm // 60)``, or None."""
-        return self._tokens_per_period
-
-    @property
     def queued(self) -> int:
         """Callers of this process waiting for a reserved permit right now."""
         return self._waiting
@@ -428,7 +385,7 @@ class RedisTokenBucketRateLimiter:
         """
         estimated = non_negative_int("estimated_tokens", estimated_tokens)
         actual = non_negative_int("actual_tokens", actual_tokens)
-        if self._tokens_per_minute is None or estimated == actual:
+        if self._tpm is None or estimated == actual:
             return
         self._round_trip(_ADJUST, estimated - actual, 0)
 
@@ -470,9 +427,9 @@ class RedisTokenBucketRateLimiter:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(requests_per_minute={self._requests_per_minute}, "
-            f"max_queued_requests={self._max_queued_requests}, "
-            f"tokens_per_minute={self._tokens_per_minute}, name={self._name!r})"
+            f"{type(self).__name__}(requests_per_minute={self._rpm}, "
+            f"max_queued_requests={self._max_queued}, "
+            f"tokens_per_minute={self._tpm}, name={self._name!r})"
         )
 
     # -- internals -----------------------------------------------------------------
@@ -482,7 +439,7 @@ class RedisTokenBucketRateLimiter:
         if not blocking:
             return False
         with self._lock:
-            bound = self._max_queued_requests
+            bound = self._max_queued
             if bound is not None and self._waiting + self._in_flight >= bound:
                 return False
             self._in_flight += 1
@@ -497,7 +454,7 @@ class RedisTokenBucketRateLimiter:
                 self._waiting += 1
 
     def _acquire(self, num_tokens: int, blocking: bool) -> telemetry.Outcome:
-        weight = check_token_weight(num_tokens, self._tokens_per_minute)
+        weight = check_token_weight(num_tokens, self._tpm)
         reserving = self._claim(blocking)
         reply: _Reply | None = None
         try:
@@ -521,7 +478,7 @@ class RedisTokenBucketRateLimiter:
         return "granted"
 
     async def _aacquire(self, num_tokens: int, blocking: bool) -> telemetry.Outcome:
-        weight = check_token_weight(num_tokens, self._tokens_per_minute)
+        weight = check_token_weight(num_tokens, self._tpm)
         reserving = self._claim(blocking)
         reply: _Reply | None = None
         try:
@@ -547,8 +504,8 @@ class RedisTokenBucketRateLimiter:
     def _refused(self, blocking: bool) -> telemetry.Outcome:
         if blocking:
             # Only a blocking call whose local queue was full is ever refused.
-            assert self._max_queued_requests is not None
-            raise RateLimitQueueFullError(self._max_queued_requests)
+            assert self._max_queued is not None
+            raise RateLimitQueueFullError(self._max_queued)
         return "rejected"
 
     def _args(self, mode: str, amount: int, due_us: int) -> tuple[object, ...]:
@@ -557,9 +514,9 @@ class RedisTokenBucketRateLimiter:
             1,
             self._key,
             mode,
-            self._requests_per_minute,
+            self._rpm,
             self._permits_per_period,
-            self._tokens_per_minute or 0,
+            self._tpm or 0,
             self._tokens_per_period or 0,
             amount,
             due_us,

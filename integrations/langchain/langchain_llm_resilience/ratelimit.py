@@ -16,45 +16,17 @@ from langchain_core.rate_limiters import BaseRateLimiter
 from pydantic import Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import DelegatingChatModel
-from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
+from llm_resilience.ratelimit import (
+    RedisTokenBucketRateLimiter,
+    TokenBucketRateLimiter,
+    limiter_for,
+)
 from llm_resilience.usage import embedding_usage, estimate_request_tokens
 
 __all__ = ["RateLimitedChatModel", "RateLimitedEmbeddings"]
 
 BaseRateLimiter.register(TokenBucketRateLimiter)
 BaseRateLimiter.register(RedisTokenBucketRateLimiter)
-
-
-def _build_limiter(
-    requests_per_minute: int | None,
-    max_queued_requests: int | None,
-    tokens_per_minute: int | None,
-    limiter: Any,
-) -> Any:
-    """The limiter a wrapper uses: a shared ``limiter=`` or one built from the budget."""
-    if limiter is not None:
-        if requests_per_minute is not None or tokens_per_minute is not None:
-            raise ValueError(
-                "pass either limiter= (a shared limiter) or requests_per_minute= "
-                "(and optionally tokens_per_minute=), not both"
-            )
-        if not callable(getattr(limiter, "acquire", None)) or not callable(
-            getattr(limiter, "aacquire", None)
-        ):
-            raise TypeError(
-                f"limiter must be a TokenBucketRateLimiter, a RedisTokenBucketRateLimiter or "
-                f"an object with acquire()/aacquire(); got {type(limiter).__name__}"
-            )
-        return limiter
-    if requests_per_minute is None:
-        raise ValueError(
-            "requests_per_minute is required (an integer >= 1) unless a shared limiter= is given"
-        )
-    return TokenBucketRateLimiter(
-        requests_per_minute,
-        max_queued_requests=max_queued_requests,
-        tokens_per_minute=tokens_per_minute,
-    )
 
 
 def _weighted(limiter: Any) -> bool:
@@ -93,11 +65,11 @@ class RateLimitedChatModel(DelegatingChatModel):
     _limiter: Any = PrivateAttr()
 
     def __init__(self, **data: Any) -> None:
-        limiter = _build_limiter(
-            data.get("requests_per_minute"),
-            data.get("max_queued_requests"),
-            data.get("tokens_per_minute"),
-            data.get("limiter"),
+        limiter = limiter_for(
+            requests_per_minute=data.get("requests_per_minute"),
+            max_queued_requests=data.get("max_queued_requests"),
+            tokens_per_minute=data.get("tokens_per_minute"),
+            limiter=data.get("limiter"),
         )
         super().__init__(**data)
         self._limiter = limiter
@@ -162,8 +134,11 @@ class RateLimitedEmbeddings(Embeddings):
         #: The wrapped embeddings model.
         self.inner = inner
         #: The limiter this wrapper takes its permits from.
-        self.limiter = _build_limiter(
-            requests_per_minute, max_queued_requests, tokens_per_minute, limiter
+        self.limiter = limiter_for(
+            requests_per_minute=requests_per_minute,
+            max_queued_requests=max_queued_requests,
+            tokens_per_minute=tokens_per_minute,
+            limiter=limiter,
         )
 
     def find_layer(self, cls: type[Any]) -> Any:

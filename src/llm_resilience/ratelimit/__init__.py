@@ -29,7 +29,62 @@ __all__ = [
     "RateLimiter",
     "RedisTokenBucketRateLimiter",
     "TokenBucketRateLimiter",
+    "limiter_for",
 ]
+
+
+def limiter_for(
+    *,
+    requests_per_minute: int | None = None,
+    max_queued_requests: int | None = None,
+    tokens_per_minute: int | None = None,
+    limiter: Any = None,
+) -> Any:
+    """The limiter a wrapper waits on: ``limiter`` as given, or one built from the numbers.
+
+    The rule every rate-limited wrapper follows: exactly one of ``requests_per_minute``
+    (a new :class:`TokenBucketRateLimiter`, with ``max_queued_requests`` and
+    ``tokens_per_minute`` if set) and ``limiter`` (a limiter shared with other wrappers,
+    which carries its own numbers). Raises ``ValueError`` for neither, both, or numbers
+    given alongside a shared limiter; ``TypeError`` for a limiter without
+    ``acquire``/``aacquire``.
+
+    >>> limiter_for(requests_per_minute=300).capacity
+    300
+    """
+    if limiter is not None:
+        if requests_per_minute is not None:
+            raise ValueError(
+                "give either requests_per_minute or limiter, not both: a shared limiter "
+                "carries its own requests_per_minute"
+            )
+        extras = [
+            name
+            for name, value in (
+                ("max_queued_requests", max_queued_requests),
+                ("tokens_per_minute", tokens_per_minute),
+            )
+            if value is not None
+        ]
+        if extras:
+            raise ValueError(
+                f"{' and '.join(extras)} configure the limiter built from "
+                f"requests_per_minute; set them on the limiter passed as limiter="
+            )
+        if not callable(getattr(limiter, "acquire", None)) or not callable(
+            getattr(limiter, "aacquire", None)
+        ):
+            raise TypeError(
+                f"limiter must have acquire() and aacquire() (an llm_resilience "
+                f"TokenBucketRateLimiter or RedisTokenBucketRateLimiter); got "
+                f"{type(limiter).__module__}.{type(limiter).__qualname__}"
+            )
+        return limiter
+    if requests_per_minute is None:
+        raise ValueError(
+            "give requests_per_minute (an integer >= 1) or limiter (a shared rate limiter)"
+        )
+    return TokenBucketRateLimiter(requests_per_minute, max_queued_requests, tokens_per_minute)
 
 
 def __getattr__(name: str) -> Any:

@@ -34,7 +34,11 @@ from llama_index.resilience._usage import (
     reported_tokens,
 )
 
-from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
+from llm_resilience.ratelimit import (
+    RedisTokenBucketRateLimiter,
+    TokenBucketRateLimiter,
+    limiter_for,
+)
 from llm_resilience.usage import chat_usage, embedding_usage, estimate_request_tokens
 
 __all__ = ["RateLimitedEmbedding", "RateLimitedLLM"]
@@ -89,7 +93,12 @@ class RateLimitedLLM(DelegatingLLM):
         limiter: Any = None,
         **kwargs: Any,
     ) -> None:
-        chosen = _limiter(requests_per_minute, max_queued_requests, tokens_per_minute, limiter)
+        chosen = limiter_for(
+            requests_per_minute=requests_per_minute,
+            max_queued_requests=max_queued_requests,
+            tokens_per_minute=tokens_per_minute,
+            limiter=limiter,
+        )
         super().__init__(inner=inner, limiter=chosen, **kwargs)
 
     @classmethod
@@ -176,7 +185,12 @@ class RateLimitedEmbedding(DelegatingEmbedding):
         limiter: Any = None,
         **kwargs: Any,
     ) -> None:
-        chosen = _limiter(requests_per_minute, max_queued_requests, tokens_per_minute, limiter)
+        chosen = limiter_for(
+            requests_per_minute=requests_per_minute,
+            max_queued_requests=max_queued_requests,
+            tokens_per_minute=tokens_per_minute,
+            limiter=limiter,
+        )
         super().__init__(inner=inner, limiter=chosen, **kwargs)
 
     @classmethod
@@ -204,45 +218,3 @@ class _Permit:
         self.weight = weight
         self.prompt = prompt
         self.tally = StreamTally()
-
-
-def _limiter(
-    requests_per_minute: int | None,
-    max_queued_requests: int | None,
-    tokens_per_minute: int | None,
-    limiter: Any,
-) -> Any:
-    """The limiter a layer waits on: ``limiter`` as given, or one built from the numbers."""
-    if limiter is not None:
-        if requests_per_minute is not None:
-            raise ValueError(
-                "give either requests_per_minute or limiter, not both: a shared limiter "
-                "carries its own requests_per_minute"
-            )
-        extras = [
-            name
-            for name, value in (
-                ("max_queued_requests", max_queued_requests),
-                ("tokens_per_minute", tokens_per_minute),
-            )
-            if value is not None
-        ]
-        if extras:
-            raise ValueError(
-                f"{' and '.join(extras)} configure the limiter built from "
-                f"requests_per_minute; set them on the limiter passed as limiter="
-            )
-        if not callable(getattr(limiter, "acquire", None)) or not callable(
-            getattr(limiter, "aacquire", None)
-        ):
-            raise TypeError(
-                f"limiter must have acquire() and aacquire() (an llm_resilience "
-                f"TokenBucketRateLimiter or RedisTokenBucketRateLimiter); got "
-                f"{type(limiter).__module__}.{type(limiter).__qualname__}"
-            )
-        return limiter
-    if requests_per_minute is None:
-        raise ValueError(
-            "give requests_per_minute (an integer >= 1) or limiter (a shared rate limiter)"
-        )
-    return TokenBucketRateLimiter(requests_per_minute, max_queued_requests, tokens_per_minute)

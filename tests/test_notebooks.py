@@ -20,7 +20,10 @@ def test_the_notebook_runs_offline_without_errors(path: Path, tmp_path: Path) ->
 
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
     outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]

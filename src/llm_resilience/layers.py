@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-__all__ = ["find_layer", "layers_below"]
+__all__ = ["find_layer", "layers_below", "leaves"]
 
 LayerT = TypeVar("LayerT")
 
@@ -54,3 +54,25 @@ def find_layer(layer: object, cls: type[LayerT]) -> LayerT | None:
             return current
         pending[0:0] = list(layers_below(current))
     return None
+
+
+def leaves(layer: object) -> list[object]:
+    """The objects at the bottom of the stack rooted at ``layer``, depth first, in order.
+
+    For a fallback chain these are its providers (the members of nested chains
+    included); for a model that wraps nothing, the model itself.
+    """
+    found: list[object] = []
+    pending: list[object] = [layer]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        children = list(layers_below(current))
+        if children:
+            pending[0:0] = children
+        else:
+            found.append(current)
+    return found

@@ -12,7 +12,7 @@ from pydantic import Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import DelegatingChatModel
 from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
-from llm_resilience.layers import find_layer, layers_below
+from llm_resilience.layers import find_layer, leaves
 from llm_resilience.usage import chat_usage, embedding_usage
 
 __all__ = ["SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
@@ -42,20 +42,6 @@ def _model_name(model: object) -> str | None:
     return None
 
 
-def _leaves(model: object) -> list[object]:
-    """The provider models at the bottom of a stack (the members of any fallback chain)."""
-    leaves: list[object] = []
-    pending: list[object] = [model]
-    while pending:
-        current = pending.pop(0)
-        children = list(layers_below(current))
-        if children:
-            pending[0:0] = children
-        else:
-            leaves.append(current)
-    return leaves
-
-
 def _asks_stream_usage(model: BaseChatModel) -> bool:
     """Whether every provider model below ``model`` accepts ``stream_usage=`` when streaming.
 
@@ -63,11 +49,11 @@ def _asks_stream_usage(model: BaseChatModel) -> bool:
     only asks for streamed usage with ``stream_usage=True``; without it such streams
     arrive with no usage and would be recorded as estimates.
     """
-    leaves = _leaves(model)
+    providers = leaves(model)
     # The models that take it per call declare it as a field (langchain-openai's chat
     # models, langchain-anthropic's); any other model might pass it on to its provider.
-    return bool(leaves) and all(
-        "stream_usage" in getattr(type(leaf), "model_fields", {}) for leaf in leaves
+    return bool(providers) and all(
+        "stream_usage" in getattr(type(leaf), "model_fields", {}) for leaf in providers
     )
 
 
@@ -116,7 +102,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         self._gate = gate
         self._stream_usage = _asks_stream_usage(self.inner)
         # Strict holds are priced at the dearest model that may answer (any fallback leg).
-        names = (_model_name(leaf) for leaf in _leaves(self.inner))
+        names = (_model_name(leaf) for leaf in leaves(self.inner))
         self._may_serve = tuple(name for name in names if name)
 
     @property

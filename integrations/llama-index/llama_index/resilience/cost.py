@@ -47,7 +47,7 @@ from llama_index.resilience._usage import (
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 
 from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import find_layer, leaves
 from llm_resilience.ledger import CostLedger
 from llm_resilience.tokens import count_message_tokens
 from llm_resilience.usage import Usage, chat_usage, embedding_usage
@@ -114,7 +114,9 @@ class CostTrackedLLM(DelegatingLLM):
         self._gate = gate
         # Strict holds are priced at the dearest model that may answer (any fallback leg).
         self._may_serve = tuple(
-            leaf.metadata.model_name for leaf in _leaf_llms(inner) if leaf.metadata.model_name
+            leaf.metadata.model_name
+            for leaf in leaves(inner)
+            if isinstance(leaf, LLM) and leaf.metadata.model_name
         )
 
     @classmethod
@@ -318,19 +320,3 @@ def _member_at(chain: FallbackLLM, path: list[Any]) -> LLM | None:
         member = current.llms[index]
         current = find_layer(member, FallbackLLM)
     return member
-
-
-def _leaf_llms(llm: LLM) -> list[LLM]:
-    """The provider LLMs at the bottom of a stack (the members of any fallback chain)."""
-    from llm_resilience.layers import layers_below
-
-    leaves: list[LLM] = []
-    pending: list[object] = [llm]
-    while pending:
-        current = pending.pop(0)
-        children = list(layers_below(current))
-        if children:
-            pending[0:0] = children
-        elif isinstance(current, LLM):
-            leaves.append(current)
-    return leaves

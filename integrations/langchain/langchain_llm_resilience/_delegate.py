@@ -25,6 +25,7 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
 from pydantic import ConfigDict, Field
 
@@ -163,6 +164,12 @@ def structured_tracing(schema: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _merged(chunks: list[ChatGenerationChunk]) -> BaseMessage | None:
+    """The whole streamed message, merged once at the end (linear, not chunk by chunk)."""
+    merged = merge_chat_generation_chunks(chunks)
+    return merged.message if merged is not None else None
+
+
 class DelegatingChatModel(BaseChatModel):
     """Base of the layers that wrap one chat model (``inner``).
 
@@ -276,15 +283,15 @@ class DelegatingChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         call_kwargs = self._stream_kwargs(kwargs)
         context = self._begin(messages, call_kwargs)
-        merged: ChatGenerationChunk | None = None
+        chunks: list[ChatGenerationChunk] = []
         completed = False
         try:
             for chunk in stream_inner(self.inner, messages, stop, run_manager, call_kwargs):
-                merged = chunk if merged is None else merged + chunk
+                chunks.append(chunk)
                 yield chunk
             completed = True
         finally:
-            self._end(context, messages, merged.message if completed and merged else None)
+            self._end(context, messages, _merged(chunks) if completed else None)
 
     async def _astream(
         self,
@@ -295,15 +302,15 @@ class DelegatingChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         call_kwargs = self._stream_kwargs(kwargs)
         context = await self._abegin(messages, call_kwargs)
-        merged: ChatGenerationChunk | None = None
+        chunks: list[ChatGenerationChunk] = []
         completed = False
         try:
             async for chunk in astream_inner(self.inner, messages, stop, run_manager, call_kwargs):
-                merged = chunk if merged is None else merged + chunk
+                chunks.append(chunk)
                 yield chunk
             completed = True
         finally:
-            await self._aend(context, messages, merged.message if completed and merged else None)
+            await self._aend(context, messages, _merged(chunks) if completed else None)
 
     # -- tools and structured output --------------------------------------------------------
 

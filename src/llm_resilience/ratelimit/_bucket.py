@@ -8,13 +8,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from types import TracebackType
-from typing import Self
 
 from llm_resilience.errors import RateLimitQueueFullError, RequestExceedsCapacityError
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
     BucketArithmetic,
+    PermitContext,
     check_token_weight,
     non_negative_int,
     optional_positive_int,
@@ -26,7 +25,7 @@ from llm_resilience.telemetry import Outcome, record_rate_limit_wait
 __all__ = ["TokenBucketRateLimiter"]
 
 
-class TokenBucketRateLimiter(BucketArithmetic):
+class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     """A token bucket for one process: callers over budget wait their turn.
 
     ::
@@ -248,30 +247,6 @@ class TokenBucketRateLimiter(BucketArithmetic):
         with self._lock:
             self._tokens = min(self._tpm, self._tokens + estimated - actual)
             self._dispatch(self._clock())
-
-    def __enter__(self) -> Self:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        await self.aacquire()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        return None
 
     # -- bookkeeping, always under self._lock ---------------------------------------
 

@@ -202,3 +202,44 @@ class BucketArithmetic:
     def tokens_per_period(self) -> int | None:
         """Token permits added each period: ``max(1, tokens_per_minute // 60)``, or None."""
         return self._tokens_per_period
+
+
+class PermitContext:
+    """``with limiter:`` and ``async with limiter:`` take one permit (a mixin).
+
+    Nothing is given back on exit: a permit is spent by the request it admitted.
+    """
+
+    __slots__ = ()
+
+    def acquire(self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat") -> bool:
+        raise NotImplementedError
+
+    async def aacquire(
+        self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat"
+    ) -> bool:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        await self.aacquire()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None

@@ -22,8 +22,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator
 from importlib import import_module
-from types import TracebackType
-from typing import Any, Final, Literal, Self, get_args
+from typing import Any, Final, Literal, get_args
 
 from llm_resilience import telemetry
 from llm_resilience.errors import (
@@ -34,6 +33,7 @@ from llm_resilience.errors import (
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
     BucketArithmetic,
+    PermitContext,
     check_token_weight,
     non_negative_int,
     optional_positive_int,
@@ -164,7 +164,7 @@ def _load_redis() -> Any:
         ) from exc
 
 
-class RedisTokenBucketRateLimiter(BucketArithmetic):
+class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     """:class:`TokenBucketRateLimiter`'s bucket, shared through Redis by every process and host.
 
     >>> limiter = RedisTokenBucketRateLimiter(600, name="openai-chat")  # doctest: +SKIP
@@ -388,30 +388,6 @@ class RedisTokenBucketRateLimiter(BucketArithmetic):
         if self._tpm is None or estimated == actual:
             return
         self._round_trip(_ADJUST, estimated - actual, 0)
-
-    def __enter__(self) -> Self:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        await self.aacquire()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        return None
 
     def close(self) -> None:
         """Close the connections of a client this limiter built (not one you passed)."""

@@ -30,7 +30,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import math
 import queue
 import threading
 import time
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+from llm_resilience._checks import OptionTypeError, seconds
 from llm_resilience.errors import PerClientTimeoutError
 from llm_resilience.transient import is_transient, retry_after_of
 
@@ -69,28 +69,8 @@ ChunkT = TypeVar("ChunkT")
 Classifier = Callable[[BaseException], bool]
 
 
-class _OptionTypeError(TypeError, ValueError):
-    """An option of the wrong type: a ``TypeError`` by Python custom, and a ``ValueError``
-    because the contract promises ``ValueError`` for any bad construction option."""
-
-
-def _seconds(option: str, value: object, *, allow_none: bool) -> float | None:
-    """Validate a duration option: None (when allowed), seconds > 0, or a timedelta > 0."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        allowed = "None, " if allow_none else ""
-        raise _OptionTypeError(
-            f"{option} must be {allowed}a number of seconds (int or float) or a "
-            f"datetime.timedelta; got {value!r} ({type(value).__name__})"
-        )
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{option} must be greater than 0 seconds and finite; got {value!r}")
-    return seconds
+_OptionTypeError = OptionTypeError
+_seconds = seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from llm_resilience._checks import duration
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     WINDOWS,
@@ -68,12 +69,8 @@ class InMemoryCostLedger:
         reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
         max_entries: int | None = DEFAULT_MAX_ENTRIES,
     ) -> None:
-        if not isinstance(reservation_ttl, timedelta) or reservation_ttl <= timedelta(0):
-            raise ValueError(
-                f"reservation_ttl must be a positive timedelta, got {reservation_ttl!r}"
-            )
         #: How long an unsettled hold counts toward spend.
-        self.reservation_ttl = reservation_ttl
+        self.reservation_ttl = duration("reservation_ttl", reservation_ttl)
         self._lock = threading.Lock()
         if max_entries is not None and (
             isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1

@@ -1,0 +1,144 @@
+"""Option checks shared by every part of the core: durations, scopes, counts and money.
+
+Each check names the option it was given and the values it allows, and bounds what it
+accepts to what every backend can hold, so a value that passes here can always be
+stored, waited for and added up. The bounds are documented in ``docs/operations.md``.
+
+>>> seconds("per_client_timeout", 30)
+30.0
+>>> seconds("per_client_timeout", 1e10)
+Traceback (most recent call last):
+...
+ValueError: per_client_timeout must be at most 31536000 seconds (365 days); got 10000000000.0
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from datetime import timedelta
+from decimal import Decimal
+
+__all__ = [
+    "MAX_COUNT",
+    "MAX_DURATION",
+    "MAX_MONEY",
+    "MAX_MONEY_PLACES",
+    "MAX_SCOPE_LENGTH",
+    "OptionTypeError",
+    "count",
+    "duration",
+    "money_in_range",
+    "scope",
+    "seconds",
+]
+
+#: The longest duration any option accepts (timeouts, TTLs, cooldowns): 365 days. Longer
+#: values overflow thread waits (``threading.TIMEOUT_MAX``) and date arithmetic.
+MAX_DURATION = timedelta(days=365)
+#: The longest scope, in characters: 4 bytes each at most in UTF-8, far below the
+#: 2,704-byte limit of a PostgreSQL index entry.
+MAX_SCOPE_LENGTH = 256
+#: The largest token or page count one entry may carry (a PostgreSQL ``INTEGER``).
+MAX_COUNT = 2**31 - 1
+#: Money (a price, a limit, a cost) must be below this, in any currency.
+MAX_MONEY = Decimal(10) ** 15
+#: Money may have at most this many decimal places (a cost adds 6 to a price's).
+MAX_MONEY_PLACES = 18
+
+
+class OptionTypeError(TypeError, ValueError):
+    """An option of the wrong type: a ``TypeError`` by Python custom, and a ``ValueError``
+    because construction promises ``ValueError`` for any bad option."""
+
+
+def seconds(
+    option: str, value: object, *, allow_none: bool = False, maximum: timedelta = MAX_DURATION
+) -> float | None:
+    """A duration option as seconds: None (when allowed), an int or float, or a timedelta,
+    greater than 0 and at most ``maximum``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, timedelta):
+        amount = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            amount = float(value)
+        except OverflowError:
+            amount = math.inf
+    else:
+        allowed = "None, " if allow_none else ""
+        raise OptionTypeError(
+            f"{option} must be {allowed}a number of seconds (int or float) or a "
+            f"datetime.timedelta; got {value!r} ({type(value).__name__})"
+        )
+    if math.isnan(amount) or amount <= 0:
+        raise ValueError(f"{option} must be greater than 0 seconds; got {value!r}")
+    limit = maximum.total_seconds()
+    if amount > limit:
+        raise ValueError(
+            f"{option} must be at most {limit:.0f} seconds ({maximum.days} days); got {value!r}"
+        )
+    return amount
+
+
+def duration(option: str, value: object, *, maximum: timedelta = MAX_DURATION) -> timedelta:
+    """:func:`seconds`, as a ``timedelta`` (None is not allowed)."""
+    amount = seconds(option, value, maximum=maximum)
+    assert amount is not None
+    return value if isinstance(value, timedelta) else timedelta(seconds=amount)
+
+
+def scope(option: str, value: object) -> str | None:
+    """A budget scope: None, or text every ledger can store and index.
+
+    Non-empty, at most :data:`MAX_SCOPE_LENGTH` characters, and no control characters
+    (NUL included) or lone surrogates. A scope is often a user id or an API key: pass a
+    stable hash of a key (``hashlib.sha256(key.encode()).hexdigest()[:16]``), never the
+    key itself.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{option} must be text or None; got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{option} must be non-empty text or None; got ''")
+    if len(value) > MAX_SCOPE_LENGTH:
+        raise ValueError(
+            f"{option} must be at most {MAX_SCOPE_LENGTH} characters; got {len(value)}"
+        )
+    for character in value:
+        category = unicodedata.category(character)
+        if category in ("Cc", "Cs"):
+            kind = "a control character" if category == "Cc" else "a lone surrogate"
+            raise ValueError(
+                f"{option} must be printable text: it holds {kind} (U+{ord(character):04X}), "
+                f"which not every ledger can store"
+            )
+    return value
+
+
+def count(option: str, value: object) -> int:
+    """A token or page count: an int from 0 to :data:`MAX_COUNT`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{option} must be an integer >= 0, got {value!r}")
+    if not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"{option} must be an integer from 0 to {MAX_COUNT}, got {value!r}")
+    return value
+
+
+def money_in_range(option: str, value: Decimal) -> Decimal:
+    """``value`` (finite, >= 0) if every ledger can store it and the costs made from it.
+
+    Below :data:`MAX_MONEY` and with at most :data:`MAX_MONEY_PLACES` decimal places.
+    """
+    if value >= MAX_MONEY:
+        raise ValueError(f"{option} must be below {MAX_MONEY:,}; got {value}")
+    _, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite: checked by the caller
+    trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
+    if digits != (0,) and exponent + trailing_zeros < -MAX_MONEY_PLACES:
+        raise ValueError(
+            f"{option} must have at most {MAX_MONEY_PLACES} decimal places; got {value}"
+        )
+    return value

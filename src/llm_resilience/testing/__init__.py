@@ -12,6 +12,9 @@ mid-body.
 ...     len(server.pending)
 2
 
+:class:`FaultProxy` does the same for a real PostgreSQL or Redis: a TCP proxy that can
+go silent (connections open, nothing answers) or reset every connection, on cue.
+
 pytest users get ``fault_server`` and ``fault_server_factory`` fixtures with
 ``pytest_plugins = ["llm_resilience.testing.fixtures"]``. Only the standard library is
 imported here.
@@ -19,6 +22,7 @@ imported here.
 
 from __future__ import annotations
 
+from llm_resilience.testing._proxy import FaultProxy, ProxyMode
 from llm_resilience.testing._server import Fault, FaultInjectingServer, ServedRequest
 
-__all__ = ["Fault", "FaultInjectingServer", "ServedRequest"]
+__all__ = ["Fault", "FaultInjectingServer", "FaultProxy", "ProxyMode", "ServedRequest"]

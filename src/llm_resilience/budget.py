@@ -19,14 +19,17 @@ Adapters only translate framework types into these calls; every rule lives here 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
+from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
 from llm_resilience.telemetry import record_llm_usage
@@ -73,7 +76,7 @@ def _money(option: str, value: object) -> Decimal:
         raise ValueError(f"{option} must be a number >= 0, got {value!r}") from None
     if not money.is_finite() or money < 0:
         raise ValueError(f"{option} must be a finite number >= 0, got {value!r}")
-    return money
+    return _checks.money_in_range(option, money)
 
 
 def _optional_money(option: str, value: object) -> Decimal | None:
@@ -305,7 +308,7 @@ class BudgetGate:
         #: Prices, limits and mode.
         self.budget = budget
         #: Where spend is recorded and read back.
-        self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else ledger
+        self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else _ledger(ledger)
         self._now = now
         if getattr(self.ledger, "persistent", None) is False:
             logger.warning(_IN_MEMORY_WARNING)
@@ -400,9 +403,7 @@ class BudgetGate:
         reservation: Reservation | None = None
         if self.budget.strict:
             try:
-                reservation = await self.ledger.areserve(
-                    amount, limits=_mapping(limits), scope=scope, now=now
-                )
+                reservation = await self._areserve(amount, limits, scope, now)
             except BudgetExceededError:
                 raise
             except Exception as exc:
@@ -418,6 +419,31 @@ class BudgetGate:
                     raise BudgetExceededError(window, limit, spend, spend_scope)
         return BudgetTicket(self, surface, scope, model, reservation)
 
+    async def _areserve(
+        self, amount: Decimal, limits: list[_Limit], scope: str | None, now: datetime
+    ) -> Reservation:
+        """``areserve``, releasing the hold if the caller is cancelled while it is taken.
+
+        The write goes on in the ledger's worker when the caller's task is cancelled
+        (a thread cannot be stopped mid-transaction), so the hold it may still commit
+        is released as soon as it lands, instead of counting as spend until its TTL.
+        """
+        taking = asyncio.ensure_future(
+            self.ledger.areserve(amount, limits=_mapping(limits), scope=scope, now=now)
+        )
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            taking.add_done_callback(self._release_orphan)
+            raise
+
+    def _release_orphan(self, taking: asyncio.Future[Reservation]) -> None:
+        """Release a hold taken for a caller that was cancelled meanwhile (a done callback)."""
+        if taking.cancelled() or taking.exception() is not None:
+            return
+        release = functools.partial(_release, self.ledger, taking.result())
+        _keep(asyncio.get_running_loop().run_in_executor(None, release))
+
     def _prepare(
         self,
         surface: Surface,
@@ -428,8 +454,7 @@ class BudgetGate:
         may_serve: Sequence[str] = (),
     ) -> tuple[datetime, list[_Limit], Decimal]:
         _check_surface(surface)
-        if scope is not None and (not isinstance(scope, str) or not scope):
-            raise TypeError(f"scope must be non-empty text or None, got {scope!r}")
+        _checks.scope("scope", scope)
         _check_count("estimated_input_tokens", estimated_input_tokens)
         if max_output_tokens is not None:
             _check_count("max_output_tokens", max_output_tokens)
@@ -451,17 +476,17 @@ class BudgetGate:
             raise ValueError(f"now() must return a timezone-aware datetime, got {current!r}")
         return current.astimezone(UTC)
 
-    @staticmethod
-    def _ungated(exc: Exception, surface: str, limits: list[_Limit]) -> None:
+    def _ungated(self, exc: Exception, surface: str, limits: list[_Limit]) -> None:
         # A kill switch needs no ledger: it refuses even when spend cannot be read.
         for window, spend_scope, limit in limits:
             if limit == 0:
                 raise BudgetExceededError(window, limit, Decimal(0), spend_scope) from exc
+        # The error's type only: its text may quote the request's scope (a user id, a key).
         logger.warning(
-            "Cost ledger unreadable (%s); letting this %s call through ungated.",
+            "Cost ledger %s unreadable (%s); letting this %s call through ungated.",
+            _name(self.ledger),
             type(exc).__name__,
             surface,
-            exc_info=exc,
         )
 
 
@@ -510,13 +535,14 @@ class BudgetTicket:
         entry = self._entry(usage, model)
         if entry is None:
             return None
+        ledger = self._gate.ledger
         try:
             if self.reservation is None:
-                self._gate.ledger.record(entry)
+                ledger.record(entry)
             else:
-                self._gate.ledger.settle(self.reservation, entry)
+                ledger.settle(self.reservation, entry)
         except Exception as exc:
-            _unwritable(exc, self.surface)
+            _unwritable(exc, self.surface, ledger)
         return entry
 
     async def afinish(self, usage: Usage, *, model: str | None = None) -> LedgerEntry | None:
@@ -524,13 +550,16 @@ class BudgetTicket:
         entry = self._entry(usage, model)
         if entry is None:
             return None
+        ledger = self._gate.ledger
         try:
+            # Shielded: a caller cancelled now (a stream closed in a ``finally``) must not
+            # lose what was already spent, nor leave its hold behind.
             if self.reservation is None:
-                await self._gate.ledger.arecord(entry)
+                await _shielded(ledger.arecord(entry))
             else:
-                await self._gate.ledger.asettle(self.reservation, entry)
+                await _shielded(ledger.asettle(self.reservation, entry))
         except Exception as exc:
-            _unwritable(exc, self.surface)
+            _unwritable(exc, self.surface, ledger)
         return entry
 
     def abandon(self) -> None:
@@ -539,10 +568,7 @@ class BudgetTicket:
             return
         self._done = True
         if self.reservation is not None:
-            try:
-                self._gate.ledger.settle(self.reservation, None)
-            except Exception as exc:
-                _unreleased(exc)
+            _release(self._gate.ledger, self.reservation)
 
     async def aabandon(self) -> None:
         """Async :meth:`abandon`."""
@@ -551,9 +577,9 @@ class BudgetTicket:
         self._done = True
         if self.reservation is not None:
             try:
-                await self._gate.ledger.asettle(self.reservation, None)
+                await _shielded(self._gate.ledger.asettle(self.reservation, None))
             except Exception as exc:
-                _unreleased(exc)
+                _unreleased(exc, self._gate.ledger)
 
     def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
         if self._done:
@@ -589,25 +615,84 @@ def _check_surface(surface: object) -> None:
 def _check_count(option: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{option} must be an int >= 0, got {value!r}")
+    _checks.count(option, value)
 
 
 def _mapping(limits: list[_Limit]) -> dict[tuple[Window, str | None], Decimal]:
     return {(window, spend_scope): limit for window, spend_scope, limit in limits}
 
 
-def _unwritable(exc: Exception, surface: str) -> None:
+#: The methods the gate calls on a ledger (the rest of the protocol is for people).
+_LEDGER_METHODS = (
+    "spend",
+    "aspend",
+    "reserve",
+    "areserve",
+    "record",
+    "arecord",
+    "settle",
+    "asettle",
+)
+
+#: Ledger writes that outlive a cancelled caller, kept referenced until they end.
+_background: set[asyncio.Future[Any]] = set()
+
+
+def _ledger(ledger: object) -> CostLedger:
+    """``ledger`` if it is one; anything else would leave every call ungated and unrecorded."""
+    if isinstance(ledger, str):
+        raise TypeError(
+            f"ledger must be a ledger object, not the string {ledger!r}: "
+            f"use ledger=SqlCostLedger({ledger!r}) (from llm_resilience import SqlCostLedger)"
+        )
+    missing = [name for name in _LEDGER_METHODS if not callable(getattr(ledger, name, None))]
+    if missing:
+        raise TypeError(
+            f"ledger must be a cost ledger (SqlCostLedger, InMemoryCostLedger or an object "
+            f"with the CostLedger methods), got {type(ledger).__name__}: it lacks "
+            f"{', '.join(missing)}"
+        )
+    return ledger  # type: ignore[return-value]
+
+
+def _name(ledger: object) -> str:
+    """How warnings name a ledger: its type, and its URL (password hidden) if it has one."""
+    url = getattr(ledger, "url", None)
+    return f"{type(ledger).__name__}({url!r})" if isinstance(url, str) else type(ledger).__name__
+
+
+def _keep(future: asyncio.Future[Any]) -> None:
+    _background.add(future)
+    future.add_done_callback(_background.discard)
+
+
+async def _shielded(write: Awaitable[None]) -> None:
+    """Await ``write`` to its end even if the caller is cancelled meanwhile."""
+    task = asyncio.ensure_future(write)
+    _keep(task)
+    await asyncio.shield(task)
+
+
+def _release(ledger: CostLedger, reservation: Reservation) -> None:
+    try:
+        ledger.settle(reservation, None)
+    except Exception as exc:
+        _unreleased(exc, ledger)
+
+
+def _unwritable(exc: Exception, surface: str, ledger: CostLedger) -> None:
     logger.warning(
-        "Cost ledger unwritable (%s); the %s call succeeded but its cost was not recorded.",
+        "Cost ledger %s unwritable (%s); the %s call succeeded but its cost was not recorded.",
+        _name(ledger),
         type(exc).__name__,
         surface,
-        exc_info=exc,
     )
 
 
-def _unreleased(exc: Exception) -> None:
+def _unreleased(exc: Exception, ledger: CostLedger) -> None:
     logger.warning(
-        "Cost ledger could not release a strict-mode reservation (%s); it stops counting "
+        "Cost ledger %s could not release a strict-mode reservation (%s); it stops counting "
         "once the ledger's reservation TTL (15 minutes by default) passes.",
+        _name(ledger),
         type(exc).__name__,
-        exc_info=exc,
     )

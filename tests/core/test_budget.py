@@ -468,7 +468,7 @@ def test_an_unreadable_ledger_lets_the_call_through_with_a_warning(
         ticket = gate.begin("chat", scope="tenant-1")
     assert ticket.reservation is None
     assert [record.getMessage() for record in caplog.records] == [
-        "Cost ledger unreadable (OSError); letting this chat call through ungated."
+        "Cost ledger BrokenLedger unreadable (OSError); letting this chat call through ungated."
     ]
     ticket.finish(Usage(1, 1, estimated=False))
     assert len(ledger.entries()) == 1
@@ -500,7 +500,7 @@ async def test_an_unwritable_ledger_lets_the_call_succeed_with_a_warning(
     assert (
         messages
         == [
-            "Cost ledger unwritable (OSError); the chat call succeeded but its cost was not recorded."
+            "Cost ledger BrokenLedger unwritable (OSError); the chat call succeeded but its cost was not recorded."
         ]
         * 2
     )

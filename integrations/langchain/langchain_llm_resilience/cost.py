@@ -11,6 +11,7 @@ from langchain_core.messages import BaseMessage
 from pydantic import Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import DelegatingChatModel
+from llm_resilience import _checks
 from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.usage import chat_usage, embedding_usage
@@ -29,9 +30,7 @@ def _build_gate(budget: object, ledger: object) -> BudgetGate:
 
 
 def _check_scope(scope: object, option: str) -> str | None:
-    if scope is not None and (not isinstance(scope, str) or not scope):
-        raise TypeError(f"{option} must be a non-empty string or None; got {scope!r}")
-    return scope
+    return _checks.scope(option, scope)
 
 
 def _model_name(model: object) -> str | None:

@@ -220,7 +220,7 @@ async def test_embeddings_are_estimated_recorded_per_batch_and_refused_when_spen
     ("params", "error", "word"),
     [
         ({"budget": {"daily_limit": 1}}, TypeError, "budget"),
-        ({"scope": ""}, TypeError, "scope"),
+        ({"scope": ""}, ValueError, "scope"),
     ],
 )
 def test_bad_options_fail_at_construction_naming_the_option(

@@ -706,7 +706,7 @@ async def test_a_spent_embedding_budget_never_reaches_the_inner_model(shape: str
     ("options", "message"),
     [
         ({"budget": {"daily_limit": 1}}, "budget must be a CostBudget\\(\\.\\.\\.\\)"),
-        ({"budget": BUDGET, "scope": ""}, "scope must be a non-empty string or None"),
+        ({"budget": BUDGET, "scope": 7}, "scope must be text or None"),
     ],
 )
 @pytest.mark.parametrize("layer", [CostTrackedLLM, CostTrackedEmbedding])
@@ -722,7 +722,7 @@ def test_bad_options_raise_a_type_error_naming_them(
 def test_a_bad_per_call_budget_scope_is_refused_before_the_inner_call() -> None:
     inner = FakeFunctionCallingLLM()
 
-    with pytest.raises(TypeError, match="budget_scope must be a non-empty string or None"):
+    with pytest.raises(TypeError, match="budget_scope must be text or None"):
         tracked(inner).chat(MESSAGES, budget_scope=42)
 
     assert inner.calls == 0

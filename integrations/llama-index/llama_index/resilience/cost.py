@@ -46,6 +46,7 @@ from llama_index.resilience._usage import (
 )
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 
+from llm_resilience import _checks
 from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.ledger import CostLedger
@@ -301,11 +302,7 @@ def _gate(budget: object, ledger: CostLedger | None, scope: object) -> BudgetGat
 
 
 def _check_scope(scope: object, option: str) -> str | None:
-    if scope is None:
-        return None
-    if not isinstance(scope, str) or not scope:
-        raise TypeError(f"{option} must be a non-empty string or None; got {scope!r}")
-    return scope
+    return _checks.scope(option, scope)
 
 
 def _member_at(chain: FallbackLLM, path: list[Any]) -> LLM | None:

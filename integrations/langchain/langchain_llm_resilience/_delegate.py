@@ -9,16 +9,18 @@ binding it returns.
 
 :class:`DelegatingChatModel` is the base of the single-inner layers; subclasses say what
 happens around a call through :meth:`~DelegatingChatModel._begin` and
-:meth:`~DelegatingChatModel._end` (and their async twins).
+:meth:`~DelegatingChatModel._end` (and their async twins), and what a stream its consumer
+closed early leaves through :meth:`~DelegatingChatModel._end_early`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -30,6 +32,7 @@ from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
 from pydantic import ConfigDict, Field
 
 from llm_resilience.layers import find_layer
+from llm_resilience.redact import redacted_fields
 
 __all__ = ["DelegatingChatModel"]
 
@@ -38,6 +41,8 @@ __all__ = ["DelegatingChatModel"]
 TRACING_ONLY_KWARGS = ("ls_structured_output_format", "structured_output_format")
 
 FunctionT = TypeVar("FunctionT", bound=Callable[..., Any])
+#: How a stream ended: read to its end, closed or cancelled by its consumer, or failed.
+_Outcome = Literal["completed", "closed", "failed"]
 
 
 def signature_precomputed(function: FunctionT) -> FunctionT:
@@ -175,7 +180,9 @@ class DelegatingChatModel(BaseChatModel):
 
     A call runs ``_begin`` (may refuse by raising), then the inner model's internals
     under this layer's run, then ``_end`` with the message (or with None when the call or
-    the stream failed, was cancelled or was closed early). Streams begin on their first
+    the stream failed or the call was cancelled). A stream the consumer closed early
+    (``break``, ``close()``/``aclose()``, garbage collection) or cancelled ends in
+    ``_end_early`` with the chunks it delivered instead. Streams begin on their first
     iteration. Tools and structured output go to ``inner``.
     """
 
@@ -207,11 +214,30 @@ class DelegatingChatModel(BaseChatModel):
     ) -> None:
         self._end(context, messages, message)
 
+    def _end_early(
+        self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> None:
+        """After a stream the consumer closed or cancelled: ``chunks`` it had received.
+
+        By default, as a failed call: ``_end`` with None.
+        """
+        self._end(context, messages, None)
+
+    async def _aend_early(
+        self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> None:
+        await self._aend(context, messages, None)
+
     # -- identity -------------------------------------------------------------------------
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"inner": {"type": self.inner._llm_type, **self.inner._identifying_params}}
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # repr(), str(), rich output and dumpd()'s "repr" are built from these: no
+        # member's credentials.
+        return redacted_fields(super().__repr_args__())
 
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
@@ -284,14 +310,23 @@ class DelegatingChatModel(BaseChatModel):
         call_kwargs = self._stream_kwargs(kwargs)
         context = self._begin(messages, call_kwargs)
         chunks: list[ChatGenerationChunk] = []
-        completed = False
+        outcome: _Outcome = "failed"
         try:
             for chunk in stream_inner(self.inner, messages, stop, run_manager, call_kwargs):
                 chunks.append(chunk)
                 yield chunk
-            completed = True
+            outcome = "completed"
+        except GeneratorExit:
+            # The consumer stopped reading: ``break``, ``close()`` or garbage collection.
+            outcome = "closed"
+            raise
         finally:
-            self._end(context, messages, _merged(chunks) if completed else None)
+            if outcome == "completed":
+                self._end(context, messages, _merged(chunks))
+            elif outcome == "closed":
+                self._end_early(context, messages, chunks)
+            else:
+                self._end(context, messages, None)
 
     async def _astream(
         self,
@@ -303,14 +338,24 @@ class DelegatingChatModel(BaseChatModel):
         call_kwargs = self._stream_kwargs(kwargs)
         context = await self._abegin(messages, call_kwargs)
         chunks: list[ChatGenerationChunk] = []
-        completed = False
+        outcome: _Outcome = "failed"
         try:
             async for chunk in astream_inner(self.inner, messages, stop, run_manager, call_kwargs):
                 chunks.append(chunk)
                 yield chunk
-            completed = True
+            outcome = "completed"
+        except (GeneratorExit, asyncio.CancelledError):
+            # ``aclose()``, garbage collection (asyncio then closes the stream in a task of
+            # its own), or the consumer's task cancelled while waiting for a chunk.
+            outcome = "closed"
+            raise
         finally:
-            await self._aend(context, messages, _merged(chunks) if completed else None)
+            if outcome == "completed":
+                await self._aend(context, messages, _merged(chunks))
+            elif outcome == "closed":
+                await self._aend_early(context, messages, chunks)
+            else:
+                await self._aend(context, messages, None)
 
     # -- tools and structured output --------------------------------------------------------
 

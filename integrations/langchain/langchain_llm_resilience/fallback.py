@@ -9,7 +9,7 @@ types.
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from operator import itemgetter
 from typing import Any
@@ -48,6 +48,7 @@ from langchain_llm_resilience._delegate import (
 )
 from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart, warn_if_self_retrying
 from llm_resilience.layers import find_layer
+from llm_resilience.redact import redacted_fields
 
 __all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
 
@@ -140,6 +141,11 @@ class FallbackChatModel(BaseChatModel):
             ],
             "per_client_timeout": str(self.per_client_timeout),
         }
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # repr(), str(), rich output and dumpd()'s "repr" are built from these: no
+        # member's credentials.
+        return redacted_fields(super().__repr_args__())
 
     @property
     def inner(self) -> tuple[BaseChatModel, ...]:

@@ -18,6 +18,7 @@ wrap one object (``inner``); subclasses say what happens around each call throug
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import (
@@ -26,6 +27,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Generator,
+    Iterable,
     Iterator,
     Sequence,
 )
@@ -50,6 +52,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 
 from llm_resilience.layers import find_layer
+from llm_resilience.redact import redacted_fields
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -72,6 +75,8 @@ Request: TypeAlias = Sequence[ChatMessage] | str
 AnyResponse: TypeAlias = ChatResponse | CompletionResponse
 
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
+#: How a stream ended: read to its end, closed or cancelled by its consumer, or failed.
+_Outcome: TypeAlias = Literal["completed", "closed", "failed"]
 
 # Fields of ``LLM`` that shape prompts in ``predict``/``stream``/``structured_predict``: a
 # layer takes the inner LLM's unless told otherwise, so those behave as on the inner LLM.
@@ -101,8 +106,10 @@ class DelegatingLLM(FunctionCallingLLM):
     ``_begin(kind, messages_or_prompt, kwargs)`` (which may refuse by raising: the inner
     LLM is then never called), then the inner LLM below its events, then
     ``_end(context, response)``, where ``response`` is None when the call or the stream
-    failed, was cancelled or was closed early. A stream begins on its first iteration,
-    calls ``_on_chunk`` for each chunk, and ends with its last chunk. ``kwargs`` is the
+    failed or the call was cancelled. A stream begins on its first iteration, calls
+    ``_on_chunk`` for each chunk, and ends with its last chunk; one its consumer closed
+    early (``break``, ``close()``/``aclose()``, garbage collection) or cancelled ends in
+    ``_end_early(context, last)`` instead, with the last chunk it delivered. ``kwargs`` is the
     call's own dict: a hook may pop the per-call options it names in ``_call_options``.
 
     ``metadata`` is the inner LLM's; tools are prepared, validated and parsed by the inner
@@ -148,11 +155,24 @@ class DelegatingLLM(FunctionCallingLLM):
         """Async :meth:`_end` (by default, the sync one)."""
         self._end(context, response)
 
+    def _end_early(self, context: Any, last: AnyResponse | None) -> None:
+        """After a stream its consumer closed or cancelled: the last chunk it received
+        (None if none); the chunks went through ``_on_chunk``. By default, as a failure."""
+        self._end(context, None)
+
+    async def _aend_early(self, context: Any, last: AnyResponse | None) -> None:
+        """Async :meth:`_end_early` (by default, :meth:`_aend` with None)."""
+        await self._aend(context, None)
+
     # -- identity -------------------------------------------------------------------------
 
     @classmethod
     def class_name(cls) -> str:
         return "DelegatingLLM"
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # repr(), str() and rich output are built from these: no member's credentials.
+        return redacted_fields(super().__repr_args__())
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -276,7 +296,7 @@ class DelegatingLLM(FunctionCallingLLM):
         # A generator: nothing happens until the caller asks for the first chunk.
         context = self._begin(kind, request, kwargs)
         last: AnyResponse | None = None
-        completed = False
+        outcome: _Outcome = "failed"
         try:
             stream = invoke()
             try:
@@ -288,9 +308,18 @@ class DelegatingLLM(FunctionCallingLLM):
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
-            completed = True
+            outcome = "completed"
+        except GeneratorExit:
+            # The consumer stopped reading: ``break``, ``close()`` or garbage collection.
+            outcome = "closed"
+            raise
         finally:
-            self._end(context, (last or _empty(kind)) if completed else None)
+            if outcome == "completed":
+                self._end(context, last or _empty(kind))
+            elif outcome == "closed":
+                self._end_early(context, last)
+            else:
+                self._end(context, None)
 
     async def _astream(
         self,
@@ -301,7 +330,7 @@ class DelegatingLLM(FunctionCallingLLM):
     ) -> AsyncGenerator[_ResponseT, None]:
         context = await self._abegin(kind, request, kwargs)
         last: AnyResponse | None = None
-        completed = False
+        outcome: _Outcome = "failed"
         try:
             opened = invoke()
             stream = await opened if inspect.isawaitable(opened) else opened
@@ -314,9 +343,19 @@ class DelegatingLLM(FunctionCallingLLM):
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
                     await aclose()
-            completed = True
+            outcome = "completed"
+        except (GeneratorExit, asyncio.CancelledError):
+            # ``aclose()``, garbage collection (asyncio then closes the stream in a task of
+            # its own), or the consumer's task cancelled while waiting for a chunk.
+            outcome = "closed"
+            raise
         finally:
-            await self._aend(context, (last or _empty(kind)) if completed else None)
+            if outcome == "completed":
+                await self._aend(context, last or _empty(kind))
+            elif outcome == "closed":
+                await self._aend_early(context, last)
+            else:
+                await self._aend(context, None)
 
     # -- function calling -----------------------------------------------------------------------
 
@@ -429,6 +468,10 @@ class DelegatingEmbedding(BaseEmbedding):
     @classmethod
     def class_name(cls) -> str:
         return "DelegatingEmbedding"
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # repr(), str() and rich output are built from these: no member's credentials.
+        return redacted_fields(super().__repr_args__())
 
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""

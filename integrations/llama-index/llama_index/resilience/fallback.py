@@ -80,6 +80,7 @@ from llm_resilience.fallback import (
     StreamRestart,
     warn_if_self_retrying,
 )
+from llm_resilience.redact import redacted_fields
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -195,6 +196,10 @@ class FallbackLLM(FunctionCallingLLM):
     @classmethod
     def class_name(cls) -> str:
         return "FallbackLLM"
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # repr(), str() and rich output are built from these: no member's credentials.
+        return redacted_fields(super().__repr_args__())
 
     @property
     def inner(self) -> tuple[LLM, ...]:

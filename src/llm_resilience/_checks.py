@@ -20,12 +20,15 @@ from datetime import timedelta
 from decimal import Decimal
 
 __all__ = [
+    "MAX_COST",
+    "MAX_COST_PLACES",
     "MAX_COUNT",
     "MAX_DURATION",
     "MAX_MONEY",
     "MAX_MONEY_PLACES",
     "MAX_SCOPE_LENGTH",
     "OptionTypeError",
+    "cost_in_range",
     "count",
     "duration",
     "money_in_range",
@@ -45,6 +48,10 @@ MAX_COUNT = 2**31 - 1
 MAX_MONEY = Decimal(10) ** 15
 #: Money may have at most this many decimal places (a cost adds 6 to a price's).
 MAX_MONEY_PLACES = 18
+#: A recorded cost (tokens x a price per million, summed) must be below this.
+MAX_COST = Decimal(10) ** 30
+#: A cost may have this many decimal places: a price's, plus 6 for the per-million division.
+MAX_COST_PLACES = MAX_MONEY_PLACES + 6
 
 
 class OptionTypeError(TypeError, ValueError):
@@ -127,18 +134,27 @@ def count(option: str, value: object) -> int:
     return value
 
 
-def money_in_range(option: str, value: Decimal) -> Decimal:
+def money_in_range(
+    option: str, value: Decimal, *, maximum: Decimal = MAX_MONEY, places: int = MAX_MONEY_PLACES
+) -> Decimal:
     """``value`` (finite, >= 0) if every ledger can store it and the costs made from it.
 
     Below :data:`MAX_MONEY` and with at most :data:`MAX_MONEY_PLACES` decimal places.
     """
-    if value >= MAX_MONEY:
-        raise ValueError(f"{option} must be below {MAX_MONEY:,}; got {value}")
+    if value >= maximum:
+        raise ValueError(f"{option} must be below {maximum:,}; got {value}")
     _, digits, exponent = value.as_tuple()
     assert isinstance(exponent, int)  # finite: checked by the caller
     trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
-    if digits != (0,) and exponent + trailing_zeros < -MAX_MONEY_PLACES:
-        raise ValueError(
-            f"{option} must have at most {MAX_MONEY_PLACES} decimal places; got {value}"
-        )
+    if digits != (0,) and exponent + trailing_zeros < -places:
+        raise ValueError(f"{option} must have at most {places} decimal places; got {value}")
     return value
+
+
+def cost_in_range(option: str, value: Decimal) -> Decimal:
+    """A recorded cost: below :data:`MAX_COST`, at most :data:`MAX_COST_PLACES` places.
+
+    Any cost made from prices that passed :func:`money_in_range` and counts that passed
+    :func:`count` fits.
+    """
+    return money_in_range(option, value, maximum=MAX_COST, places=MAX_COST_PLACES)

@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeAlias
 from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.redact import scrubbed
 from llm_resilience.telemetry import record_llm_usage
 from llm_resilience.usage import Usage, cost_of
 
@@ -41,11 +42,15 @@ __all__ = [
     "BudgetTicket",
     "CostBudget",
     "ModelPrice",
+    "ServingModel",
+    "dearest_model",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Output tokens a strict-mode hold assumes for a chat call with no ``max_output_tokens``.
+#: Output tokens a strict-mode hold assumes for a model that may serve a chat call when
+#: neither the call nor the model caps its output (no ``max_output_tokens``, no
+#: :attr:`ServingModel.max_output_tokens`).
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 #: Money as users may write it: ``Decimal("0.15")``, ``"0.15"`` or an ``int``; never a float.
@@ -113,6 +118,32 @@ class ModelPrice:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ServingModel:
+    """A model that may serve a call, and the most output tokens it writes per call.
+
+    >>> ServingModel("gpt-4o", max_output_tokens=16384)
+    ServingModel(name='gpt-4o', max_output_tokens=16384)
+
+    Strict mode holds each call's worst case over every model that may serve it (see
+    :meth:`BudgetGate.worst_case_cost`); pass the members of a fallback chain as
+    ``may_serve=[ServingModel(...), ...]``. A ``name`` of None is priced at the surface
+    prices. ``TypeError``/``ValueError`` name the field that is wrong.
+    """
+
+    #: The model's name, priced by :meth:`CostBudget.price_for`; None: the surface prices.
+    name: str | None
+    #: Its own output cap (its ``max_tokens``, else its provider's documented maximum);
+    #: None: unknown, so :data:`DEFAULT_MAX_OUTPUT_TOKENS` unless the call sets one. >= 0.
+    max_output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise TypeError(f"ServingModel.name must be a non-empty str or None, got {self.name!r}")
+        if self.max_output_tokens is not None:
+            _check_count("ServingModel.max_output_tokens", self.max_output_tokens)
+
+
 @dataclass(frozen=True, init=False)
 class CostBudget:
     """Prices and spend limits, exact to the last digit (``Decimal``).
@@ -127,7 +158,7 @@ class CostBudget:
     A limit of 0 is a kill switch: every call is refused.
 
     Windows are UTC calendar windows: ``day`` is the current UTC date, ``month`` the current
-    UTC month from its first day. Scopes (a tenant, user or API key passed to
+    UTC month from its first day. Scopes (a tenant, a user, a hash of an API key passed to
     :meth:`BudgetGate.begin`):
 
     * a call without a scope is gated by ``daily_limit``/``monthly_limit`` and by
@@ -277,12 +308,13 @@ class BudgetGate:
     of every call in flight.
 
     Strict mode (``CostBudget(strict=True)``): the gate reserves the call's worst-case cost
-    (``estimated_input_tokens`` plus ``max_output_tokens`` output tokens, 4096
-    (:data:`DEFAULT_MAX_OUTPUT_TOKENS`) for a chat call that sets none, at ``model``'s
-    price or the surface prices) atomically in the ledger, refusing it if any limit would
-    be exceeded; ``finish`` replaces the hold with the real cost. Concurrent calls cannot
-    overshoot, as long as the real cost stays within the hold: pass every model a
-    fallback chain may serve as ``may_serve`` and the hold is priced at the dearest (the
+    (:meth:`worst_case_cost`: ``estimated_input_tokens`` plus each model's output cap,
+    at that model's price, the dearest over ``model`` and ``may_serve``; 4096
+    (:data:`DEFAULT_MAX_OUTPUT_TOKENS`) output tokens for a chat model with no cap)
+    atomically in the ledger, refusing it if any limit would be exceeded; ``finish``
+    replaces the hold with the real cost. Concurrent calls cannot overshoot, as long as
+    the real cost stays within the hold: pass every model a fallback chain may serve, with
+    its output cap, as ``may_serve=[ServingModel(name, max_output_tokens), ...]`` (the
     framework wrappers do this for the chains below them).
 
     Ledger failures degrade, never break (each logs a WARNING on ``llm_resilience.budget``):
@@ -323,28 +355,43 @@ class BudgetGate:
         estimated_input_tokens: int = 0,
         max_output_tokens: int | None = None,
         model: str | None = None,
-        may_serve: Sequence[str] = (),
+        may_serve: Sequence[str | ServingModel] = (),
     ) -> Decimal:
         """What strict mode holds for a call: its cost if it used every token it may.
 
-        ``may_serve`` lists the models that could answer instead of ``model`` (the legs of
-        a fallback chain): the hold is priced at the dearest of them, so whichever serves,
-        the real cost stays within it.
+        The hold is the dearest, over every model that may serve the call, of
+        ``estimated_input_tokens`` plus that model's output cap, at that model's price, so
+        whichever serves, the real cost stays within it. A model's output cap is the
+        call's ``max_output_tokens`` when set (a call's ``max_tokens`` reaches every
+        member of a chain), else its own :attr:`ServingModel.max_output_tokens`, else
+        :data:`DEFAULT_MAX_OUTPUT_TOKENS` (4096). Embeddings have no output.
+
+        The models that may serve are ``model`` and ``may_serve`` (the members of a
+        fallback chain, as names or :class:`ServingModel`). A model named both plainly and
+        with a cap is held at its cap; a None ``model`` (a chain, which never answers
+        itself) counts only when ``may_serve`` is empty.
 
         >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
         >>> gate.worst_case_cost("chat", estimated_input_tokens=1000)  # 4096 output assumed
         Decimal('0.06444')
+        >>> gate.worst_case_cost("chat", estimated_input_tokens=1000,
+        ...                      may_serve=[ServingModel("gpt-4o", max_output_tokens=8000)])
+        Decimal('0.123')
         """
         _check_surface(surface)
-        output = 0
-        if surface == "chat":
-            output = DEFAULT_MAX_OUTPUT_TOKENS if max_output_tokens is None else max_output_tokens
-        usage = Usage(estimated_input_tokens, output, estimated=True)
-        candidates = [model, *may_serve] if may_serve else [model]
-        return max(
-            cost_of(usage, self.budget.price_for(candidate), surface=surface)
-            for candidate in candidates
-        )
+        if max_output_tokens is not None:
+            _check_count("max_output_tokens", max_output_tokens)
+        worst = Decimal(0)
+        for candidate in _serving_models(model, may_serve):
+            output = 0
+            if surface == "chat":
+                output = _first_count(
+                    max_output_tokens, candidate.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS
+                )
+            usage = Usage(estimated_input_tokens, output, estimated=True)
+            cost = cost_of(usage, self.budget.price_for(candidate.name), surface=surface)
+            worst = max(worst, cost)
+        return worst
 
     def begin(
         self,
@@ -354,12 +401,15 @@ class BudgetGate:
         estimated_input_tokens: int = 0,
         max_output_tokens: int | None = None,
         model: str | None = None,
-        may_serve: Sequence[str] = (),
+        may_serve: Sequence[str | ServingModel] = (),
     ) -> BudgetTicket:
         """Gate one call; raises ``BudgetExceededError`` if a limit refuses it.
 
         ``model`` is the model asked for (it prices the strict-mode hold and is recorded
-        when ``finish`` is not told which model served). Returns the ticket to
+        when ``finish`` is not told which model served). ``may_serve`` lists the models
+        that may answer instead (a fallback chain's members), as names or
+        :class:`ServingModel` with their own output caps; strict mode holds the worst
+        case over all of them (:meth:`worst_case_cost`). Returns the ticket to
         ``finish`` or ``abandon``.
         """
         now, limits, amount = self._prepare(
@@ -394,7 +444,7 @@ class BudgetGate:
         estimated_input_tokens: int = 0,
         max_output_tokens: int | None = None,
         model: str | None = None,
-        may_serve: Sequence[str] = (),
+        may_serve: Sequence[str | ServingModel] = (),
     ) -> BudgetTicket:
         """Async :meth:`begin`, through the ledger's async methods."""
         now, limits, amount = self._prepare(
@@ -451,7 +501,7 @@ class BudgetGate:
         estimated_input_tokens: int,
         max_output_tokens: int | None,
         model: str | None,
-        may_serve: Sequence[str] = (),
+        may_serve: Sequence[str | ServingModel] = (),
     ) -> tuple[datetime, list[_Limit], Decimal]:
         _check_surface(surface)
         _checks.scope("scope", scope)
@@ -618,6 +668,55 @@ def _check_count(option: str, value: object) -> None:
     _checks.count(option, value)
 
 
+def _serving_models(
+    model: str | None, may_serve: Sequence[str | ServingModel]
+) -> list[ServingModel]:
+    """Every model that may serve a call: ``model`` and ``may_serve``, as :meth:`worst_case_cost`
+    counts them (an uncapped entry gives way to a capped one of the same name)."""
+    if isinstance(may_serve, str):
+        raise TypeError(f"may_serve must be a sequence of model names, not the str {may_serve!r}")
+    listed: list[ServingModel] = []
+    for entry in may_serve:
+        if isinstance(entry, ServingModel):
+            listed.append(entry)
+        elif isinstance(entry, str) and entry:
+            listed.append(ServingModel(entry))
+        else:
+            raise TypeError(
+                f"may_serve entries must be model names or ServingModel(name, "
+                f"max_output_tokens), got {entry!r}"
+            )
+    if model is not None or not listed:
+        listed.insert(0, ServingModel(model))
+    capped = {entry.name for entry in listed if entry.max_output_tokens is not None}
+    return [
+        entry for entry in listed if entry.max_output_tokens is not None or entry.name not in capped
+    ]
+
+
+def dearest_model(
+    budget: CostBudget, usage: Usage, may_serve: Sequence[str | ServingModel]
+) -> str | None:
+    """Of the models that may have served a chat call, the one that prices ``usage`` highest.
+
+    For an entry whose serving model is unknown (a stream through a fallback chain closed
+    before the chain said which member answered): named and priced at the dearest
+    candidate, the ledger never under-records it. The first of equals wins; None when
+    ``may_serve`` is empty (the surface prices).
+
+    >>> budget = CostBudget(daily_limit=1, prices={"dear": ModelPrice(10, 40)})
+    >>> dearest_model(budget, Usage(100, 10, estimated=True), ["cheap", "dear"])
+    'dear'
+    """
+    names = [entry.name for entry in _serving_models(None, may_serve)]
+    return max(names, key=lambda name: cost_of(usage, budget.price_for(name)))
+
+
+def _first_count(*counts: int | None) -> int:
+    """The first count that is not None (the last one always is a count)."""
+    return next(count for count in counts if count is not None)
+
+
 def _mapping(limits: list[_Limit]) -> dict[tuple[Window, str | None], Decimal]:
     return {(window, spend_scope): limit for window, spend_scope, limit in limits}
 
@@ -641,9 +740,10 @@ _background: set[asyncio.Future[Any]] = set()
 def _ledger(ledger: object) -> CostLedger:
     """``ledger`` if it is one; anything else would leave every call ungated and unrecorded."""
     if isinstance(ledger, str):
+        url = scrubbed(ledger)  # a database URL may carry a password
         raise TypeError(
-            f"ledger must be a ledger object, not the string {ledger!r}: "
-            f"use ledger=SqlCostLedger({ledger!r}) (from llm_resilience import SqlCostLedger)"
+            f"ledger must be a ledger object, not the string {url!r}: "
+            f"use ledger=SqlCostLedger({url!r}) (from llm_resilience import SqlCostLedger)"
         )
     missing = [name for name in _LEDGER_METHODS if not callable(getattr(ledger, name, None))]
     if missing:

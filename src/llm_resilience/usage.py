@@ -11,6 +11,9 @@ Usage(input_tokens=12, output_tokens=30, estimated=False)
   estimated with tiktoken ``cl100k_base`` (over the request messages and the response
   text) and the usage is flagged ``estimated``. A reported input of 0 for a non-empty
   prompt is not a report: some integrations fill a missing count with 0.
+* A stream its consumer closed or cancelled before its end (:func:`partial_stream_usage`):
+  what it consumed, as reported so far or estimated over the prompt and the delivered
+  text; nothing when no chunk was delivered.
 * Embeddings: always estimated over the input texts; output is 0.
 * Money: ``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``.
 
@@ -38,6 +41,7 @@ __all__ = [
     "cost_of",
     "embedding_usage",
     "estimate_request_tokens",
+    "partial_stream_usage",
 ]
 
 #: Prices are quoted per million tokens.
@@ -99,6 +103,52 @@ def chat_usage(
     return Usage(count_message_tokens(prompt), count_tokens(response_text), estimated=True)
 
 
+def partial_stream_usage(
+    reported_input: int | None,
+    reported_output: int | None,
+    *,
+    prompt: Sequence[tuple[str, str]],
+    deltas: Sequence[str],
+    delivered_text: str | None = None,
+) -> Usage | None:
+    """The usage to record for a stream its consumer closed or cancelled before its end.
+
+    ``deltas`` holds the text of each chunk the consumer received, one per chunk (``""``
+    for a chunk without text); ``delivered_text`` is the answer so far when the chunks
+    carry more than their text deltas (tool-call arguments), else ``"".join(deltas)``.
+    ``reported_input``/``reported_output`` are the provider's counts so far, None when
+    absent.
+
+    * No chunk delivered → None: record nothing (and release a strict-mode hold). The
+      request may have reached the provider, but nothing shows what it consumed.
+    * Both counts reported (as :func:`chat_usage` reads them) → as reported, unless the
+      output count is below the number of chunks that carried text (each streamed delta
+      is at least one token): then it was reported before the text (Anthropic reports
+      output at a stream's start and again only at its end), so the output is estimated
+      over the delivered text (at least one token per text chunk) and the usage flagged
+      ``estimated``.
+    * Otherwise → estimated: the prompt's tokens and the delivered text's, flagged
+      ``estimated=True``.
+
+    Tokens the provider generated after the consumer stopped reading are never seen, so
+    this is a floor of what the provider may bill.
+
+    >>> partial_stream_usage(None, None, prompt=[("user", "hi")], deltas=[]) is None
+    True
+    >>> partial_stream_usage(None, None, prompt=[("user", "hello world")], deltas=["Hel", "lo"])
+    Usage(input_tokens=9, output_tokens=1, estimated=True)
+    """
+    if not deltas:
+        return None
+    text = "".join(deltas) if delivered_text is None else delivered_text
+    usage = chat_usage(reported_input, reported_output, prompt=prompt, response_text=text)
+    text_chunks = sum(1 for delta in deltas if delta)
+    if usage.estimated or usage.output_tokens >= text_chunks:
+        return usage
+    output = max(count_tokens(text), text_chunks)
+    return Usage(usage.input_tokens, output, estimated=True)
+
+
 def embedding_usage(texts: Sequence[str]) -> Usage:
     """Estimated usage of one embedding call over ``texts`` (providers rarely report it).
 
@@ -113,9 +163,10 @@ def estimate_request_tokens(
 ) -> int:
     """A request's token weight before it is sent: estimated prompt + ``max_output_tokens``.
 
-    Used for a rate limiter's token permits and a strict budget's reservation. None
-    counts as 0 output tokens here (the limiter reconciles with real usage afterwards;
-    the budget gate applies its own default of 4096).
+    Used for a rate limiter's token permits. None counts as 0 output tokens here (the
+    limiter reconciles with real usage afterwards); a strict budget's hold is
+    :meth:`~llm_resilience.budget.BudgetGate.worst_case_cost`, which applies each
+    serving model's own output cap.
 
     >>> estimate_request_tokens([("user", "hello world")], 100)  # 9 prompt tokens + 100
     109

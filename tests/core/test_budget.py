@@ -20,6 +20,8 @@ from llm_resilience.budget import (
     BudgetTicket,
     CostBudget,
     ModelPrice,
+    ServingModel,
+    dearest_model,
 )
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, Reservation, Window
@@ -618,3 +620,110 @@ def test_a_strict_hold_is_priced_at_the_dearest_model_that_may_serve() -> None:
     assert ticket.reservation is not None
     assert ticket.reservation.amount == Decimal("0.05")
     ticket.abandon()
+
+
+# -- strict holds up to each serving model's own output cap ------------------------------------
+
+CAPPED_PRICES = {"cheap": ModelPrice(1, 2), "dear": ModelPrice(10, 40), "long": ModelPrice(1, 10)}
+
+
+def capped_gate(ledger: InMemoryCostLedger | None = None) -> BudgetGate:
+    budget = CostBudget(1, 1, daily_limit=100, strict=True, prices=CAPPED_PRICES)
+    return gate_for(budget, ledger or InMemoryCostLedger())
+
+
+def test_a_member_allowed_8000_output_tokens_makes_the_hold_8000_tokens_at_its_price() -> None:
+    ledger = InMemoryCostLedger()
+    ticket = capped_gate(ledger).begin(
+        "chat",
+        estimated_input_tokens=1000,
+        model="cheap",
+        may_serve=["cheap", ServingModel("long", max_output_tokens=8000)],
+    )
+    assert ticket.reservation is not None
+    # long: 1,000 x 1 + 8,000 x 10 millionths, not the 4,096 tokens (0.04196) held before;
+    # cheap, uncapped: 1,000 x 1 + 4,096 x 2.
+    assert ticket.reservation.amount == Decimal("0.081")
+    assert ledger.spend("day", now=NOON) == Decimal("0.081")
+    ticket.abandon()
+
+
+@pytest.mark.parametrize(
+    ("cheap_cap", "dear_cap", "expected"),
+    [
+        (8000, 500, Decimal("0.03")),  # dear: 10,000 + 500 x 40 beats cheap's 1,000 + 16,000
+        (64000, 1000, Decimal("0.129")),  # cheap: 1,000 + 64,000 x 2 beats dear's 50,000
+    ],
+)
+def test_the_dearest_combination_of_output_cap_and_price_sets_the_hold(
+    cheap_cap: int, dear_cap: int, expected: Decimal
+) -> None:
+    hold = capped_gate().worst_case_cost(
+        "chat",
+        estimated_input_tokens=1000,
+        may_serve=[ServingModel("cheap", cheap_cap), ServingModel("dear", dear_cap)],
+    )
+    assert hold == expected
+
+
+def test_a_calls_own_max_output_tokens_caps_every_model_that_may_serve() -> None:
+    hold = capped_gate().worst_case_cost(
+        "chat",
+        estimated_input_tokens=1000,
+        max_output_tokens=100,
+        may_serve=[ServingModel("long", 8000), ServingModel("dear", 64000)],
+    )
+    assert hold == Decimal("0.014")  # dear: 10,000 + 100 x 40
+
+
+def test_a_model_named_plainly_and_with_a_cap_is_held_at_its_cap() -> None:
+    gate = capped_gate()
+    hold = gate.worst_case_cost(
+        "chat", model="dear", may_serve=["dear", ServingModel("dear", max_output_tokens=100)]
+    )
+    assert hold == Decimal("0.004")  # 100 x 40, not the default 4,096 x 40
+    uncapped = gate.worst_case_cost("chat", model="dear", may_serve=[ServingModel("dear")])
+    assert uncapped == Decimal(DEFAULT_MAX_OUTPUT_TOKENS * 40) / 10**6
+
+
+def test_a_chain_without_a_model_name_is_held_only_for_its_members() -> None:
+    # The surface prices (1, 1) would hold 4,096 tokens; the only member stops at 100.
+    hold = capped_gate().worst_case_cost("chat", may_serve=[ServingModel("cheap", 100)])
+    assert hold == Decimal("0.0002")
+    assert capped_gate().worst_case_cost("chat") == Decimal("0.004096")
+
+
+def test_embeddings_hold_no_output_whatever_the_caps() -> None:
+    hold = capped_gate().worst_case_cost(
+        "embedding", estimated_input_tokens=1000, may_serve=[ServingModel("dear", 8000)]
+    )
+    assert hold == Decimal("0.01")
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "word"),
+    [
+        (lambda: ServingModel(""), TypeError, "ServingModel.name"),
+        (lambda: ServingModel("m", max_output_tokens=-1), ValueError, "max_output_tokens"),
+        (lambda: ServingModel("m", max_output_tokens=True), ValueError, "max_output_tokens"),
+        (lambda: capped_gate().worst_case_cost("chat", may_serve="dear"), TypeError, "may_serve"),
+        (lambda: capped_gate().begin("chat", may_serve=[3]), TypeError, "may_serve"),  # type: ignore[list-item]
+    ],
+    ids=["empty-name", "negative-cap", "bool-cap", "a-str-for-may-serve", "a-number-in-may-serve"],
+)
+def test_bad_serving_models_are_refused_naming_the_field(
+    make: Any, error: type[Exception], word: str
+) -> None:
+    with pytest.raises(error, match=word):
+        make()
+
+
+def test_an_entry_of_an_unknown_model_is_priced_at_the_dearest_that_may_have_served() -> None:
+    budget = CostBudget(daily_limit=1, prices=CAPPED_PRICES)  # surface prices 0
+    usage = Usage(1000, 100, estimated=True)
+    assert dearest_model(budget, usage, ["cheap", ServingModel("dear", 10), "long"]) == "dear"
+    # A cap bounds a hold, not the usage being priced: dear's 40 per output token wins.
+    candidates = [ServingModel("long", 8000), ServingModel("dear", 1)]
+    assert dearest_model(budget, Usage(0, 100_000, estimated=True), candidates) == "dear"
+    assert dearest_model(budget, Usage(0, 1000, estimated=True), ["cheap", "long"]) == "long"
+    assert dearest_model(budget, usage, []) is None  # the surface prices

@@ -218,3 +218,10 @@ def test_a_reached_limit_still_refuses_with_a_large_but_allowed_ttl() -> None:
     gate.begin("chat", estimated_input_tokens=10, max_output_tokens=1)
     with pytest.raises(BudgetExceededError):
         gate.begin("chat", estimated_input_tokens=100, max_output_tokens=100)
+
+
+def test_a_ledger_url_string_with_a_password_is_refused_without_showing_it() -> None:
+    with pytest.raises(TypeError) as caught:
+        BudgetGate(STRICT, "postgresql+psycopg://app:hunter2-secret@db/spend")  # type: ignore[arg-type]
+    assert "hunter2" not in str(caught.value)
+    assert "SqlCostLedger(" in str(caught.value)

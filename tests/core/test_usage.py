@@ -14,6 +14,7 @@ from llm_resilience.usage import (
     cost_of,
     embedding_usage,
     estimate_request_tokens,
+    partial_stream_usage,
 )
 
 PROMPT = [("system", "Be brief."), ("user", "What is the capital of France?")]
@@ -68,9 +69,10 @@ def test_chat_cost_is_tokens_times_price_per_million_exactly() -> None:
 
 
 def test_cost_never_rounds_however_many_digits_the_price_has() -> None:
-    price = ModelPrice("0.1234567890123456789012345678901234567", 0)
+    # 27 significant digits (prices may have 18 decimal places): the product has 36.
+    price = ModelPrice("123456789.123456789012345678", 0)
     cost = cost_of(Usage(999_999_999, 0, estimated=False), price)
-    assert cost * 1_000_000 == Decimal(999_999_999) * price.input_per_mtok  # no 28-digit rounding
+    assert cost == Decimal("123456788999.999999888888888987654322")  # no 28-digit rounding
 
 
 def test_embeddings_bill_at_the_embedding_rate_or_else_the_input_rate() -> None:
@@ -84,3 +86,39 @@ def test_usage_refuses_negative_or_non_integer_counts() -> None:
         Usage(-1, 0, estimated=False)
     with pytest.raises(ValueError, match="output_tokens"):
         Usage(0, 1.5, estimated=False)  # type: ignore[arg-type]
+
+
+# -- a stream its consumer closed or cancelled before its end ---------------------------------
+
+
+def test_a_stream_closed_before_its_first_chunk_records_nothing() -> None:
+    assert partial_stream_usage(21, 7, prompt=PROMPT, deltas=[]) is None
+
+
+def test_an_early_closed_stream_without_usage_is_estimated_over_prompt_and_delivered_text() -> None:
+    deltas = ["Paris", " is", ""]
+    usage = partial_stream_usage(None, None, prompt=PROMPT, deltas=deltas)
+    assert usage == Usage(count_message_tokens(PROMPT), count_tokens("Paris is"), estimated=True)
+
+
+def test_an_early_closed_stream_keeps_the_usage_reported_so_far() -> None:
+    usage = partial_stream_usage(21, 7, prompt=PROMPT, deltas=["Paris", " is", " the"])
+    assert usage == Usage(21, 7, estimated=False)
+
+
+def test_an_output_count_reported_before_the_text_is_raised_to_the_delivered_text() -> None:
+    # Anthropic reports output 1 at a stream's start; six text chunks later that is stale.
+    deltas = ["Paris", " is", " the", " capital", " of", " France"]
+    usage = partial_stream_usage(21, 1, prompt=PROMPT, deltas=deltas)
+    assert usage == Usage(21, max(count_tokens("".join(deltas)), 6), estimated=True)
+
+
+def test_an_early_closed_stream_counts_the_delivered_text_it_is_given_over_its_deltas() -> None:
+    calls = 'get_weather{"city": "Paris"}'  # tool-call arguments carry no text delta
+    usage = partial_stream_usage(None, None, prompt=PROMPT, deltas=[""], delivered_text=calls)
+    assert usage == Usage(count_message_tokens(PROMPT), count_tokens(calls), estimated=True)
+
+
+def test_a_partial_streams_zero_input_report_for_a_non_empty_prompt_is_estimated() -> None:
+    usage = partial_stream_usage(0, 3, prompt=PROMPT, deltas=["Paris"])
+    assert usage == Usage(count_message_tokens(PROMPT), count_tokens("Paris"), estimated=True)

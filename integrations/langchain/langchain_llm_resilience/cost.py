@@ -8,17 +8,25 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
 from pydantic import Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import DelegatingChatModel
 from llm_resilience import _checks
-from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
+from llm_resilience.budget import (
+    BudgetGate,
+    BudgetTicket,
+    CostBudget,
+    ServingModel,
+    dearest_model,
+)
 from llm_resilience.layers import find_layer, leaves
-from llm_resilience.usage import chat_usage, embedding_usage
+from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
 
 __all__ = ["SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
 
-#: Per-call keyword naming the budget scope (a tenant, user or key), e.g.
+#: Per-call keyword naming the budget scope (a tenant, a user, a hash of a key), e.g.
 #: ``model.invoke(prompt, budget_scope="tenant-1")``. It never reaches the provider.
 SCOPE_KWARG = "budget_scope"
 
@@ -39,6 +47,39 @@ def _model_name(model: object) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def _named_model(message: BaseMessage | None) -> str | None:
+    """The model an answer's metadata names (``model_name``, or ``model``), if any."""
+    metadata = message.response_metadata if message is not None else {}
+    named = metadata.get("model_name") or metadata.get("model")
+    return named if isinstance(named, str) and named else None
+
+
+def _first_count(*values: object) -> int | None:
+    """The first value that is a token count (an int >= 0, not a bool), or None."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def _output_cap(model: object) -> int | None:
+    """The most output tokens ``model`` writes per call, as LangChain states it.
+
+    Its own ``max_tokens`` (``ChatOpenAI``'s is ``max_completion_tokens`` too,
+    ``ChatAnthropic`` fills it from its profile), ``max_completion_tokens`` or
+    ``max_output_tokens`` (Google's), else its profile's documented
+    ``max_output_tokens`` (langchain-core >= 1.1 profiles), else None.
+    """
+    profile = getattr(model, "profile", None)
+    documented = profile.get("max_output_tokens") if isinstance(profile, dict) else None
+    return _first_count(
+        getattr(model, "max_tokens", None),
+        getattr(model, "max_completion_tokens", None),
+        getattr(model, "max_output_tokens", None),
+        documented,
+    )
 
 
 def _asks_stream_usage(model: BaseChatModel) -> bool:
@@ -75,8 +116,15 @@ class CostTrackedChatModel(DelegatingChatModel):
     cost, priced for the model that actually served (a fallback leg, not the chain).
     Usage is the provider's when it reports both counts, else estimated with
     ``cl100k_base`` and flagged ``estimated``. A stream is gated on its first iteration
-    and recorded once it completes; one that fails, is cancelled or closed early records
-    nothing. Streams ask OpenAI-compatible providers for their usage (``stream_usage``).
+    and recorded once it completes. One its consumer closes early (``break``,
+    ``close()``/``aclose()``, garbage collection) or cancels after chunks arrived records
+    what it consumed (:func:`~llm_resilience.usage.partial_stream_usage`: the usage
+    reported so far, else the prompt and the delivered text estimated); one that failed
+    with an error records nothing (a failover inside a ``FallbackChatModel`` below is not
+    seen here). Streams ask OpenAI-compatible providers for their usage (``stream_usage``).
+    In strict mode the hold covers every model below that may serve, each up to its own
+    output cap (the call's ``max_tokens``, else the model's ``max_tokens`` or
+    ``max_completion_tokens``, else its profile's ``max_output_tokens``).
     ``scope=`` (or ``budget_scope=`` per call) gives a tenant its own windows.
     Without ``ledger`` spend is kept in memory (a warning names ``SqlCostLedger``).
     """
@@ -90,7 +138,7 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     _gate: BudgetGate = PrivateAttr()
     _stream_usage: bool = PrivateAttr(default=False)
-    _may_serve: tuple[str, ...] = PrivateAttr(default=())
+    _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
         _check_scope(data.get("scope"), "scope")
@@ -100,9 +148,10 @@ class CostTrackedChatModel(DelegatingChatModel):
         super().__init__(**data)
         self._gate = gate
         self._stream_usage = _asks_stream_usage(self.inner)
-        # Strict holds are priced at the dearest model that may answer (any fallback leg).
-        names = (_model_name(leaf) for leaf in leaves(self.inner))
-        self._may_serve = tuple(name for name in names if name)
+        # Strict holds cover every model that may answer (any fallback leg) up to its cap.
+        self._may_serve = tuple(
+            ServingModel(_model_name(leaf), _output_cap(leaf)) for leaf in leaves(self.inner)
+        )
 
     @property
     def _llm_type(self) -> str:
@@ -121,7 +170,8 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     def _ticket_args(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
         scope = _check_scope(kwargs.pop(SCOPE_KWARG, self.scope), SCOPE_KWARG)
-        max_tokens = kwargs.get("max_tokens", getattr(self.inner, "max_tokens", None))
+        # The call's own cap reaches every model below; each model's own is in _may_serve.
+        max_tokens = _first_count(kwargs.get("max_tokens"), kwargs.get("max_completion_tokens"))
         estimated = 0
         if self.budget.strict:
             from llm_resilience.tokens import count_message_tokens
@@ -130,7 +180,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         return {
             "scope": scope,
             "estimated_input_tokens": estimated,
-            "max_output_tokens": max_tokens if isinstance(max_tokens, int) else None,
+            "max_output_tokens": max_tokens,
             "model": _model_name(self.inner),
             "may_serve": self._may_serve,
         }
@@ -149,10 +199,31 @@ class CostTrackedChatModel(DelegatingChatModel):
             prompt=_prompt(messages),
             response_text=message.text,
         )
-        served = message.response_metadata.get("model_name") or message.response_metadata.get(
-            "model"
+        return usage, self._served(message)
+
+    def _served(self, message: BaseMessage | None) -> str | None:
+        """The model the answer names, else the inner model's name."""
+        return _named_model(message) or _model_name(self.inner)
+
+    def _consumed(
+        self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> tuple[Usage | None, str | None]:
+        """What a stream closed early consumed (None: nothing to record), and who served."""
+        merged = merge_chat_generation_chunks(chunks)
+        message = merged.message if merged is not None else None
+        reported = getattr(message, "usage_metadata", None) or {}
+        usage = partial_stream_usage(
+            reported.get("input_tokens"),
+            reported.get("output_tokens"),
+            prompt=_prompt(messages),
+            deltas=[chunk.message.text for chunk in chunks],
         )
-        return usage, served if isinstance(served, str) and served else _model_name(self.inner)
+        # Providers name the model in a stream's last chunks: a chain closed before them
+        # has not said which member answered, so the dearest that may have is recorded.
+        served = _named_model(message)
+        if served is None and usage is not None:
+            served = dearest_model(self.budget, usage, self._may_serve)
+        return usage, served
 
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
         ticket: BudgetTicket = context
@@ -171,6 +242,28 @@ class CostTrackedChatModel(DelegatingChatModel):
             return
         usage, served = self._usage(messages, message)
         await ticket.afinish(usage, model=served)
+
+    def _end_early(
+        self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> None:
+        ticket: BudgetTicket = context
+        usage, served = self._consumed(messages, chunks)
+        if usage is None:
+            ticket.abandon()
+        else:
+            ticket.finish(usage, model=served)
+
+    async def _aend_early(
+        self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> None:
+        # Runs in the stream's ``finally``, often while its task is being cancelled: the
+        # ticket's async writes are shielded, so the entry is kept even if cancelled again.
+        ticket: BudgetTicket = context
+        usage, served = self._consumed(messages, chunks)
+        if usage is None:
+            await ticket.aabandon()
+        else:
+            await ticket.afinish(usage, model=served)
 
 
 class CostTrackedEmbeddings(Embeddings):

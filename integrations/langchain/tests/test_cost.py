@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import itertools
 import logging
+import sqlite3
+import time
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_anthropic import ChatAnthropic
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableBinding
@@ -16,8 +23,10 @@ from langchain_openai import ChatOpenAI
 from langchain_llm_resilience import CostTrackedChatModel, CostTrackedEmbeddings, FallbackChatModel
 from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
-from llm_resilience.ledger import InMemoryCostLedger
-from llm_resilience.testing import FaultInjectingServer
+from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
+from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
+from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.tokens import count_message_tokens, count_tokens
 
 PRICES = {"input_price_per_mtok": 3, "output_price_per_mtok": 15}
 
@@ -90,16 +99,219 @@ def test_a_stream_is_gated_on_first_iteration_and_recorded_once_complete() -> No
     assert len(ledger.entries()) == 1
 
 
-def test_a_stream_closed_early_or_failing_records_nothing() -> None:
-    model, ledger = tracked(ScriptedChatModel(responses=["one two three four"]))
-    stream = model.stream("x")
-    next(stream)
-    stream.close()
-    failing, failing_ledger = tracked(FailingChatModel(chunks_before_error=2))
+def test_a_stream_that_fails_mid_way_records_nothing_and_releases_its_hold(
+    tmp_path: Path,
+) -> None:
+    failing, ledger = sql_tracked(tmp_path, FailingChatModel(chunks_before_error=2), strict=True)
     with pytest.raises(Exception, match="scripted"):
         list(failing.stream("x"))
     assert ledger.entries() == []
-    assert failing_ledger.entries() == []
+    assert ledger.spend("day") == 0
+
+
+# -- streams closed or cancelled by their consumer -------------------------------------------
+
+
+def sql_tracked(
+    tmp_path: Path, inner: Any, **budget: Any
+) -> tuple[CostTrackedChatModel, SqlCostLedger]:
+    ledger = SqlCostLedger("sqlite:///" + str(tmp_path / "spend.db"))
+    options = {**PRICES, "daily_limit": 10, **budget}
+    model = CostTrackedChatModel(inner=inner, budget=CostBudget(**options), ledger=ledger)
+    return model, ledger
+
+
+async def recorded(ledger: SqlCostLedger, count: int) -> list[LedgerEntry]:
+    """The ledger's entries once it holds ``count`` (within 5 s): asyncio closes an
+    abandoned async stream in a task of its own, a moment after the consumer let go."""
+    deadline = time.monotonic() + 5
+    # Polled: a ledger has no event to wait on.
+    while len(entries := ledger.entries()) < count and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    return entries
+
+
+def consumed(pieces: list[str]) -> tuple[int, int]:
+    """What a stream of ``pieces`` closed early consumed, estimated: prompt "x" + the text."""
+    return count_message_tokens([("human", "x")]), count_tokens("".join(pieces))
+
+
+def test_an_early_closed_stream_records_what_it_consumed(tmp_path: Path) -> None:
+    model, ledger = sql_tracked(
+        tmp_path, ScriptedChatModel(model="scripted-1", responses=["one two three four"])
+    )
+    pieces = []
+    for chunk in model.stream("x"):
+        pieces.append(chunk.text)
+        if len(pieces) == 2:
+            break  # the usage would only come with the last chunk
+    (entry,) = ledger.entries()
+    assert (entry.input_tokens, entry.output_tokens) == consumed(pieces)
+    assert (entry.estimated, entry.model) == (True, "scripted-1")
+    price = Decimal(entry.input_tokens) * 3 + Decimal(entry.output_tokens) * 15
+    assert entry.cost == price / 10**6
+
+
+def test_a_stream_read_to_its_last_chunk_and_closed_records_the_reported_usage(
+    tmp_path: Path,
+) -> None:
+    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two"]))
+    for chunk in model.stream("x"):
+        if chunk.usage_metadata:
+            reported = chunk.usage_metadata
+            break
+    (entry,) = ledger.entries()
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (
+        reported["input_tokens"],
+        reported["output_tokens"],
+        False,
+    )
+
+
+def test_a_chain_stream_closed_before_naming_its_member_is_priced_at_the_dearest_member(
+    tmp_path: Path,
+) -> None:
+    chain = FallbackChatModel(
+        models=[
+            ScriptedChatModel(model="cheap-model", responses=["one two three"]),
+            ScriptedChatModel(model="dear-model"),
+        ]
+    )
+    prices = {"cheap-model": ModelPrice(1, 1), "dear-model": ModelPrice(100, 100)}
+    # Surface prices of 0: an entry priced at the chain's (unnamed) model would cost nothing.
+    model, ledger = sql_tracked(
+        tmp_path, chain, input_price_per_mtok=0, output_price_per_mtok=0, prices=prices
+    )
+    stream = model.stream("x")
+    first = next(stream).text
+    stream.close()  # the member names itself only in its last chunk
+    (entry,) = ledger.entries()
+    assert entry.model == "dear-model"
+    assert entry.cost == sum(consumed([first])) * Decimal(100) / 10**6
+
+
+def test_a_garbage_collected_stream_records_what_it_consumed(tmp_path: Path) -> None:
+    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two three"]))
+    stream = model.stream("x")
+    first = next(stream).text
+    del stream
+    gc.collect()
+    (entry,) = ledger.entries()
+    assert (entry.input_tokens, entry.output_tokens) == consumed([first])
+
+
+async def test_an_async_stream_closed_with_aclose_records_what_it_consumed(
+    tmp_path: Path,
+) -> None:
+    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two three"]))
+    stream = model.astream("x")
+    first = (await stream.__anext__()).text
+    await stream.aclose()
+    (entry,) = await recorded(ledger, 1)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*consumed([first]), True)
+
+
+async def test_an_async_stream_cancelled_after_chunks_settles_its_hold_with_what_it_consumed(
+    tmp_path: Path,
+) -> None:
+    inner = FailingChatModel(model="failing-1", chunks_before_error=2, hang_seconds=30)
+    model, ledger = sql_tracked(tmp_path, inner, strict=True)
+    pieces: list[str] = []
+    both = asyncio.Event()
+
+    async def consume() -> None:
+        async for chunk in model.astream("x"):
+            pieces.append(chunk.text)
+            if len(pieces) == 2:
+                both.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(both.wait(), timeout=5)
+    task.cancel()  # the model hangs after two chunks: the task waits for the third
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (entry,) = await recorded(ledger, 1)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*consumed(pieces), True)
+    assert entry.model == "failing-1"
+    assert ledger.spend("day") == entry.cost  # the hold was replaced by the entry
+
+
+async def test_a_cancelled_streams_entry_survives_a_second_cancellation_during_the_write(
+    tmp_path: Path,
+) -> None:
+    inner = FailingChatModel(chunks_before_error=1, hang_seconds=30)
+    model, ledger = sql_tracked(tmp_path, inner)
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in model.astream("x"):
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), timeout=5)
+    # Another process holds the database's write lock, so the entry's write waits...
+    locker = sqlite3.connect(tmp_path / "spend.db", isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        task.cancel()
+        await asyncio.sleep(0.2)
+        task.cancel()  # ...and the stream's task is cancelled again meanwhile.
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ledger.entries() == []
+    finally:
+        locker.execute("COMMIT")
+        locker.close()
+    (entry,) = await recorded(ledger, 1)
+    assert entry.estimated is True
+
+
+async def test_a_stream_cancelled_before_its_first_chunk_records_nothing(
+    tmp_path: Path,
+) -> None:
+    inner = FailingChatModel(hang_seconds=30)
+    model, ledger = sql_tracked(tmp_path, inner, strict=True)
+
+    async def consume() -> None:
+        async for _ in model.astream("x"):
+            pass
+
+    task = asyncio.create_task(consume())
+    while inner.calls == 0:  # noqa: ASYNC110 - a fake model's counter, polled
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ledger.entries() == []
+    assert ledger.spend("day") == 0
+
+
+def test_a_loop_of_early_closed_real_openai_streams_spends_until_the_budget_refuses(
+    tmp_path: Path,
+) -> None:
+    with FaultInjectingServer(reply="Paris is the capital of France.") as server:
+        openai = ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.openai_base_url, api_key="t", max_retries=0
+        )  # type: ignore[arg-type]
+        model, ledger = sql_tracked(tmp_path, openai, daily_limit="0.001")
+        spends = []
+        refused = False
+        for _ in range(100):
+            try:
+                for chunk in model.stream("Capital of France?"):
+                    if chunk.text:
+                        break  # the consumer has what it wanted
+            except BudgetExceededError:
+                refused = True
+                break
+            spends.append(ledger.spend("day"))
+        requests = len(server.requests)
+    entries = ledger.entries()
+    assert refused
+    assert len(entries) == len(spends) == requests >= 20  # every stream that ran records
+    assert all(earlier < later for earlier, later in itertools.pairwise(spends))
+    assert all(e.estimated and e.model == "gpt-4o-mini" and e.output_tokens for e in entries)
+    assert spends[-1] >= Decimal("0.001")
 
 
 def test_usage_is_estimated_and_flagged_when_the_provider_reports_none() -> None:
@@ -251,3 +463,80 @@ def test_a_strict_hold_covers_the_dearest_fallback_leg() -> None:
         model.invoke("x", max_tokens=1000)
     answer = model.invoke("x", max_tokens=100)  # 0.01 at the dear price: fits
     assert answer.response_metadata["model_name"] == "cheap-model"
+
+
+# -- strict holds up to each member's own output cap -----------------------------------------
+
+
+async def held_by(
+    model: CostTrackedChatModel, ledger: SqlCostLedger, server: FaultInjectingServer, **call: Any
+) -> Decimal:
+    """The strict hold of one call, read from the ledger while the provider hangs on it."""
+    task = asyncio.create_task(model.ainvoke("x", **call))
+    while not server.requests:  # noqa: ASYNC110 - the server's record, polled
+        await asyncio.sleep(0.005)
+    held = ledger.spend("day")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ledger.spend("day") == 0  # the hold of the cancelled call is released
+    return held
+
+
+def worst_case(output_tokens: int, price: ModelPrice) -> Decimal:
+    prompt = count_message_tokens([("human", "x")])
+    return (prompt * price.input_per_mtok + output_tokens * price.output_per_mtok) / 10**6
+
+
+MINI, SONNET = ModelPrice("0.15", "0.60"), ModelPrice(3, 15)
+
+
+async def test_a_strict_hold_covers_a_real_member_allowed_8000_output_tokens_at_its_price(
+    tmp_path: Path,
+) -> None:
+    with FaultInjectingServer(default_fault=Fault.hang()) as server:
+        chain = FallbackChatModel(
+            models=[
+                ChatOpenAI(  # no max_tokens: its profile's documented maximum applies
+                    model="gpt-4o-mini", base_url=server.openai_base_url, api_key="t"
+                ),  # type: ignore[arg-type]
+                ChatAnthropic(  # never called: constructed for its cap and price only
+                    model="claude-sonnet-4-5",
+                    base_url=server.anthropic_base_url,
+                    api_key="t",
+                    max_tokens=8000,
+                ),  # type: ignore[call-arg]
+            ]
+        )
+        prices = {"gpt-4o-mini": MINI, "claude-sonnet-4-5": SONNET}
+        model, ledger = sql_tracked(tmp_path, chain, strict=True, prices=prices)
+        held = await held_by(model, ledger, server)
+    # 8,000 output tokens at the Anthropic member's price, the dearest combination; the
+    # old default (4,096 tokens at the dearest price) would have held about half.
+    assert held == worst_case(8000, SONNET)
+    assert held > worst_case(DEFAULT_MAX_OUTPUT_TOKENS, SONNET)
+
+
+@pytest.mark.parametrize(
+    ("options", "call", "expected"),
+    [
+        ({}, {}, "profile"),
+        ({"max_completion_tokens": 8000}, {}, 8000),
+        ({"max_tokens": 8000}, {"max_tokens": 100}, 100),
+    ],
+    ids=["profile-maximum", "own-max-completion-tokens", "call-max-tokens-wins"],
+)
+async def test_a_real_openai_models_hold_is_its_own_output_cap(
+    tmp_path: Path, options: dict[str, Any], call: dict[str, Any], expected: Any
+) -> None:
+    with FaultInjectingServer(default_fault=Fault.hang()) as server:
+        openai = ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.openai_base_url, api_key="t", **options
+        )  # type: ignore[arg-type]
+        model, ledger = sql_tracked(tmp_path, openai, strict=True, prices={"gpt-4o-mini": MINI})
+        held = await held_by(model, ledger, server, **call)
+    if expected == "profile":
+        assert openai.profile is not None
+        expected = openai.profile["max_output_tokens"]
+        assert expected > DEFAULT_MAX_OUTPUT_TOKENS
+    assert held == worst_case(expected, MINI)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import itertools
 import logging
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,9 +35,9 @@ from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_er
 from pydantic import BaseModel, Field, PrivateAttr
 
 from llm_resilience import BudgetExceededError, CostBudget
-from llm_resilience.budget import ModelPrice
-from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
-from llm_resilience.testing import FaultInjectingServer
+from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS, ModelPrice
+from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
+from llm_resilience.testing import Fault, FaultInjectingServer
 from llm_resilience.tokens import count_message_tokens, count_tokens
 
 CHAT = ["chat", "achat", "stream_chat", "astream_chat"]
@@ -238,27 +242,98 @@ def test_a_stream_is_gated_on_first_iteration_and_recorded_after_its_last_chunk(
     assert len(entries(llm)) == 1
 
 
+STRICT = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10, strict=True)
+
+
+def sql_tracked(tmp_path: Path, inner: Any, budget: CostBudget = BUDGET) -> CostTrackedLLM:
+    ledger = SqlCostLedger("sqlite:///" + str(tmp_path / "spend.db"))
+    return CostTrackedLLM(inner=inner, budget=budget, ledger=ledger)
+
+
+async def recorded(layer: Any, count: int) -> list[LedgerEntry]:
+    """The layer's entries once there are ``count`` (within 5 s): asyncio closes an
+    abandoned async stream in a task of its own, a moment after the consumer let go."""
+    deadline = time.monotonic() + 5
+    # Polled: a ledger has no event to wait on.
+    while len(found := entries(layer)) < count and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    return found
+
+
+def consumed(deltas: list[str]) -> tuple[int, int, bool]:
+    """What a stream closed after ``deltas`` consumed, estimated (the fake reports its
+    usage only with its last chunk)."""
+    return count_message_tokens(PROMPT), count_tokens("".join(deltas)), True
+
+
+def request(method: str) -> Any:
+    return MESSAGES if "chat" in method else QUESTION
+
+
 @pytest.mark.parametrize("method", ["stream_chat", "stream_complete"])
-def test_a_stream_closed_early_records_nothing(method: str) -> None:
-    llm = tracked(FakeFunctionCallingLLM(), budget=CostBudget(daily_limit=10, strict=True))
-    stream = getattr(llm, method)(MESSAGES if method == "stream_chat" else QUESTION)
+def test_an_early_closed_stream_records_what_it_consumed_and_settles_its_hold(
+    method: str, tmp_path: Path
+) -> None:
+    llm = sql_tracked(tmp_path, FakeFunctionCallingLLM(model_name="fake-1"), budget=STRICT)
+    deltas = []
+    for chunk in getattr(llm, method)(request(method)):
+        deltas.append(chunk.delta)
+        if len(deltas) == 2:
+            break
 
-    next(stream)
-    stream.close()
+    [entry] = entries(llm)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == consumed(deltas)
+    assert entry.model == "fake-1"
+    assert llm.ledger.spend("day") == entry.cost  # the strict-mode hold became the entry
 
-    assert entries(llm) == []
-    assert llm.ledger.spend("day") == 0  # the strict-mode hold is released
+
+def test_a_garbage_collected_stream_records_what_it_consumed(tmp_path: Path) -> None:
+    llm = sql_tracked(tmp_path, FakeFunctionCallingLLM())
+    stream = llm.stream_chat(MESSAGES)
+    first = next(stream).delta
+
+    del stream
+    gc.collect()
+
+    [entry] = entries(llm)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == consumed([first])
 
 
 @pytest.mark.parametrize("method", ["astream_chat", "astream_complete"])
-async def test_an_async_stream_closed_early_records_nothing(method: str) -> None:
-    llm = tracked(FakeFunctionCallingLLM())
-    stream = await getattr(llm, method)(MESSAGES if method == "astream_chat" else QUESTION)
+async def test_an_async_stream_closed_with_aclose_records_what_it_consumed(
+    method: str, tmp_path: Path
+) -> None:
+    llm = sql_tracked(tmp_path, FakeFunctionCallingLLM(), budget=STRICT)
+    stream = await getattr(llm, method)(request(method))
 
-    await stream.__anext__()
+    first = (await stream.__anext__()).delta
     await stream.aclose()
 
-    assert entries(llm) == []
+    [entry] = await recorded(llm, 1)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == consumed([first])
+    assert llm.ledger.spend("day") == entry.cost
+
+
+def test_a_stream_whose_usage_came_before_its_text_is_not_undercounted_when_closed_early(
+    tmp_path: Path,
+) -> None:
+    # llama-index-llms-anthropic repeats message_start's usage (output: 1) on every chunk
+    # until the last one brings the real output count.
+    start = {"usage": {"input_tokens": 11, "output_tokens": 1}}
+    words = ["Paris", " is", " the", " capital", " of", " France."]
+    chunks = [
+        answer("".join(words[: i + 1]), delta=word, message_kwargs=start)
+        for i, word in enumerate(words)
+    ]
+    llm = sql_tracked(tmp_path, ScriptedLLM(chunks=chunks))
+    stream = llm.stream_chat(MESSAGES)
+    for _ in range(3):
+        next(stream)
+    stream.close()
+
+    [entry] = entries(llm)
+    # The input as reported; the output at least one token per delivered chunk.
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (11, 3, True)
 
 
 @pytest.mark.parametrize("method", ["stream_chat", "astream_chat", "stream_complete"])
@@ -271,23 +346,49 @@ async def test_a_stream_failing_mid_way_records_nothing(method: str) -> None:
     assert entries(llm) == []
 
 
-async def test_a_cancelled_stream_records_nothing() -> None:
+async def test_a_stream_cancelled_after_its_first_chunk_records_what_it_consumed(
+    tmp_path: Path,
+) -> None:
     inner = FakeFunctionCallingLLM(hang_seconds=5, fail_after_chunks=1)
-    llm = tracked(inner)
+    llm = sql_tracked(tmp_path, inner, budget=STRICT)
+    deltas: list[str] = []
     first = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in await llm.astream_chat(MESSAGES):
+        async for chunk in await llm.astream_chat(MESSAGES):
+            deltas.append(chunk.delta or "")
             first.set()
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(first.wait(), timeout=2)
+    task.cancel()  # the fake hangs after one chunk: the task waits for the next
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    inner.release()
+    [entry] = await recorded(llm, 1)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == consumed(deltas)
+    assert llm.ledger.spend("day") == entry.cost
+
+
+async def test_a_stream_cancelled_before_its_first_chunk_records_nothing(tmp_path: Path) -> None:
+    inner = FakeFunctionCallingLLM(hang_seconds=5)  # hangs before its first chunk
+    llm = sql_tracked(tmp_path, inner, budget=STRICT)
+
+    async def consume() -> None:
+        async for _ in await llm.astream_chat(MESSAGES):
+            pass
+
+    task = asyncio.create_task(consume())
+    while inner.calls == 0:  # noqa: ASYNC110 - a fake LLM's counter, polled
+        await asyncio.sleep(0.001)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
 
     inner.release()
     assert entries(llm) == []
+    assert llm.ledger.spend("day") == 0  # the hold is released
 
 
 def test_a_stream_without_usage_is_estimated_from_the_accumulated_text() -> None:
@@ -822,3 +923,88 @@ def test_a_strict_hold_covers_the_dearest_fallback_leg() -> None:
     with pytest.raises(BudgetExceededError):
         layer.chat(message, max_tokens=1000)
     assert layer.chat(message, max_tokens=100).message.content == "The fake model answers."
+
+
+async def test_a_loop_of_early_closed_real_openai_streams_spends_until_the_budget_refuses(
+    server: FaultInjectingServer, tmp_path: Path
+) -> None:
+    openai_llms = pytest.importorskip("llama_index.llms.openai")
+    inner = openai_llms.OpenAI(
+        model="gpt-4o-mini", api_base=server.openai_base_url, api_key="t", max_retries=0
+    )
+    budget = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit="0.002")
+    llm = sql_tracked(tmp_path, inner, budget=budget)
+    spends: list[Decimal] = []
+    refused = False
+
+    for _ in range(100):
+        stream = await llm.astream_chat(MESSAGES)
+        try:
+            async for chunk in stream:
+                if chunk.delta:
+                    break  # the consumer has what it wanted
+        except BudgetExceededError:
+            refused = True
+            break
+        finally:
+            await stream.aclose()
+        await recorded(llm, len(spends) + 1)
+        spends.append(llm.ledger.spend("day"))
+
+    found = entries(llm)
+    assert refused
+    assert len(found) == len(spends) == len(server.requests) >= 20  # every stream records
+    assert all(earlier < later for earlier, later in itertools.pairwise(spends))
+    assert all(e.estimated and e.model == "gpt-4o-mini" and e.output_tokens for e in found)
+    assert spends[-1] >= Decimal("0.002")
+
+
+# -- strict holds up to each member's own output cap -----------------------------------------
+
+
+async def held_by(llm: CostTrackedLLM, server: FaultInjectingServer, **call: Any) -> Decimal:
+    """The strict hold of one call, read from the ledger while the provider hangs on it."""
+    task = asyncio.create_task(llm.achat(MESSAGES, **call))
+    while not server.requests:  # noqa: ASYNC110 - the server's record, polled
+        await asyncio.sleep(0.005)
+    held: Decimal = llm.ledger.spend("day")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert llm.ledger.spend("day") == 0  # the hold of the cancelled call is released
+    return held
+
+
+def worst_case(output_tokens: int, price: ModelPrice) -> Decimal:
+    prompt = count_message_tokens(PROMPT)
+    return (prompt * price.input_per_mtok + output_tokens * price.output_per_mtok) / 10**6
+
+
+GPT_4O, MINI = ModelPrice("2.50", 10), ModelPrice(1, 10)
+
+
+@pytest.mark.parametrize(
+    ("call", "output_tokens", "price"),
+    [({}, 8000, MINI), ({"max_tokens": 100}, 100, GPT_4O)],
+    ids=["members-own-caps", "call-max-tokens-caps-every-member"],
+)
+async def test_a_strict_hold_covers_a_real_member_allowed_8000_output_tokens_at_its_price(
+    tmp_path: Path, call: dict[str, Any], output_tokens: int, price: ModelPrice
+) -> None:
+    openai_llms = pytest.importorskip("llama_index.llms.openai")
+    with FaultInjectingServer(default_fault=Fault.hang()) as hanging:
+        options = {"api_base": hanging.openai_base_url, "api_key": "t", "max_retries": 0}
+        chain = FallbackLLM(
+            llms=[
+                openai_llms.OpenAI(model="gpt-4o", **options),  # no cap: 4,096 assumed
+                openai_llms.OpenAI(model="gpt-4o-mini", max_tokens=8000, **options),  # not called
+            ]
+        )
+        budget = CostBudget(
+            daily_limit=10, strict=True, prices={"gpt-4o": GPT_4O, "gpt-4o-mini": MINI}
+        )
+        held = await held_by(sql_tracked(tmp_path, chain, budget=budget), hanging, **call)
+    # Without a call cap, 8,000 tokens at the second member's price is the dearest
+    # combination; the old default (4,096 tokens at the dearest price) held about half.
+    assert held == worst_case(output_tokens, price)
+    assert worst_case(8000, MINI) > worst_case(DEFAULT_MAX_OUTPUT_TOKENS, GPT_4O)

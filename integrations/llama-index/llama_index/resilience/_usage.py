@@ -22,7 +22,15 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
 from llama_index.core.llms.llm import LLM
 
-__all__ = ["StreamTally", "max_output_tokens", "prompt_pairs", "raw_model", "reported_tokens"]
+__all__ = [
+    "StreamTally",
+    "asked_output_tokens",
+    "max_output_tokens",
+    "output_cap",
+    "prompt_pairs",
+    "raw_model",
+    "reported_tokens",
+]
 
 _INPUT_KEYS = ("prompt_tokens", "input_tokens")
 _OUTPUT_KEYS = ("completion_tokens", "output_tokens")
@@ -94,6 +102,24 @@ def max_output_tokens(llm: LLM, kwargs: Mapping[str, Any]) -> int | None:
     return reserved if isinstance(reserved, int) and reserved > 0 else None
 
 
+def asked_output_tokens(kwargs: Mapping[str, Any]) -> int | None:
+    """The call's own output cap: its ``max_tokens`` keyword, if a count."""
+    return _count(kwargs.get("max_tokens"))
+
+
+def output_cap(llm: LLM) -> int | None:
+    """The most output tokens ``llm`` writes per call, as LlamaIndex states it.
+
+    Its ``max_tokens`` field (``OpenAI``, ``Anthropic``), else ``metadata.num_output``
+    (the output LlamaIndex reserves for it) when > 0, else None (unknown).
+    """
+    own = _count(getattr(llm, "max_tokens", None))
+    if own is not None:
+        return own
+    reserved = llm.metadata.num_output
+    return reserved if isinstance(reserved, int) and reserved > 0 else None
+
+
 class StreamTally:
     """What a stream reported, chunk by chunk: text deltas, usage, the serving model.
 
@@ -116,6 +142,11 @@ class StreamTally:
     def started(self) -> bool:
         """Whether any chunk was added."""
         return bool(self._deltas)
+
+    @property
+    def deltas(self) -> tuple[str, ...]:
+        """Each added chunk's text delta, in order (``""`` for a chunk without one)."""
+        return tuple(self._deltas)
 
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")

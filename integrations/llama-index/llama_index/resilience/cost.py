@@ -11,8 +11,13 @@ model is never called) and records one ledger entry after it:
   or ``message.additional_kwargs["usage"]``), else both estimated over the request
   messages and the answer, flagged ``estimated``;
 * streams: gated on first iteration, recorded once after the last chunk from the usage
-  the chunks reported, else estimated from the accumulated text; a stream that fails,
-  is cancelled or is closed early records nothing;
+  the chunks reported, else estimated from the accumulated text. A stream its consumer
+  closes early (``break``, ``close()``/``aclose()``, garbage collection) or cancels
+  after chunks arrived records what it consumed
+  (:func:`~llm_resilience.usage.partial_stream_usage`: the usage reported so far, else
+  the prompt and the delivered text estimated); one that failed with an error records
+  nothing (a failover inside a :class:`~llama_index.resilience.FallbackLLM` below is
+  not seen here);
 * embeddings: always estimated over the input texts.
 
 Every entry names the model that served: the provider's ``raw.model``, else the member
@@ -38,7 +43,8 @@ from llama_index.resilience._delegate import (
 )
 from llama_index.resilience._usage import (
     StreamTally,
-    max_output_tokens,
+    asked_output_tokens,
+    output_cap,
     prompt_pairs,
     raw_model,
     reported_tokens,
@@ -47,11 +53,11 @@ from llama_index.resilience._usage import (
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 
 from llm_resilience import _checks
-from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget
+from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget, ServingModel
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.ledger import CostLedger
 from llm_resilience.tokens import count_message_tokens
-from llm_resilience.usage import Usage, chat_usage, embedding_usage
+from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
 
 __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
 
@@ -82,9 +88,12 @@ class CostTrackedLLM(DelegatingLLM):
     ``budget`` is a :class:`~llm_resilience.budget.CostBudget`; this layer keeps one
     :class:`~llm_resilience.budget.BudgetGate` over it. ``ledger`` may be shared by every
     layer of the process (None: a new in-memory ledger, with a warning naming
-    ``SqlCostLedger``). ``scope`` (a tenant, user or key; None is unscoped) applies to
+    ``SqlCostLedger``). ``scope`` (a tenant, a user, a hash of a key; None: unscoped) applies to
     every call; a call's ``budget_scope=`` keyword overrides it and is never passed to
-    the inner LLM. Windows are UTC days and months; money is exact ``Decimal``.
+    the inner LLM. Windows are UTC days and months; money is exact ``Decimal``. In strict
+    mode the hold covers every LLM below that may serve, each up to its own output cap
+    (the call's ``max_tokens``, else the LLM's ``max_tokens``, else its
+    ``metadata.num_output``, else 4,096), at its own price.
 
     Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
     non-text ``scope``, or an ``inner`` that is not an ``LLM``; calls raise
@@ -99,7 +108,7 @@ class CostTrackedLLM(DelegatingLLM):
 
     _call_options = (BUDGET_SCOPE_KWARG,)
     _gate: BudgetGate = PrivateAttr()
-    _may_serve: tuple[str, ...] = PrivateAttr(default=())
+    _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
 
     def __init__(
         self,
@@ -113,11 +122,11 @@ class CostTrackedLLM(DelegatingLLM):
         gate = _gate(budget, ledger, scope)
         super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
         self._gate = gate
-        # Strict holds are priced at the dearest model that may answer (any fallback leg).
+        # Strict holds cover every model that may answer (any fallback leg) up to its cap.
         self._may_serve = tuple(
-            leaf.metadata.model_name
+            ServingModel(leaf.metadata.model_name or None, output_cap(leaf))
             for leaf in leaves(inner)
-            if isinstance(leaf, LLM) and leaf.metadata.model_name
+            if isinstance(leaf, LLM)
         )
 
     @classmethod
@@ -139,7 +148,8 @@ class CostTrackedLLM(DelegatingLLM):
         gate_kwargs = {
             "scope": scope,
             "estimated_input_tokens": estimated,
-            "max_output_tokens": max_output_tokens(self.inner, kwargs),
+            # The call's own cap reaches every model below; each model's own is in _may_serve.
+            "max_output_tokens": asked_output_tokens(kwargs),
             "model": self.inner.metadata.model_name,
             "may_serve": self._may_serve,
         }
@@ -176,6 +186,39 @@ class CostTrackedLLM(DelegatingLLM):
             return
         usage, model = self._account(call, response)
         await call.ticket.afinish(usage, model=model)
+
+    def _end_early(self, context: Any, last: AnyResponse | None) -> None:
+        call: _Call = context
+        assert call.ticket is not None
+        usage, model = self._consumed(call, last)
+        if usage is None:
+            call.ticket.abandon()
+        else:
+            call.ticket.finish(usage, model=model)
+
+    async def _aend_early(self, context: Any, last: AnyResponse | None) -> None:
+        # Runs in the stream's ``finally``, often while its task is being cancelled: the
+        # ticket's async writes are shielded, so the entry is kept even if cancelled again.
+        call: _Call = context
+        assert call.ticket is not None
+        usage, model = self._consumed(call, last)
+        if usage is None:
+            await call.ticket.aabandon()
+        else:
+            await call.ticket.afinish(usage, model=model)
+
+    def _consumed(self, call: _Call, last: AnyResponse | None) -> tuple[Usage | None, str]:
+        """What a stream closed early consumed (None: nothing to record), and who served."""
+        tally = call.tally
+        usage = partial_stream_usage(
+            tally.input_tokens,
+            tally.output_tokens,
+            prompt=call.prompt,
+            deltas=tally.deltas,
+            delivered_text=tally.text(last) if last is not None else None,
+        )
+        served = self._served_by(last) if last is not None else self.inner.metadata.model_name
+        return usage, tally.model or served
 
     def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str]:
         """The usage to record and the model that served."""

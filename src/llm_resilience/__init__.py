@@ -16,7 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llm_resilience.budget import BudgetGate, CostBudget, ModelPrice
+    from llm_resilience.budget import BudgetGate, CostBudget, ModelPrice, ServingModel
     from llm_resilience.errors import (
         BudgetExceededError,
         LLMResilienceError,
@@ -41,6 +41,7 @@ __all__ = [
     "LLMResilienceError",
     "LedgerEntry",
     "ModelPrice",
+    "ServingModel",
     "PerClientTimeoutError",
     "RateLimitQueueFullError",
     "RedisTokenBucketRateLimiter",
@@ -59,6 +60,7 @@ _LOCATIONS = {
     "BudgetGate": "llm_resilience.budget",
     "CostBudget": "llm_resilience.budget",
     "ModelPrice": "llm_resilience.budget",
+    "ServingModel": "llm_resilience.budget",
     "BudgetExceededError": "llm_resilience.errors",
     "LLMResilienceError": "llm_resilience.errors",
     "PerClientTimeoutError": "llm_resilience.errors",

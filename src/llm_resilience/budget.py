@@ -544,9 +544,12 @@ class BudgetTicket:
     """One admitted call: ``finish`` records its cost, ``abandon`` records nothing.
 
     The first of ``finish``/``abandon`` (or their async twins) wins; later calls do nothing,
-    so ``abandon`` is safe in a ``finally`` after ``finish``. Abandon a call that failed, and
-    a stream that was cancelled, failed or closed early: its true usage is unknown, and
-    guessing would corrupt the ledger. In strict mode both release the hold.
+    so ``abandon`` is safe in a ``finally`` after ``finish``. Abandon a call that failed
+    or was cancelled before it delivered anything, and a stream that failed. A stream its
+    consumer closed or cancelled after chunks arrived is finished with
+    :func:`~llm_resilience.usage.partial_stream_usage`: the provider billed it. In strict
+    mode both release the hold. The async twins finish their ledger write even when the
+    caller is cancelled meanwhile.
     """
 
     __slots__ = ("_done", "_gate", "model", "reservation", "scope", "surface")

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from llm_resilience.budget import BudgetGate, CostBudget, ModelPrice, ServingModel
     from llm_resilience.errors import (
         BudgetExceededError,
+        LedgerTimeoutError,
         LLMResilienceError,
         PerClientTimeoutError,
         RateLimitBackendError,
@@ -40,6 +41,7 @@ __all__ = [
     "InMemoryCostLedger",
     "LLMResilienceError",
     "LedgerEntry",
+    "LedgerTimeoutError",
     "ModelPrice",
     "ServingModel",
     "PerClientTimeoutError",
@@ -63,6 +65,7 @@ _LOCATIONS = {
     "ServingModel": "llm_resilience.budget",
     "BudgetExceededError": "llm_resilience.errors",
     "LLMResilienceError": "llm_resilience.errors",
+    "LedgerTimeoutError": "llm_resilience.errors",
     "PerClientTimeoutError": "llm_resilience.errors",
     "RateLimitQueueFullError": "llm_resilience.errors",
     "RateLimitBackendError": "llm_resilience.errors",

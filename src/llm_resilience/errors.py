@@ -5,7 +5,8 @@
     ├── BudgetExceededError
     ├── RateLimitQueueFullError
     ├── RateLimitBackendError
-    └── RequestExceedsCapacityError (also a builtin ``ValueError``)
+    ├── RequestExceedsCapacityError (also a builtin ``ValueError``)
+    └── LedgerTimeoutError (also a builtin ``TimeoutError``)
 
 Each carries its facts as attributes and states them in its message. None of the
 messages of the non-transient errors contains the words the transient classifier
@@ -22,6 +23,7 @@ from decimal import Decimal
 __all__ = [
     "BudgetExceededError",
     "LLMResilienceError",
+    "LedgerTimeoutError",
     "PerClientTimeoutError",
     "RateLimitBackendError",
     "RateLimitQueueFullError",
@@ -117,4 +119,25 @@ class RequestExceedsCapacityError(LLMResilienceError, ValueError):
         super().__init__(
             f"Request needs {requested} {unit} but the bucket holds at most {capacity} "
             f"({option}={capacity}); it could never be granted."
+        )
+
+
+class LedgerTimeoutError(LLMResilienceError, TimeoutError):
+    """A ledger operation did not finish within the ledger's ``operation_timeout``.
+
+    Raised once the connection the operation was using has been interrupted and
+    discarded, so nothing of it keeps running in this process. ``operation`` names it
+    (``"spend"``, ``"reserve"``, ``"entries"``, ``"open"``, ...) and ``timeout`` is the
+    bound. The message never carries SQL parameters (a scope can be a user id).
+    """
+
+    def __init__(self, operation: str, timeout: timedelta) -> None:
+        #: The ledger operation that ran out of time.
+        self.operation = operation
+        #: The bound it exceeded.
+        self.timeout = timeout
+        super().__init__(
+            f"The cost ledger's {operation} did not finish within its bound of "
+            f"{timeout.total_seconds():g} s; it was abandoned and its database connection "
+            f"discarded."
         )

@@ -10,6 +10,10 @@ meter forwards to it). Without an SDK every call is a no-op.
   ``surface``, ``gen_ai.operation.name``, ``gen_ai.token.type``.
 * ``llm_resilience.llm.cost``: counter, in the prices' currency; attributes ``surface``,
   ``gen_ai.operation.name``.
+* ``llm_resilience.ledger.pending``: up-down counter, ledger writes waiting in memory for
+  the database to answer again; attribute ``backend`` (sqlite, postgresql).
+* ``llm_resilience.ledger.dropped``: counter, pending writes given up (the queue was full,
+  or the database refused the write); attribute ``backend``.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from decimal import Decimal
 from typing import Any, Literal
 
 __all__ = [
+    "LEDGER_DROPPED",
+    "LEDGER_PENDING",
     "LLM_COST",
     "LLM_TOKENS",
     "METER_NAME",
     "RATELIMIT_WAIT",
     "Outcome",
     "Surface",
+    "record_ledger_dropped",
+    "record_ledger_pending",
     "record_llm_usage",
     "record_rate_limit_wait",
 ]
@@ -33,6 +41,8 @@ METER_NAME = "llm_resilience"
 RATELIMIT_WAIT = "llm_resilience.ratelimit.wait.duration"
 LLM_TOKENS = "llm_resilience.llm.tokens"
 LLM_COST = "llm_resilience.llm.cost"
+LEDGER_PENDING = "llm_resilience.ledger.pending"
+LEDGER_DROPPED = "llm_resilience.ledger.dropped"
 
 Surface = Literal["chat", "embedding"]
 Outcome = Literal["granted", "rejected", "cancelled", "faulted"]
@@ -50,7 +60,7 @@ def _meter() -> Any:
 
 
 def _instrument(
-    kind: Literal["histogram", "counter"], name: str, unit: str, description: str
+    kind: Literal["histogram", "counter", "updowncounter"], name: str, unit: str, description: str
 ) -> Any:
     instrument = _instruments.get(name)
     if instrument is None:
@@ -58,7 +68,11 @@ def _instrument(
             instrument = _instruments.get(name)
             if instrument is None:
                 meter = _meter()
-                create = meter.create_histogram if kind == "histogram" else meter.create_counter
+                create = {
+                    "histogram": meter.create_histogram,
+                    "counter": meter.create_counter,
+                    "updowncounter": meter.create_up_down_counter,
+                }[kind]
                 instrument = create(name, unit=unit, description=description)
                 _instruments[name] = instrument
     return instrument
@@ -112,3 +126,21 @@ def record_llm_usage(
     _instrument(
         "counter", LLM_COST, "{currency}", "Cost of LLM calls, in the prices' currency."
     ).add(float(cost), {"surface": surface, "gen_ai.operation.name": operation})
+
+
+def record_ledger_pending(change: int, *, backend: str) -> None:
+    """Add ``change`` to the ledger writes pending: +1 per write queued, minus those
+    written or dropped."""
+    _instrument(
+        "updowncounter",
+        LEDGER_PENDING,
+        "{entry}",
+        "Ledger writes waiting in memory for the database to answer.",
+    ).add(change, {"backend": backend})
+
+
+def record_ledger_dropped(count: int, *, backend: str) -> None:
+    """Count ``count`` pending ledger writes given up (queue full, or refused)."""
+    _instrument(
+        "counter", LEDGER_DROPPED, "{entry}", "Pending ledger writes given up, never written."
+    ).add(count, {"backend": backend})

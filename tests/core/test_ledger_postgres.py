@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine, make_url
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 COLUMNS = [
     "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
-    "pages", "model", "estimated", "surface", "scope",
+    "pages", "model", "estimated", "surface", "scope", "entry_id",
 ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from llm_resilience._checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, LedgerEntry, SqlCostLedger
 from llm_resilience.ledger._protocol import exact_sum
@@ -29,7 +30,7 @@ from llm_resilience.ledger._protocol import exact_sum
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 COLUMNS = [
     "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
-    "pages", "model", "estimated", "surface", "scope",
+    "pages", "model", "estimated", "surface", "scope", "entry_id",
 ]  # fmt: skip
 # The first release's table, as it created it.
 OLD_SCHEMA = (
@@ -85,6 +86,7 @@ def entry(
 
 _WORKER = """
 from decimal import Decimal
+from llm_resilience._checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
 
@@ -205,10 +207,11 @@ def test_point_one_plus_point_two_is_exactly_point_three_after_a_round_trip(url:
 def test_many_tiny_costs_and_costs_beyond_float_precision_stay_exact(ledger: SqlCostLedger) -> None:
     for _ in range(300):
         ledger.record(entry("0.0000000000000000001"))  # 1e-19
-    long_cost = Decimal("1234.5678901234567890123456789")  # 29 significant digits
+    # 39 significant digits, the most a cost may have (below 10**15 money, 24 places).
+    long_cost = Decimal("123456789012345.123456789012345678901234")
     ledger.record(entry(str(long_cost), scope="t"))
-    # 34 significant digits: the default decimal context (28) would round this sum.
-    assert ledger.spend("day", now=NOW) == Decimal("1234.5678901234567890423456789")
+    # The default decimal context (28 digits) would round this sum.
+    assert ledger.spend("day", now=NOW) == Decimal("123456789012345.123456789012345708901234")
     assert ledger.spend("month", scope="t", now=NOW) == long_cost
     assert ledger.entries()[-1].cost == long_cost
 
@@ -468,10 +471,129 @@ def test_failures_surface_as_exceptions_promptly(tmp_path: Path) -> None:
     connection.close()
     with pytest.raises(Exception, match="no such table"):
         ledger.spend("day")
+    ledger.record(entry("1"))  # not lost: it waits for the database to take it
+    assert ledger.pending == 1
     with pytest.raises(Exception, match="no such table"):
-        ledger.record(entry("1"))
+        ledger.spend("day")
     ledger.close()
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    "bad_url",
+    [
+        "",
+        "not a url",
+        None,
+        123,
+        b"sqlite://",
+        "postgresql+asyncpg://user@127.0.0.1/db",
+        "sqlite+aiosqlite:///spend.db",
+        "mysql://user@127.0.0.1/db",
+    ],
+)
+def test_a_url_that_is_not_one_of_the_accepted_forms_is_a_value_error_naming_them(
+    bad_url: object,
+) -> None:
+    forms = (
+        r"url must .*'sqlite:///.*'sqlite://'.*'postgresql\+psycopg://user@host/db'.*'postgresql://"
+    )
+    with pytest.raises(ValueError, match=forms):
+        SqlCostLedger(bad_url)  # type: ignore[arg-type]
+
+
+def test_a_postgresql_url_without_a_driver_opens_with_psycopg(postgres_url: str) -> None:
+    with fresh_postgres_schema(postgres_url) as scoped:
+        ledger = SqlCostLedger(scoped.replace("postgresql+psycopg://", "postgresql://"))
+        try:
+            assert ledger.url.startswith("postgresql+psycopg://")
+            ledger.record(entry("1"))
+            assert ledger.spend("day", now=NOW) == Decimal(1)
+        finally:
+            ledger.close()
+
+
+@pytest.mark.parametrize("option", ["operation_timeout", "connect_timeout", "reservation_ttl"])
+@pytest.mark.parametrize("value", [0, -1.5, float("nan"), timedelta.max, "5", timedelta(0)])
+def test_durations_out_of_range_are_value_errors_naming_the_option(
+    option: str, value: object
+) -> None:
+    with pytest.raises(ValueError, match=option):
+        SqlCostLedger("sqlite://", **{option: value})  # type: ignore[arg-type]
+
+
+def test_durations_are_seconds_or_timedeltas_and_max_pending_is_at_least_one() -> None:
+    ledger = SqlCostLedger("sqlite://", operation_timeout=timedelta(seconds=2), connect_timeout=3)
+    try:
+        assert ledger.operation_timeout == timedelta(seconds=2)
+        assert ledger.connect_timeout == timedelta(seconds=3)
+    finally:
+        ledger.close()
+    for value in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="max_pending"):
+            SqlCostLedger("sqlite://", max_pending=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scope", ["tenant-\x00", "tenant-\ud800", "x" * 10_000])
+def test_a_scope_with_a_nul_a_lone_surrogate_or_10_kb_of_text_is_refused_naming_scope(
+    scope: str,
+) -> None:
+    with pytest.raises(ValueError, match="scope"):
+        LedgerEntry(NOW, "chat", scope=scope)
+    ledger = SqlCostLedger("sqlite://")
+    try:
+        with pytest.raises(ValueError, match="scope"):
+            ledger.spend("day", scope=scope)
+        with pytest.raises(ValueError, match="scope"):
+            ledger.reserve(Decimal(1), limits={("day", scope): Decimal(5)}, scope=None)
+        with pytest.raises(ValueError, match="scope"):
+            ledger.reserve(Decimal(1), limits={}, scope=scope)
+    finally:
+        ledger.close()
+
+
+def test_the_largest_allowed_values_are_stored_and_read_back_exactly(
+    ledger: SqlCostLedger,
+) -> None:
+    largest = LedgerEntry(
+        NOW,
+        "chat",
+        input_tokens=MAX_COUNT,
+        output_tokens=MAX_COUNT,
+        cost=Decimal("9" * MAX_COST.adjusted() + "." + "9" * MAX_COST_PLACES),  # 54 nines
+        pages=MAX_COUNT,
+        scope="\U0001f600" * MAX_SCOPE_LENGTH,  # 4 bytes each in UTF-8
+    )
+    ledger.record(largest)
+    stored = ledger.entries()
+    assert stored == [largest]
+    assert stored[0].entry_id == largest.entry_id
+    assert ledger.spend("month", scope=largest.scope, now=NOW) == largest.cost
+    assert ledger.spend("day", now=NOW) == largest.cost
+    for option in ("input_tokens", "output_tokens", "pages"):
+        with pytest.raises(ValueError, match=option):
+            LedgerEntry(NOW, "chat", **{option: MAX_COUNT + 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cost"):
+        LedgerEntry(NOW, "chat", cost=MAX_COST)
+
+
+def test_rows_stored_before_todays_bounds_are_read_back_as_they_are(tmp_path: Path) -> None:
+    path = tmp_path / "spend.db"
+    SqlCostLedger(f"sqlite:///{path}").close()
+    tiny, scope = "0.000000000000000000000000000001", "s" * 300  # 30 places, 300 characters
+    with sqlite3.connect(path) as connection:
+        connection.execute(
+            "INSERT INTO cost_ledger (timestamp, kind, input_tokens, output_tokens, cost, scope)"
+            " VALUES ('2026-11-29 08:00:00.000000', 'chat', 1, 1, ?, ?)",
+            (tiny, scope),
+        )
+    connection.close()
+    ledger = SqlCostLedger(f"sqlite:///{path}")
+    try:
+        [old] = ledger.entries()
+        assert (old.cost, old.scope, old.entry_id) == (Decimal(tiny), scope, None)
+    finally:
+        ledger.close()
 
 
 def test_only_sqlite_and_postgresql_urls_are_accepted_and_options_are_checked() -> None:

@@ -3,7 +3,9 @@
 * :class:`InMemoryCostLedger`: the default; exact and thread-safe, lost on restart.
 * :class:`SqlCostLedger`: SQLite (``sqlite:///spend.db``) or PostgreSQL
   (``postgresql+psycopg://...``) through SQLAlchemy; survives restarts and is shared by
-  every process and worker opening the same database.
+  every process and worker opening the same database. Every operation is bounded by its
+  ``operation_timeout`` (:class:`LedgerTimeoutError` past it), and writes the database
+  does not take wait in memory until it does.
 
 Any object with the :class:`CostLedger` methods can replace both.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._memory import InMemoryCostLedger
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
@@ -40,6 +43,7 @@ __all__ = [
     "CostLedger",
     "InMemoryCostLedger",
     "LedgerEntry",
+    "LedgerTimeoutError",
     "Reservation",
     "SqlCostLedger",
     "Window",

@@ -12,12 +12,14 @@ without the default context's 28-digit rounding.
 from __future__ import annotations
 
 import decimal
+import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Literal, Protocol, get_args, runtime_checkable
 
+from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
 
 __all__ = [
@@ -80,14 +82,6 @@ def _money(option: str, value: object) -> Decimal:
     return money
 
 
-def _count(option: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{option} must be an integer >= 0, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{option} must be an integer >= 0, got {value!r}")
-    return value
-
-
 def _utc(option: str, value: object) -> datetime:
     """``value`` converted to UTC; naive datetimes are refused, never guessed."""
     if not isinstance(value, datetime):
@@ -113,10 +107,19 @@ class LedgerEntry:
     >>> entry = LedgerEntry(datetime(2026, 11, 29, 10, tzinfo=UTC), "chat",
     ...                     input_tokens=1200, output_tokens=300, cost=Decimal("0.0081"))
 
-    Counts and money only, never prompt or response text. Validated on construction:
-    a naive ``timestamp`` raises ``ValueError`` (an aware one is converted to UTC), a
-    float ``cost`` raises ``TypeError`` (an ``int`` becomes a ``Decimal``), counts and
-    cost must be >= 0, ``kind`` non-empty text, ``scope`` non-empty text or None.
+    Counts and money only, never prompt or response text. Validated on construction, so
+    every entry can be stored by every ledger: a naive ``timestamp`` raises
+    ``ValueError`` (an aware one is converted to UTC); a float ``cost`` raises
+    ``TypeError`` (an ``int`` becomes a ``Decimal``); counts are integers from 0 to
+    2,147,483,647 (a PostgreSQL ``INTEGER``); ``cost`` is >= 0, below 10**30 and has at
+    most 24 decimal places (so is any cost priced from valid prices and counts); ``kind``
+    is non-empty text; ``scope`` is None or at most 256 characters of printable text (no
+    NUL or other control character, no lone surrogate).
+
+    ``entry_id`` (32 hex digits, new for each entry) makes a write idempotent: a ledger
+    stores an entry whose id it already holds only once, so a write retried after a
+    failure that had in fact reached the database is not counted twice. It is not part
+    of equality: two entries with the same facts compare equal.
     """
 
     #: When the call finished, timezone-aware, stored in UTC.
@@ -139,18 +142,22 @@ class LedgerEntry:
     surface: str | None = None
     #: Budget scope (tenant, user, key); None is unscoped.
     scope: str | None = None
+    #: Unique id of this entry; None only for rows stored before ids existed.
+    entry_id: str | None = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timestamp", _utc("timestamp", self.timestamp))
         if not isinstance(self.kind, str) or not self.kind:
             raise TypeError(f"kind must be non-empty text, got {self.kind!r}")
         for option in ("input_tokens", "output_tokens", "pages"):
-            _count(option, getattr(self, option))
-        object.__setattr__(self, "cost", _money("cost", self.cost))
+            _checks.count(option, getattr(self, option))
+        object.__setattr__(self, "cost", _checks.cost_in_range("cost", _money("cost", self.cost)))
         if not isinstance(self.estimated, bool):
             raise TypeError(f"estimated must be a bool, got {self.estimated!r}")
-        for option in ("model", "surface", "scope"):
+        for option in ("model", "surface"):
             _optional_text(option, getattr(self, option))
+        check_scope(self.scope)
+        _checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +253,9 @@ def check_now(now: datetime | None) -> datetime:
 
 
 def check_scope(scope: object) -> str | None:
-    """A budget scope: non-empty text, or None for the global total."""
-    return _optional_text("scope", scope)
+    """A budget scope: None for the global total, or text every ledger can store and
+    index (at most 256 characters, no control character or lone surrogate)."""
+    return _checks.scope("scope", _optional_text("scope", scope))
 
 
 def _check_window(window: object) -> Window:
@@ -300,9 +308,7 @@ def check_limits(
     """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order."""
     checked: list[tuple[Window, str | None, Decimal]] = []
     for (window, scope), limit in limits.items():
-        checked.append(
-            (_check_window(window), _optional_text("scope", scope), _money("limit", limit))
-        )
+        checked.append((_check_window(window), check_scope(scope), _money("limit", limit)))
     return checked
 
 

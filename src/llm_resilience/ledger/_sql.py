@@ -1,77 +1,54 @@
 """The persistent ledger: SQLite or PostgreSQL through SQLAlchemy.
 
-Three tables, created on first open:
-
-* ``cost_ledger``: one row per entry. The first release's columns (``id``,
-  ``timestamp``, ``kind``, ``input_tokens``, ``output_tokens``, ``cost``) then ``pages``,
-  ``model``, ``estimated``, ``surface``, ``scope``; a table of the first release's shape
-  gets the new columns by ``ALTER TABLE ... ADD COLUMN``, in that order, every row kept,
-  and its running totals built from its rows.
-* ``cost_ledger_totals``: the running total of every UTC day and month, globally
-  (scope ``''``) and per scope, updated with each insert, so a window's spend is read
-  from one primary-key prefix (1 row on SQLite, at most 16 on PostgreSQL) however long
-  the ledger grows: 0.2-0.6 ms against 200-300 ms for a ``SUM`` over a million rows.
-* ``cost_ledger_reservations``: strict mode's live holds (a handful of rows).
-
-Money is exact: PostgreSQL stores unconstrained ``NUMERIC``; SQLite, whose ``NUMERIC``
-affinity would turn ``'0.3'`` into a float, stores decimal text. The one exception is
-the ``cost`` column of a SQLite table the first release created: it keeps its
-``NUMERIC`` affinity (SQLite cannot change a column's type in place), so each row's
-cost there is exact to 15 significant digits; the running totals stay exact.
-Timestamps are UTC: ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL, ``YYYY-MM-DD
-HH:MM:SS.ffffff`` text (which sorts in time order) on SQLite.
+Tables, statements and migration are in :mod:`._schema`; deadlines in :mod:`._watchdog`
+and :mod:`._connector`; the writes waiting for the database in :mod:`._pending`.
 
 Concurrency: on SQLite every write is one transaction that takes the write lock up front
-(``BEGIN IMMEDIATE``, WAL mode, 30 s busy timeout). On PostgreSQL a record is one
-statement (insert the entry, add its cost to its totals); ``reserve`` and schema setup
-serialise on a transaction-scoped advisory lock. Any number of processes may open,
-write and migrate the same database at once.
+(``BEGIN IMMEDIATE``, WAL mode). On PostgreSQL a record is one statement (insert the
+entry, add its cost to its totals); ``reserve`` and schema changes serialise on a
+transaction-scoped advisory lock. Any number of processes may open, write and migrate
+the same database at once.
+
+Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
+called, ends within ``T`` plus the watchdog's reaction (measured on 2 cores under each
+fault of ``tests/core/test_ledger_faults.py``: at most 12 ms). Inside it, waiting
+for a free connection, opening one, waiting for a lock, and every statement share that
+one deadline. Past it the watchdog interrupts the connection in use (psycopg: its socket
+is shut down; sqlite3: ``interrupt()``, and the busy timeout is set to what is left of
+``T`` before each use) and the connection is discarded. PostgreSQL sessions also get
+``lock_timeout``, ``statement_timeout`` and ``idle_in_transaction_session_timeout`` of
+``T``, so the server lets go of an abandoned statement's locks too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
+import math
 import random
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Column,
-    DateTime,
-    Index,
-    Integer,
-    MetaData,
-    Numeric,
-    Table,
-    Text,
-    bindparam,
-    create_engine,
-    delete,
-    event,
-    false,
-    inspect,
-    select,
-    text,
-    union_all,
-)
-from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection, Dialect, Engine, make_url
+from sqlalchemy import create_engine, delete, event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
-from sqlalchemy.sql.expression import CompoundSelect, Executable, TextClause
-from sqlalchemy.types import TypeDecorator
 
+from llm_resilience import _checks
+from llm_resilience.errors import LedgerTimeoutError
+from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
-    WINDOWS,
     LedgerEntry,
     Reservation,
     Window,
@@ -81,250 +58,106 @@ from llm_resilience.ledger._protocol import (
     check_scope,
     exact_sum,
     refusal,
-    window_bounds,
     window_key,
 )
+from llm_resilience.ledger._schema import (
+    holds,
+    insert_entry,
+    is_current,
+    migrate,
+    read_entries,
+    read_spend,
+)
+from llm_resilience.ledger._watchdog import Operation, Watchdog
 
 __all__ = ["SqlCostLedger"]
 
-#: How long a SQLite writer waits for another process's write lock before failing.
-SQLITE_BUSY_TIMEOUT = timedelta(seconds=30)
-#: How long a PostgreSQL statement waits for a lock held by another worker.
-POSTGRES_LOCK_TIMEOUT = timedelta(seconds=30)
-#: Scope column value of the global (all scopes) running totals.
-GLOBAL_SCOPE = ""
-#: Rows each PostgreSQL running total is spread over. A writer adds to one at random, so
-#: concurrent writers rarely wait for each other's row lock (held until their commit's
-#: fsync) and their commits can share a WAL flush; a read sums at most this many rows.
-POSTGRES_TOTALS_SHARDS = 16
-_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+logger = logging.getLogger(__name__)
+
+#: Default bound on every ledger operation.
+DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
+#: Default bound on libpq's own connection attempt (whole seconds, 2 at least).
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
+#: The longest ``operation_timeout`` and ``connect_timeout`` accepted.
+MAX_OPERATION_TIMEOUT = timedelta(days=1)
+#: Bound on opening a ledger whose tables must be created or migrated, waiting for
+#: another process's migration included: building the totals of a first-release table
+#: takes about 7 s per million SQLite rows (2 s on PostgreSQL).
+MIGRATION_TIMEOUT = timedelta(minutes=10)
+#: Pending writes stored per transaction when the database answers again.
+FLUSH_BATCH = 100
+#: Connections pooled per ledger, and the extra ones it may open under load: at most
+#: this many operations run at once, the others wait (within their deadline).
+POOL_SIZE, MAX_OVERFLOW = 5, 10
 # Execution option read by the SQLite "begin" hook: the statement that opens the transaction.
 _BEGIN = "llm_resilience_begin"
-
-
-def _to_decimal(value: object) -> Decimal:
-    """A stored amount as ``Decimal``: text and PostgreSQL numerics exactly; the floats
-    a first-release SQLite ``NUMERIC`` column holds via their shortest repr (exact for
-    amounts of up to 15 significant digits)."""
-    if value is None:
-        return Decimal(0)
-    if isinstance(value, float):
-        return Decimal(repr(value))
-    if isinstance(value, Decimal | int | str):
-        return Decimal(value)
-    raise TypeError(f"unreadable amount {value!r} in the cost ledger")
-
-
-def _to_utc(value: object) -> datetime:
-    """A stored timestamp as an aware UTC datetime; naive values are UTC by contract."""
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise ValueError(f"unreadable timestamp {value!r} in the cost ledger") from None
-    elif isinstance(value, int | float):
-        moment = datetime.fromtimestamp(value, UTC)
-    else:
-        raise TypeError(f"unreadable timestamp {value!r} in the cost ledger")
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def _utc_day(value: object) -> str:
-    """``YYYY-MM-DD`` of a stored timestamp's UTC date; text without an offset (ours, and
-    ``...Z``) is sliced, not parsed, which makes building totals from rows 3x faster."""
-    if isinstance(value, str) and value[4:5] == value[7:8] == "-":
-        tail = value[10:]
-        if "+" not in tail and "-" not in tail:
-            return value[:10]
-    return f"{_to_utc(value):%Y-%m-%d}"
-
-
-class _Money(TypeDecorator[Decimal]):
-    """Exact money: unconstrained ``NUMERIC`` on PostgreSQL, decimal text on SQLite."""
-
-    impl = Numeric  # for SQL arithmetic (``total + excluded.total``); SQLite gets Text
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name == "sqlite":
-            return dialect.type_descriptor(Text())
-        return dialect.type_descriptor(Numeric(asdecimal=True))
-
-    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Any:
-        if value is None or dialect.name != "sqlite":
-            return value
-        return format(value, "f")  # plain digits: '1E-7' would read as a float literal
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal:
-        return _to_decimal(value)
-
-
-class _UtcTime(TypeDecorator[datetime]):
-    """UTC instants: ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL, sortable text on SQLite."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name == "sqlite":
-            return dialect.type_descriptor(Text())
-        return dialect.type_descriptor(DateTime(timezone=True))
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        moment = value.astimezone(UTC)
-        return moment.strftime(_TIME_FORMAT) if dialect.name == "sqlite" else moment
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> datetime:
-        return _to_utc(value)
-
-
-_metadata = MetaData()
-_ledger = Table(
-    "cost_ledger",
-    _metadata,
-    # INTEGER PRIMARY KEY is SQLite's rowid alias; BIGSERIAL on PostgreSQL.
-    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("timestamp", _UtcTime(), nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("input_tokens", Integer, nullable=False),
-    Column("output_tokens", Integer, nullable=False),
-    Column("cost", _Money(), nullable=False),
-    Column("pages", Integer, nullable=False, server_default=text("0")),
-    Column("model", Text),
-    Column("estimated", Boolean(create_constraint=False), nullable=False, server_default=false()),
-    Column("surface", Text),
-    Column("scope", Text),
-    Index("ix_cost_ledger_timestamp", "timestamp"),
+# Connection info key: the busy timeout (ms) last set on a SQLite connection, and how
+# far from the wanted value it may be before it is set again.
+_BUSY_MS = "llm_resilience_busy_ms"
+_BUSY_SLACK_MS = 20
+_URL_FORMS = (
+    "'sqlite:///path/to/spend.db' (a file), 'sqlite://' (in memory), "
+    "'postgresql+psycopg://user@host/db' or 'postgresql://user@host/db'"
 )
-_totals = Table(
-    "cost_ledger_totals",
-    _metadata,
-    Column("window_key", Text, primary_key=True),  # "day:2026-11-29", "month:2026-11"
-    Column("scope", Text, primary_key=True),  # GLOBAL_SCOPE for the global total
-    # PostgreSQL spreads each total over POSTGRES_TOTALS_SHARDS rows (SQLite uses shard 0).
-    Column("shard", Integer, primary_key=True),
-    Column("total", _Money(), nullable=False),
-)
-_holds = Table(
-    "cost_ledger_reservations",
-    _metadata,
-    Column("id", Text, primary_key=True),
-    Column("amount", _Money(), nullable=False),
-    Column("scope", Text),
-    Column("timestamp", _UtcTime(), nullable=False),
-    Column("expires", _UtcTime(), nullable=False),
-    Index("ix_cost_ledger_reservations_expires", "expires"),
-)
-
-# Columns added since the first release, in the order a migration adds them. Each is
-# nullable or has a default that is the truth for older rows (they billed no pages).
-_ADDED_COLUMNS = (
-    ("pages", "INTEGER NOT NULL DEFAULT 0"),
-    ("model", "TEXT"),
-    ("estimated", "BOOLEAN NOT NULL DEFAULT FALSE"),
-    ("surface", "TEXT"),
-    ("scope", "TEXT"),
-)
-
-
-def _spend_statement(scoped: bool) -> CompoundSelect[Decimal]:
-    """Running total plus live holds of one window, as one statement: one snapshot, so a
-    concurrent ``settle`` (hold gone, entry in) is never seen half done."""
-    holds = select(_holds.c.amount).where(
-        _holds.c.expires > bindparam("now"),
-        _holds.c.timestamp >= bindparam("start"),
-        _holds.c.timestamp < bindparam("end"),
-    )
-    if scoped:
-        holds = holds.where(_holds.c.scope == bindparam("scope"))
-    total = select(_totals.c.total).where(
-        _totals.c.window_key == bindparam("window_key"),
-        _totals.c.scope == bindparam("totals_scope"),
-    )
-    return union_all(total, holds)
-
-
-_SPEND = {False: _spend_statement(False), True: _spend_statement(True)}
-_INSERT_ENTRY = _ledger.insert()
-_TOTALS_KEY = [_totals.c.window_key, _totals.c.scope, _totals.c.shard]
-
-
-def _postgres_record_statement(scoped: bool) -> TextClause:
-    """Insert an entry and add its cost to its totals in one statement: one round trip,
-    atomic without a transaction. Totals are locked in key order, so two writers never
-    wait for each other in a cycle."""
-    # '' is GLOBAL_SCOPE.
-    totals = "(:day, ''), (:month, '')" + (", (:day, :scope), (:month, :scope)" if scoped else "")
-    return text(
-        f"""
-        WITH entry AS (
-            INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost,
-                                     pages, model, estimated, surface, scope)
-            VALUES (:timestamp, :kind, :input_tokens, :output_tokens, :cost,
-                    :pages, :model, :estimated, :surface, :scope)
-            RETURNING cost
-        )
-        INSERT INTO cost_ledger_totals (window_key, scope, shard, total)
-        SELECT totals.window_key, totals.scope, :shard, entry.cost
-        FROM entry CROSS JOIN (VALUES {totals}) AS totals (window_key, scope)
-        ORDER BY totals.window_key, totals.scope
-        ON CONFLICT (window_key, scope, shard)
-        DO UPDATE SET total = cost_ledger_totals.total + EXCLUDED.total
-        """
-    ).bindparams(
-        bindparam("timestamp", type_=_UtcTime()),
-        bindparam("cost", type_=_Money()),
-        bindparam("estimated", type_=Boolean()),
-    )
-
-
-_POSTGRES_RECORD = {
-    False: _postgres_record_statement(False),
-    True: _postgres_record_statement(True),
+_DRIVERS = {
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+    "postgresql": "postgresql",
+    "postgresql+psycopg": "postgresql",
 }
-_replace = sqlite.insert(_totals)
-_SQLITE_REPLACE = _replace.on_conflict_do_update(
-    index_elements=_TOTALS_KEY, set_={"total": _replace.excluded.total}
-)
-_SQLITE_CURRENT = select(_totals.c.window_key, _totals.c.scope, _totals.c.total).where(
-    _totals.c.window_key.in_([bindparam("day"), bindparam("month")]),
-    _totals.c.scope.in_([bindparam("global"), bindparam("scope")]),
-    _totals.c.shard == 0,
-)
+_Result = TypeVar("_Result")
+
+# Ledgers that may still hold pending writes when the process exits.
+_live: weakref.WeakSet[SqlCostLedger] = weakref.WeakSet()
 
 
-def _sqlite_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-    # pysqlite would open transactions lazily and only before DML; we issue BEGIN
-    # ourselves so reads are one snapshot and writers can take the lock up front.
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT.total_seconds() * 1000)}")
-    _enable_wal(cursor)
-    cursor.execute("PRAGMA synchronous = NORMAL")  # WAL: durable on checkpoint, never corrupt
-    cursor.close()
+def _parse_url(url: object) -> URL:
+    """``url`` as a SQLAlchemy URL of a supported database, driver set to ours."""
+    if not isinstance(url, str):
+        raise _checks.OptionTypeError(
+            f"url must be a database URL string: {_URL_FORMS}; got {type(url).__name__}"
+        )
+    try:
+        parsed = make_url(url)
+    except (sa_exc.ArgumentError, ValueError):
+        # The text is not echoed: a malformed URL may still hold a password.
+        raise ValueError(
+            f"url must be a database URL: {_URL_FORMS}; got text that is not one"
+        ) from None
+    backend = _DRIVERS.get(parsed.drivername)
+    if backend is None:
+        raise ValueError(
+            f"url must be a SQLite or PostgreSQL URL with SqlCostLedger's driver: {_URL_FORMS}; "
+            f"got a {parsed.drivername!r} URL"
+        )
+    return parsed.set(drivername="postgresql+psycopg") if backend == "postgresql" else parsed
 
 
-def _enable_wal(cursor: Any) -> None:
-    """Put the database in WAL mode (readers never wait for the writer).
+def _timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is one of the bounds ending a wait: the pool's, SQLite's busy
+    timeout (set to the time left), an interrupt, or PostgreSQL's lock or statement
+    timeout."""
+    if isinstance(error, sa_exc.TimeoutError | LedgerTimeoutError):
+        return True
+    cause = getattr(error, "orig", None)
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_INTERRUPT)
+    return getattr(cause, "sqlstate", None) in ("55P03", "57014")  # lock_timeout, canceled
 
-    SQLite answers this pragma with "database is locked" at once, without consulting
-    the busy timeout, while another process switches the mode or checkpoints on close,
-    which happens when many processes open one file together: retry for up to the busy
-    timeout, every 5-50 ms.
-    """
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT.total_seconds()
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as error:
-            if "locked" not in str(error) or time.monotonic() >= deadline:
-                raise
-            time.sleep(random.uniform(0.005, 0.05))
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database could not be reached or did not answer in
+    time (so a write is kept for later), rather than that it refused this write."""
+    return isinstance(
+        error,
+        LedgerTimeoutError
+        | sa_exc.OperationalError
+        | sa_exc.InterfaceError
+        | sa_exc.DisconnectionError
+        | sa_exc.TimeoutError
+        | OSError,
+    ) or (isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated)
 
 
 def _sqlite_begin(connection: Connection) -> None:
@@ -333,43 +166,58 @@ def _sqlite_begin(connection: Connection) -> None:
         connection.exec_driver_sql(statement)
 
 
-def _postgres_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-    # Session settings outside any transaction: UTC so a first-release column of type
-    # TIMESTAMP WITHOUT TIME ZONE stores UTC, and a bound on lock waits.
-    autocommit = dbapi_connection.autocommit
-    dbapi_connection.autocommit = True
-    cursor = dbapi_connection.cursor()
-    cursor.execute("SET TIME ZONE 'UTC'")
-    lock_ms = int(POSTGRES_LOCK_TIMEOUT.total_seconds() * 1000)
-    cursor.execute(f"SET lock_timeout = {lock_ms}")
-    cursor.close()
-    dbapi_connection.autocommit = autocommit
+def _milliseconds(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _close_quietly(dbapi_connection: Any) -> None:
+    dbapi_connection.close()
 
 
 class SqlCostLedger:
     """A ledger in a SQL database, shared by every process that opens it.
 
     >>> ledger = SqlCostLedger("sqlite:///spend.db")  # doctest: +SKIP
-    >>> ledger = SqlCostLedger("postgresql+psycopg://app@db/app")  # doctest: +SKIP
+    >>> ledger = SqlCostLedger("postgresql://app@db/app", operation_timeout=2)  # doctest: +SKIP
 
-    ``url`` is any SQLAlchemy URL of a SQLite or PostgreSQL database (``psycopg`` comes
-    with the ``postgres`` extra); other databases raise ``ValueError``. Opening creates
-    the tables, or migrates a table of the first release's shape in place (columns
-    added, every row kept, totals built from the rows: about 7 s per million SQLite
-    rows), safely while other processes open it too. Open one ledger per process, after
-    any fork, and share it between that process's threads and wrappers.
+    ``url`` is ``sqlite:///path.db`` (a file), ``sqlite://`` (in memory, this process only),
+    or ``postgresql+psycopg://user@host/db`` (``postgresql://`` means the same; psycopg comes
+    with the ``postgres`` extra); anything else raises ``ValueError`` naming these forms.
+    Opening creates the tables or migrates older ones in place (columns added, every row
+    kept, totals built from the rows), safely while other processes open it too. Open one
+    ledger per process, after any fork, and share it between that process's threads.
 
-    Failures raise, they are never swallowed (the budget gate turns them into warnings):
-    opening raises if the database cannot be reached; a PostgreSQL server that does not
-    answer fails a connection after ``connect_timeout`` seconds (5; libpq counts whole
-    seconds, 2 at least), a lock held by another worker fails a statement after 30 s, as
-    does a SQLite file another writer keeps locked.
+    Options (each checked on construction; a bad value raises ``ValueError`` naming it):
+
+    * ``operation_timeout`` (seconds or ``timedelta``, default 5 s, at most a day): bounds
+      every operation, measured on our side of the connection, so a database that stops
+      answering, or a SQLite file another process keeps locked, holds no call longer.
+      Past it the operation raises :class:`~llm_resilience.ledger.LedgerTimeoutError`
+      naming the operation, and the connection it used is discarded. Opening is bounded
+      by it too, except creating or migrating tables (10 minutes).
+    * ``connect_timeout`` (default 5 s): libpq's own bound on a PostgreSQL connection
+      attempt (whole seconds, 2 at least, per address the host resolves to). Operations
+      never wait for it longer than ``operation_timeout``; it bounds the helper thread
+      that opens the connection (at most two per ledger).
+    * ``reservation_ttl`` (default 15 minutes): how long an unsettled strict-mode hold
+      counts toward spend.
+    * ``max_pending`` (default 10,000): writes kept in memory while the database fails.
+    * ``echo``: log the SQL; parameters are never logged nor put in exception messages
+      (``hide_parameters``), since a scope can be a user id.
+
+    A ``record`` or ``settle`` the database cannot take (down, locked, too slow) does not
+    fail: the write waits in memory (:attr:`pending`), one WARNING names the error type,
+    and it is written, once and in order, before the ledger's next operation, by
+    :meth:`close`, or at process exit (what is still waiting then is logged with its count
+    and money). Reads add the money still waiting to what the database says. When
+    ``max_pending`` writes wait, the oldest is dropped and counted (:attr:`dropped`).
+    ``spend``, ``reserve`` and ``entries`` raise on failure (the budget gate turns that
+    into a warning).
 
     Measured on 2 cores with a million entries in the month (``benchmarks/bench_ledger.py``):
     :meth:`spend` p50 0.2-0.3 ms on SQLite and about 0.5 ms on PostgreSQL; 8 writer
-    processes record 1,000-1,400 entries a second on either. Holds count toward spend
-    for ``reservation_ttl`` (15 minutes) unless settled. ``echo=True`` logs the SQL
-    (counts and money only). The async methods run the sync ones in a worker thread.
+    processes record 1,000-1,400 entries a second on either. The async methods run the
+    sync ones in a worker thread, within the same bound counted from the call.
     """
 
     #: Spend survives restarts and is shared by every process opening the database.
@@ -379,215 +227,516 @@ class SqlCostLedger:
         self,
         url: str = "sqlite:///spend.db",
         *,
-        reservation_ttl: timedelta = DEFAULT_RESERVATION_TTL,
+        operation_timeout: float | timedelta = DEFAULT_OPERATION_TIMEOUT,
+        connect_timeout: float | timedelta = DEFAULT_CONNECT_TIMEOUT,
+        reservation_ttl: float | timedelta = DEFAULT_RESERVATION_TTL,
+        max_pending: int = DEFAULT_MAX_PENDING,
         echo: bool = False,
-        connect_timeout: float = 5.0,
     ) -> None:
-        if not isinstance(reservation_ttl, timedelta) or reservation_ttl <= timedelta(0):
-            raise ValueError(
-                f"reservation_ttl must be a positive timedelta, got {reservation_ttl!r}"
-            )
-        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float):
-            raise TypeError(f"connect_timeout must be seconds > 0, got {connect_timeout!r}")
-        if connect_timeout <= 0:
-            raise ValueError(f"connect_timeout must be seconds > 0, got {connect_timeout!r}")
-        #: How long an unsettled hold counts toward spend.
-        self.reservation_ttl = reservation_ttl
-        self._engine = self._create_engine(url, echo=echo, connect_timeout=connect_timeout)
-        self._postgres = self._engine.dialect.name == "postgresql"
-        # An in-memory SQLite database is one connection shared by every thread.
-        self._guard: AbstractContextManager[object] = (
-            threading.Lock() if isinstance(self._engine.pool, StaticPool) else nullcontext()
+        parsed = _parse_url(url)
+        #: Bound on every operation.
+        self.operation_timeout = _checks.duration(
+            "operation_timeout", operation_timeout, maximum=MAX_OPERATION_TIMEOUT
         )
+        #: libpq's bound on one PostgreSQL connection attempt.
+        self.connect_timeout = _checks.duration(
+            "connect_timeout", connect_timeout, maximum=MAX_OPERATION_TIMEOUT
+        )
+        #: How long an unsettled hold counts toward spend.
+        self.reservation_ttl = _checks.duration("reservation_ttl", reservation_ttl)
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int):
+            raise _checks.OptionTypeError(
+                f"max_pending must be an integer >= 1, got {type(max_pending).__name__}"
+            )
+        if not 1 <= max_pending <= _checks.MAX_COUNT:
+            raise ValueError(
+                f"max_pending must be an integer from 1 to {_checks.MAX_COUNT}, got {max_pending}"
+            )
+        if not isinstance(echo, bool):
+            raise _checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
+        self._timeout = self.operation_timeout.total_seconds()
+        self._postgres = parsed.get_backend_name() == "postgresql"
+        self._memory = not self._postgres and (
+            parsed.database in (None, "", ":memory:")
+            or "memory" in str(parsed.query.get("mode", ""))
+        )
+        self._local = threading.local()
+        self._engine = self._create_engine(parsed, echo=echo)
+        backend = "postgresql" if self._postgres else "sqlite"
+        self._watchdog = Watchdog(backend)
+        self._connector = Connector() if self._postgres else None
+        self._pending = PendingWrites(max_pending, backend=backend)
+        self._flushing = threading.Lock()
+        # An in-memory SQLite database is one connection shared by every thread.
+        self._slots = threading.BoundedSemaphore(1 if self._memory else POOL_SIZE + MAX_OVERFLOW)
         try:
-            self._prepare()
+            self._open()
         except BaseException:
+            self._watchdog.stop()
             self._engine.dispose()
             raise
+        _live.add(self)
+        # A ledger dropped without close() takes its watchdog thread with it.
+        weakref.finalize(self, self._watchdog.stop).atexit = False
 
-    @staticmethod
-    def _create_engine(url: str, *, echo: bool, connect_timeout: float) -> Engine:
-        parsed = make_url(url)
-        backend = parsed.get_backend_name()
-        if backend == "sqlite":
-            memory = parsed.database in (None, "", ":memory:") or "memory" in str(
-                parsed.query.get("mode", "")
+    def _create_engine(self, parsed: URL, *, echo: bool) -> Engine:
+        options: dict[str, Any] = {"echo": echo, "hide_parameters": True}
+        if not self._memory:
+            options.update(
+                pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW, pool_timeout=self._timeout
             )
-            engine = create_engine(
-                parsed,
-                echo=echo,
-                connect_args={
-                    "timeout": SQLITE_BUSY_TIMEOUT.total_seconds(),
-                    "check_same_thread": False,
-                },
-                **({"poolclass": StaticPool} if memory else {}),
-            )
-            event.listen(engine, "connect", _sqlite_connect)
-            event.listen(engine, "begin", _sqlite_begin)
-            return engine
-        if backend == "postgresql":
-            connect_args: dict[str, Any] = {}
+        if self._postgres:
             if "connect_timeout" not in parsed.query:
                 # libpq counts whole seconds and treats anything under 2 as 2.
-                connect_args["connect_timeout"] = max(2, round(connect_timeout))
-            engine = create_engine(parsed, echo=echo, connect_args=connect_args)
-            event.listen(engine, "connect", _postgres_connect)
-            return engine
-        raise ValueError(
-            f"SqlCostLedger supports SQLite and PostgreSQL URLs, got a {backend!r} URL"
-        )
+                seconds = self.connect_timeout.total_seconds()
+                options["connect_args"] = {"connect_timeout": max(2, math.ceil(seconds))}
+            try:
+                engine = create_engine(parsed, **options)
+            except ImportError as error:
+                raise ImportError(
+                    "SqlCostLedger needs psycopg for PostgreSQL: "
+                    "pip install 'llm-resilience[postgres]'"
+                ) from error
+            event.listen(engine, "connect", self._postgres_connect)
+        else:
+            options["connect_args"] = {"timeout": self._timeout, "check_same_thread": False}
+            if self._memory:
+                options["poolclass"] = StaticPool
+            engine = create_engine(parsed, **options)
+            event.listen(engine, "connect", self._sqlite_connect)
+            event.listen(engine, "begin", _sqlite_begin)
+        event.listen(engine, "do_connect", self._do_connect)
+        event.listen(engine, "close", self._forget)
+        event.listen(engine, "invalidate", self._forget_invalidated)
+        return engine
 
     def __repr__(self) -> str:
-        return f"SqlCostLedger({self._engine.url.render_as_string(hide_password=True)!r})"
+        return f"SqlCostLedger({self.url!r})"
 
     @property
     def url(self) -> str:
         """The database URL, password hidden."""
         return self._engine.url.render_as_string(hide_password=True)
 
-    # -- transactions -------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Writes waiting in memory for the database (0 when every write is stored)."""
+        return len(self._pending)
+
+    @property
+    def dropped(self) -> int:
+        """Pending writes given up since the ledger opened: the oldest, when more than
+        ``max_pending`` waited, and any the database refused outright."""
+        return self._pending.dropped
+
+    # -- connections --------------------------------------------------------------------
+
+    def _current(self) -> Operation | None:
+        operation: Operation | None = getattr(self._local, "operation", None)
+        return operation
+
+    def _do_connect(
+        self, dialect: Dialect, record: ConnectionPoolEntry, cargs: Any, cparams: Any
+    ) -> Any:
+        operation = self._current()
+        if operation is None:
+            return None  # not ours: let SQLAlchemy connect
+        if self._connector is not None:
+            connection = self._connector.connect(
+                lambda: dialect.connect(*cargs, **cparams), _close_quietly, operation
+            )
+        else:
+            connection = dialect.connect(*cargs, **cparams)
+        operation.attach(connection)  # the session setup below is bounded too
+        return connection
+
+    def _forget(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        operation = self._current()
+        if operation is not None:
+            operation.forget(dbapi_connection)
+
+    def _forget_invalidated(
+        self, dbapi_connection: Any, record: ConnectionPoolEntry, error: BaseException | None
+    ) -> None:
+        self._forget(dbapi_connection, record)
+
+    def _sqlite_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        # pysqlite would open transactions lazily and only before DML; we issue BEGIN
+        # ourselves so reads are one snapshot and writers can take the lock up front.
+        dbapi_connection.isolation_level = None
+        operation = self._current()
+        deadline = operation.phase_deadline if operation else time.monotonic() + self._timeout
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {_milliseconds(deadline - time.monotonic())}")
+        # SQLite answers this pragma with "database is locked" at once, without the busy
+        # timeout, while another process switches the mode or checkpoints on close (many
+        # processes opening one file together): retry every 5-50 ms until the deadline.
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")  # readers never wait for writers
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.05))
+        cursor.execute("PRAGMA synchronous = NORMAL")  # WAL: durable on checkpoint, never corrupt
+        cursor.close()
+
+    def _postgres_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        # Session settings outside any transaction: UTC, so a first-release column of type
+        # TIMESTAMP WITHOUT TIME ZONE stores UTC; and the server's own bounds, so a
+        # statement or transaction we abandoned does not keep its locks.
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET TIME ZONE 'UTC'")
+        bound = _milliseconds(self._timeout)
+        for setting in (
+            "lock_timeout",
+            "statement_timeout",
+            "idle_in_transaction_session_timeout",
+        ):
+            cursor.execute(f"SET {setting} = {bound}")
+        cursor.close()
+        dbapi_connection.autocommit = autocommit
 
     @contextmanager
-    def _single_statement(self) -> Iterator[Connection]:
-        """A connection outside any transaction, for statements that are each atomic and
-        one snapshot: reads, and PostgreSQL's one-statement record."""
-        with self._guard, self._engine.connect() as connection:
-            if self._postgres:
-                connection.execution_options(isolation_level="AUTOCOMMIT")
-            else:
-                connection.execution_options(**{_BEGIN: None})
-            yield connection
+    def _operation(
+        self, name: str, started: float | None = None, bound: float | None = None
+    ) -> Iterator[Operation]:
+        """One bounded operation: a connection slot, and a deadline the watchdog keeps."""
+        operation = Operation(
+            self._watchdog,
+            name,
+            self._timeout if bound is None else bound,
+            time.monotonic() if started is None else started,
+        )
+        try:
+            if not self._slots.acquire(timeout=max(0.0, operation.remaining())):
+                raise operation.timeout_error()
+            self._local.operation = operation
+            try:
+                yield operation
+            finally:
+                self._local.operation = None
+                self._slots.release()
+        finally:
+            operation.finish()
 
     @contextmanager
-    def _write(self, *, exclusive: bool = False) -> Iterator[Connection]:
-        """One transaction, committed on exit. SQLite takes the write lock at once;
-        ``exclusive`` also serialises PostgreSQL writers on the ledger's advisory lock."""
-        with self._guard, self._engine.connect() as connection:
-            if not self._postgres:
-                connection.execution_options(**{_BEGIN: "BEGIN IMMEDIATE"})
-            with connection.begin():
-                if exclusive and self._postgres:
-                    connection.execute(
-                        text(
-                            "SELECT pg_advisory_xact_lock("
-                            "hashtext('llm_resilience.cost_ledger:' || current_schema()))"
-                        )
-                    )
-                yield connection
+    def _connection(
+        self, operation: Operation, *, transaction: bool = False
+    ) -> Iterator[Connection]:
+        """A connection for one step of ``operation``: outside any transaction (each
+        statement atomic and one snapshot), or in one transaction committed on exit
+        (SQLite takes the write lock at once). Interrupted past the deadline, then
+        discarded, and the error becomes :class:`LedgerTimeoutError`."""
+        if operation.expired():
+            raise operation.timeout_error()
+        interrupted = False
+        try:
+            with self._engine.connect() as connection:
+                operation.attach(connection.connection.dbapi_connection)
+                try:
+                    if self._postgres and not transaction:
+                        connection.execution_options(isolation_level="AUTOCOMMIT")
+                    elif not self._postgres:
+                        self._bound_lock_waits(connection, operation)
+                        begin = "BEGIN IMMEDIATE" if transaction else None
+                        connection.execution_options(**{_BEGIN: begin})
+                    if transaction:
+                        with connection.begin():
+                            yield connection
+                    else:
+                        yield connection
+                finally:
+                    interrupted = operation.detach()
+                    if interrupted and not self._memory and not connection.invalidated:
+                        connection.invalidate()
+        except Exception as error:
+            # A connection being set up when the deadline passed is attached, not pooled.
+            interrupted = operation.detach() or interrupted
+            if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
+                interrupted or _timed_out(error)
+            ):
+                raise operation.timeout_error() from error
+            raise
+
+    @staticmethod
+    def _bound_lock_waits(connection: Connection, operation: Operation) -> None:
+        """End SQLite's lock waits (its busy timeout) with ``operation``'s deadline.
+
+        ``interrupt()`` does not stop a busy wait, so the timeout itself must fit. It is
+        left alone when already no longer than the time left and short of it by at most
+        20 ms, which spares a statement in the common case (a fresh operation on a
+        pooled connection).
+        """
+        wanted = _milliseconds(operation.remaining())
+        info = connection.connection.info
+        current = info.get(_BUSY_MS)
+        if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
+            driver: Any = connection.connection.driver_connection
+            driver.execute(f"PRAGMA busy_timeout = {wanted}")
+            info[_BUSY_MS] = wanted
+
+    def _lock_ledger(self, connection: Connection) -> None:
+        """Serialise PostgreSQL writers that read then write (reserve, migration) on one
+        transaction-scoped advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does."""
+        if self._postgres:
+            connection.exec_driver_sql(
+                "SELECT pg_advisory_xact_lock("
+                "hashtext('llm_resilience.cost_ledger:' || current_schema()))"
+            )
 
     # -- schema -------------------------------------------------------------------------
 
-    def _prepare(self) -> None:
-        """Create or migrate the tables, under the write lock so concurrent openers
-        take turns and each sees what the one before it did."""
-        with self._write(exclusive=True) as connection:
-            _metadata.create_all(connection)
-            present = {column["name"] for column in inspect(connection).get_columns("cost_ledger")}
-            for name, definition in _ADDED_COLUMNS:
-                if name not in present:
-                    connection.exec_driver_sql(
-                        f"ALTER TABLE cost_ledger ADD COLUMN {name} {definition}"
-                    )
-            for index in _ledger.indexes:  # create_all skips a table that already existed
-                index.create(connection, checkfirst=True)
-            no_totals = connection.execute(select(_totals.c.window_key).limit(1)).first() is None
-            if no_totals and connection.execute(select(_ledger.c.id).limit(1)).first():
-                self._build_totals(connection)
-
-    def _build_totals(self, connection: Connection) -> None:
-        """Fill the empty totals table from every row (a first-release table's history).
-
-        Rows are summed per UTC day and scope, days then into months. PostgreSQL sums
-        exactly in SQL; SQLite's ``SUM`` would use floats, so its rows are added up here
-        (about 7 s per million rows; PostgreSQL about 2 s).
-        """
-        days: dict[tuple[str, str | None], Decimal] = {}
-        if self._postgres:
-            per_day = text(
-                """SELECT to_char("timestamp", 'YYYY-MM-DD'), scope, SUM(cost)"""
-                " FROM cost_ledger GROUP BY 1, 2"
-            )
-            for day, scope, total in connection.execute(per_day):
-                days[(day, scope)] = _to_decimal(total)
-        else:
-            rows = text('SELECT "timestamp", scope, cost FROM cost_ledger')
-            for stamp, scope, cost in connection.execute(rows.execution_options(yield_per=10_000)):
-                key = (_utc_day(stamp), scope)
-                days[key] = exact_sum((days.get(key, Decimal(0)), _to_decimal(cost)))
-        totals: dict[tuple[str, str], Decimal] = {}
-        for (day, scope), total in days.items():
-            for window in (f"day:{day}", f"month:{day[:7]}"):
-                for each in (GLOBAL_SCOPE,) if not scope else (GLOBAL_SCOPE, scope):
-                    key = (window, each)
-                    totals[key] = exact_sum((totals.get(key, Decimal(0)), total))
-        connection.execute(
-            _totals.insert(),
-            [
-                {"window_key": key, "scope": scope, "shard": 0, "total": total}
-                for (key, scope), total in totals.items()
-            ],
-        )
+    def _open(self) -> None:
+        """Check the schema (a few catalogue reads, no lock); create or migrate it under
+        the write lock only when something is missing."""
+        with self._operation("open") as operation:
+            with self._connection(operation) as connection:
+                if is_current(connection):
+                    return
+            operation.extend(MIGRATION_TIMEOUT.total_seconds())
+            with self._connection(operation, transaction=True) as connection:
+                if self._postgres:
+                    bound = _milliseconds(MIGRATION_TIMEOUT.total_seconds())
+                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {bound}")
+                    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {bound}")
+                self._lock_ledger(connection)
+                migrate(connection, postgres=self._postgres)
 
     # -- writing ------------------------------------------------------------------------
 
-    def _insert(self, connection: Connection, entry: LedgerEntry) -> None:
-        fields = {
-            "timestamp": entry.timestamp,
-            "kind": entry.kind,
-            "input_tokens": entry.input_tokens,
-            "output_tokens": entry.output_tokens,
-            "cost": entry.cost,
-            "pages": entry.pages,
-            "model": entry.model,
-            "estimated": entry.estimated,
-            "surface": entry.surface,
-            "scope": entry.scope,
-        }
-        if self._postgres:
-            fields["day"] = window_key("day", entry.timestamp)
-            fields["month"] = window_key("month", entry.timestamp)
-            fields["shard"] = random.randrange(POSTGRES_TOTALS_SHARDS)
-            connection.execute(_POSTGRES_RECORD[entry.scope is not None], fields)
+    def _apply(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
+        """Store ``writes`` in order, in one transaction (a lone PostgreSQL record: one
+        statement). Entries already stored (same ``entry_id``) are skipped."""
+        if self._postgres and len(writes) == 1 and writes[0].hold_id is None:
+            with self._connection(operation) as connection:
+                assert writes[0].entry is not None
+                insert_entry(connection, writes[0].entry, postgres=True)
             return
-        connection.execute(_INSERT_ENTRY, fields)
-        keys = _totals_keys(entry.timestamp, entry.scope)
-        # SQLite cannot add decimal text exactly; the write lock makes read-then-write safe.
-        current: dict[tuple[str, str], Decimal] = {
-            (key, scope): total
-            for key, scope, total in connection.execute(
-                _SQLITE_CURRENT,
-                {
-                    "day": window_key("day", entry.timestamp),
-                    "month": window_key("month", entry.timestamp),
-                    "global": GLOBAL_SCOPE,
-                    "scope": GLOBAL_SCOPE if entry.scope is None else entry.scope,
-                },
-            )
-        }
-        connection.execute(
-            _SQLITE_REPLACE,
-            [
-                {
-                    "window_key": key,
-                    "scope": scope,
-                    "shard": 0,
-                    "total": exact_sum((current.get((key, scope), Decimal(0)), entry.cost)),
-                }
-                for key, scope in keys
-            ],
+        with self._connection(operation, transaction=True) as connection:
+            for write in writes:
+                if write.hold_id is not None:
+                    connection.execute(delete(holds).where(holds.c.id == write.hold_id))
+                if write.entry is not None:
+                    insert_entry(connection, write.entry, postgres=self._postgres)
+
+    def _flush(self, operation: Operation, until: float) -> None:
+        """Store pending writes, oldest first, until none is left or ``until`` is near.
+
+        Raises the failure that stopped it (the writes stay pending). A write the
+        database refuses outright (not a failure to answer) is dropped, counted and
+        logged, so it cannot block the ones behind it. Does nothing while another thread
+        is storing them.
+        """
+        if not len(self._pending) or not self._flushing.acquire(blocking=False):
+            return
+        try:
+            with operation.phase(until):
+                stored = False
+                while batch := self._pending.oldest(FLUSH_BATCH):
+                    if stored and operation.remaining() < operation.bound / 4:
+                        return  # the rest waits for the next operation, not past our bound
+                    try:
+                        self._apply(operation, batch)
+                    except Exception as error:
+                        if _unavailable(error) or not isinstance(error, sa_exc.SQLAlchemyError):
+                            raise
+                        self._apply_one_by_one(operation, batch)
+                    else:
+                        self._pending.written(batch)
+                    stored = True
+        finally:
+            self._flushing.release()
+
+    def _apply_one_by_one(self, operation: Operation, batch: Sequence[PendingWrite]) -> None:
+        for write in batch:
+            try:
+                self._apply(operation, [write])
+            except Exception as error:
+                if _unavailable(error) or not isinstance(error, sa_exc.SQLAlchemyError):
+                    raise
+                self._pending.refused(write)
+                logger.error(
+                    "%r dropped a pending %s that the database refused (%s); %d dropped so far.",
+                    self,
+                    "record" if write.hold_id is None else "settle",
+                    type(error).__name__,
+                    self._pending.dropped,
+                )
+            else:
+                self._pending.written([write])
+
+    def _write(self, name: str, write: PendingWrite, started: float | None) -> None:
+        """Store ``write`` now, or keep it pending if the database does not take it."""
+        with ExitStack() as stack:
+            try:
+                operation = stack.enter_context(self._operation(name, started))
+            except LedgerTimeoutError as error:  # not even a connection slot in time
+                self._keep(name, write, error)
+                return
+            if not len(self._pending):
+                try:
+                    self._apply(operation, [write])
+                    return
+                except Exception as error:
+                    if not _unavailable(error):
+                        raise
+                    self._keep(name, write, error)
+                    return
+            # Behind writes already waiting, so that they reach the database in order.
+            dropped = self._pending.push(write.entry, write.hold_id)
+            try:
+                self._flush(operation, operation.deadline)
+            except Exception as error:
+                if not _unavailable(error):
+                    raise
+                self._warn_kept(name, error, dropped)
+                return
+            if dropped:
+                self._warn_kept(name, None, dropped)
+
+    def _keep(self, name: str, write: PendingWrite, error: BaseException) -> None:
+        self._warn_kept(name, error, self._pending.push(write.entry, write.hold_id))
+
+    def _warn_kept(self, name: str, error: BaseException | None, dropped: bool) -> None:
+        """One WARNING for a write that waits: the error's type only, never its text
+        (which could quote the database's view of the row)."""
+        full = (
+            f" The queue was full: its oldest write was dropped "
+            f"({self._pending.dropped} dropped so far)."
+            if dropped
+            else ""
+        )
+        if error is None:
+            logger.warning("%r keeps writes waiting for the database.%s", self, full)
+            return
+        logger.warning(
+            "%r could not %s (%s); the write waits in memory (%d pending) and is stored "
+            "once the database answers.%s",
+            self,
+            name,
+            type(error).__name__,
+            len(self._pending),
+            full,
         )
 
     def record(self, entry: LedgerEntry) -> None:
-        """Store ``entry`` and add its cost to its day's and month's totals, atomically."""
+        """Store ``entry`` and add its cost to its day's and month's totals, atomically.
+
+        If the database does not take it within ``operation_timeout``, the entry waits
+        in memory (see :attr:`pending`) and this returns normally.
+        """
         if not isinstance(entry, LedgerEntry):
-            raise TypeError(f"entry must be a LedgerEntry, got {entry!r}")
-        # PostgreSQL: one statement, atomic on its own; SQLite: one write transaction.
-        with self._single_statement() if self._postgres else self._write() as connection:
-            self._insert(connection, entry)
+            raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
+        self._write("record", PendingWrite(entry), None)
 
     async def arecord(self, entry: LedgerEntry) -> None:
-        """:meth:`record` in a worker thread."""
-        await asyncio.to_thread(self.record, entry)
+        """:meth:`record` in a worker thread, bounded from this call."""
+        if not isinstance(entry, LedgerEntry):
+            raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
+        await asyncio.to_thread(self._write, "record", PendingWrite(entry), time.monotonic())
+
+    def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        """Release ``reservation`` and record ``entry`` (if not None) in one transaction.
+
+        If the database does not take it, both wait in memory together and are written
+        in one transaction later, so the hold never counts beside its entry.
+        """
+        self._write("settle", _settlement(reservation, entry), None)
+
+    async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
+        """:meth:`settle` in a worker thread, bounded from this call."""
+        write = _settlement(reservation, entry)
+        await asyncio.to_thread(self._write, "settle", write, time.monotonic())
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _read(
+        self, name: str, started: float | None, read: Callable[[Operation], _Result]
+    ) -> _Result:
+        """Run ``read`` after storing pending writes for at most half the bound."""
+        with self._operation(name, started) as operation:
+            if len(self._pending):
+                try:
+                    self._flush(operation, operation.started + operation.bound / 2)
+                except Exception as error:
+                    if not _unavailable(error):
+                        raise
+                    # Already reported when kept; the read below counts them anyway.
+            return read(operation)
+
+    def _spend(
+        self, window: Window, scope: str | None, now: datetime | None, started: float | None
+    ) -> Decimal:
+        when = check_now(now)
+        scope = check_scope(scope)
+        key = window_key(window, when)  # validates ``window`` before touching the database
+
+        def read(operation: Operation) -> Decimal:
+            # Pending first: a write stored meanwhile is then counted twice, never missed.
+            waiting = self._pending.unwritten_cost(key, scope)
+            with self._connection(operation) as connection:
+                return exact_sum((read_spend(connection, window, scope, when), waiting))
+
+        return self._read("spend", started, read)
+
+    def spend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        """Exact spend of the UTC ``window`` holding ``now``: the running total plus live
+        holds plus pending writes, of ``scope`` only, or of every scope when None."""
+        return self._spend(window, scope, now, None)
+
+    async def aspend(
+        self, window: Window, *, scope: str | None = None, now: datetime | None = None
+    ) -> Decimal:
+        """:meth:`spend` in a worker thread, bounded from this call."""
+        return await asyncio.to_thread(self._spend, window, scope, now, time.monotonic())
+
+    def _reserve(
+        self,
+        amount: Decimal,
+        limits: Mapping[tuple[Window, str | None], Decimal],
+        scope: str | None,
+        now: datetime | None,
+        started: float | None,
+    ) -> Reservation:
+        amount = check_amount(amount)
+        checked = check_limits(limits)
+        when = check_now(now)
+        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
+
+        def reserve(operation: Operation) -> Reservation:
+            with self._connection(operation, transaction=True) as connection:
+                self._lock_ledger(connection)
+                # Holds dead both at ``now`` and on the real clock: a caller passing a past
+                # ``now`` never deletes a hold that other callers still count.
+                horizon = min(when, datetime.now(UTC))
+                connection.execute(delete(holds).where(holds.c.expires <= horizon))
+                for window, limit_scope, limit in checked:
+                    waiting = self._pending.unwritten_cost(window_key(window, when), limit_scope)
+                    stored = read_spend(connection, window, limit_scope, when)
+                    error = refusal(
+                        window, limit_scope, limit, exact_sum((stored, waiting)), amount
+                    )
+                    if error is not None:
+                        raise error
+                connection.execute(
+                    holds.insert(),
+                    {
+                        "id": hold.id,
+                        "amount": amount,
+                        "scope": hold.scope,
+                        "timestamp": when,
+                        "expires": when + self.reservation_ttl,
+                    },
+                )
+            return hold
+
+        return self._read("reserve", started, reserve)
 
     def reserve(
         self,
@@ -602,31 +751,7 @@ class SqlCostLedger:
         Raises :class:`~llm_resilience.errors.BudgetExceededError` naming the first limit
         (in ``limits`` order) that ``spend + amount`` would exceed, holding nothing.
         """
-        amount = check_amount(amount)
-        checked = check_limits(limits)
-        when = check_now(now)
-        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
-        with self._write(exclusive=True) as connection:
-            # Holds dead both at ``now`` and on the real clock: a caller passing a past
-            # ``now`` never deletes a hold that other callers still count.
-            horizon = min(when, datetime.now(UTC))
-            connection.execute(delete(_holds).where(_holds.c.expires <= horizon))
-            for window, limit_scope, limit in checked:
-                spent = self._spend(connection, window, limit_scope, when)
-                error = refusal(window, limit_scope, limit, spent, amount)
-                if error is not None:
-                    raise error
-            connection.execute(
-                _holds.insert(),
-                {
-                    "id": hold.id,
-                    "amount": amount,
-                    "scope": hold.scope,
-                    "timestamp": when,
-                    "expires": when + self.reservation_ttl,
-                },
-            )
-        return hold
+        return self._reserve(amount, limits, scope, now, None)
 
     async def areserve(
         self,
@@ -636,102 +761,94 @@ class SqlCostLedger:
         scope: str | None,
         now: datetime | None = None,
     ) -> Reservation:
-        """:meth:`reserve` in a worker thread."""
-        return await asyncio.to_thread(
-            lambda: self.reserve(amount, limits=limits, scope=scope, now=now)
-        )
-
-    def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
-        """Release ``reservation`` and record ``entry`` (if not None) in one transaction."""
-        if entry is not None and not isinstance(entry, LedgerEntry):
-            raise TypeError(f"entry must be a LedgerEntry or None, got {entry!r}")
-        with self._write() as connection:
-            connection.execute(delete(_holds).where(_holds.c.id == reservation.id))
-            if entry is not None:
-                self._insert(connection, entry)
-
-    async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
-        """:meth:`settle` in a worker thread."""
-        await asyncio.to_thread(self.settle, reservation, entry)
-
-    # -- reading ------------------------------------------------------------------------
-
-    def _spend(
-        self, connection: Connection, window: Window, scope: str | None, when: datetime
-    ) -> Decimal:
-        start, end = window_bounds(window, when)
-        parameters: dict[str, Any] = {
-            "window_key": window_key(window, when),
-            "totals_scope": GLOBAL_SCOPE if scope is None else scope,
-            "now": when,
-            "start": start,
-            "end": end,
-        }
-        if scope is not None:
-            parameters["scope"] = scope
-        statement: Executable = _SPEND[scope is not None]
-        return exact_sum(connection.execute(statement, parameters).scalars())
-
-    def spend(
-        self, window: Window, *, scope: str | None = None, now: datetime | None = None
-    ) -> Decimal:
-        """Exact spend of the UTC ``window`` holding ``now``: the running total plus
-        live holds, of ``scope`` only, or of every scope when ``scope`` is None."""
-        when = check_now(now)
-        scope = check_scope(scope)
-        window_key(window, when)  # validates ``window`` before touching the database
-        with self._single_statement() as connection:
-            return self._spend(connection, window, scope, when)
-
-    async def aspend(
-        self, window: Window, *, scope: str | None = None, now: datetime | None = None
-    ) -> Decimal:
-        """:meth:`spend` in a worker thread."""
-        return await asyncio.to_thread(lambda: self.spend(window, scope=scope, now=now))
+        """:meth:`reserve` in a worker thread, bounded from this call."""
+        return await asyncio.to_thread(self._reserve, amount, limits, scope, now, time.monotonic())
 
     def entries(
         self, since: datetime | None = None, until: datetime | None = None
     ) -> list[LedgerEntry]:
-        """Entries with ``since <= timestamp < until`` (either bound optional), oldest first."""
+        """Stored entries with ``since <= timestamp < until`` (either bound optional),
+        oldest first. Writes still pending are not listed until they are stored.
+
+        Bounded like every operation: a million SQLite rows take about 11 s here, of which
+        the database's part (the bounded part) is under 5 s; for reads of several
+        million rows, pass narrower bounds or open the ledger with a larger
+        ``operation_timeout``.
+        """
         low = None if since is None else check_now(since)
         high = None if until is None else check_now(until)
-        # SQLite compares timestamps as text, exact for the format we write; a day of
-        # slack, then an exact filter and sort here, keeps rows an older writer stored in
-        # another ISO 8601 form ('T', an offset) in their true place.
-        slack = timedelta(0) if self._postgres else timedelta(days=1)
-        statement = select(_ledger).order_by(_ledger.c.timestamp, _ledger.c.id)
-        if low is not None:
-            statement = statement.where(_ledger.c.timestamp >= low - slack)
-        if high is not None:
-            statement = statement.where(_ledger.c.timestamp < high + slack)
-        with self._single_statement() as connection:
-            rows = connection.execute(statement).all()
-        found = [
-            LedgerEntry(
-                timestamp=row.timestamp,
-                kind=row.kind or "unknown",
-                input_tokens=row.input_tokens or 0,
-                output_tokens=row.output_tokens or 0,
-                cost=row.cost,
-                pages=row.pages or 0,
-                model=row.model or None,
-                estimated=bool(row.estimated),
-                surface=row.surface or None,
-                scope=row.scope or None,
-            )
-            for row in rows
-            if (low is None or row.timestamp >= low) and (high is None or row.timestamp < high)
-        ]
-        found.sort(key=lambda entry: entry.timestamp)  # stable: already sorted but for such rows
-        return found
+
+        def read(operation: Operation) -> list[LedgerEntry]:
+            with self._connection(operation) as connection:
+                return read_entries(connection, low, high, postgres=self._postgres)
+
+        return self._read("entries", None, read)
+
+    # -- closing ------------------------------------------------------------------------
+
+    def _store_pending(self, name: str) -> None:
+        """Store what is pending within one operation's bound, whatever goes wrong."""
+        if not len(self._pending):
+            return
+        try:
+            with self._operation(name) as operation:
+                self._flush(operation, operation.deadline)
+        except Exception as error:
+            if not _unavailable(error):
+                raise
 
     def close(self) -> None:
-        """Close the pooled connections; a later call opens new ones."""
-        self._engine.dispose()
+        """Store pending writes (within ``operation_timeout``), then close the pooled
+        connections and stop the watchdog; a later call opens new ones.
+
+        Writes still pending after that are logged (count and money) and kept for the
+        next operation, or the exit of the process.
+        """
+        try:
+            self._store_pending("close")
+        finally:
+            if len(self._pending):
+                count, money = self._pending.summary()
+                logger.warning(
+                    "%r closed with %d writes (%s of spend) not yet stored; the next "
+                    "operation or the exit of the process tries again.",
+                    self,
+                    count,
+                    money,
+                )
+            self._watchdog.stop()
+            self._engine.dispose()
+
+    async def aclose(self) -> None:
+        """:meth:`close` in a worker thread."""
+        await asyncio.to_thread(self.close)
+
+    def _exit(self) -> None:
+        try:
+            self._store_pending("exit")
+        except Exception:  # the loss is logged just below
+            pass
+        if len(self._pending):
+            count, money = self._pending.summary()
+            logger.warning(
+                "%r: %d writes (%s of spend) were never stored: the process is exiting "
+                "and the database did not take them.",
+                self,
+                count,
+                money,
+            )
 
 
-def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str]]:
-    """The running totals an entry at ``when`` adds to, sorted: the order PostgreSQL
-    writers lock them in."""
-    scopes = (GLOBAL_SCOPE,) if scope is None else (GLOBAL_SCOPE, scope)
-    return sorted((window_key(window, when), each) for window in WINDOWS for each in scopes)
+def _settlement(reservation: Reservation, entry: LedgerEntry | None) -> PendingWrite:
+    if not isinstance(reservation, Reservation):
+        raise TypeError(f"reservation must be a Reservation, got {type(reservation).__name__}")
+    if entry is not None and not isinstance(entry, LedgerEntry):
+        raise TypeError(f"entry must be a LedgerEntry or None, got {type(entry).__name__}")
+    return PendingWrite(entry, reservation.id)
+
+
+@atexit.register
+def _store_pending_at_exit() -> None:
+    """Give every open ledger one bounded chance to store what it still holds."""
+    for ledger in list(_live):
+        ledger._exit()

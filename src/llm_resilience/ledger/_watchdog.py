@@ -1,0 +1,269 @@
+"""Deadlines kept on our side of the connection: a frozen database cannot hold a call.
+
+A server that stops answering (or a network that drops every packet) leaves the client
+blocked in a socket read that nothing on the server side will ever end: the kernel still
+acknowledges what we send, so TCP keepalives and server timeouts never fire. The
+:class:`Watchdog` (one daemon thread per ledger, a heap of deadlines, no thread per
+call) ends such a wait when an :class:`Operation` overruns: it shuts down the socket of
+the psycopg connection the operation is using (the blocked read returns and psycopg
+raises) or calls ``interrupt()`` on a sqlite3 connection. The operation then discards the
+connection instead of returning it to the pool.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from datetime import timedelta
+from typing import Any
+
+from llm_resilience.errors import LedgerTimeoutError
+
+__all__ = ["Operation", "Watchdog", "interrupt_connection"]
+
+
+def interrupt_connection(dbapi_connection: Any) -> None:
+    """Make whatever ``dbapi_connection`` is waiting for return with an error, at once.
+
+    psycopg: shut the socket down (on a duplicate of its descriptor, so psycopg's own
+    stays valid until it closes it); the blocked read sees end-of-file and psycopg
+    raises ``OperationalError``. sqlite3: ``interrupt()`` aborts the running statement.
+    """
+    pgconn = getattr(dbapi_connection, "pgconn", None)
+    if pgconn is not None:
+        try:
+            descriptor = os.dup(pgconn.socket)
+        except Exception:  # closed or broken already: nothing can be waiting on it
+            return
+        try:
+            duplicate = socket.socket(fileno=descriptor)
+        except OSError:
+            os.close(descriptor)
+            return
+        with duplicate, suppress(OSError):
+            duplicate.shutdown(socket.SHUT_RDWR)
+        return
+    interrupt = getattr(dbapi_connection, "interrupt", None)
+    if interrupt is not None:
+        with suppress(Exception):  # a closed connection: nothing to interrupt
+            interrupt()
+
+
+class _Alarm:
+    __slots__ = ("callback", "cancelled", "deadline", "sequence")
+
+    def __init__(self, deadline: float, sequence: int, callback: Callable[[], None]) -> None:
+        self.deadline = deadline
+        self.sequence = sequence
+        self.callback = callback
+        self.cancelled = False
+
+    def __lt__(self, other: _Alarm) -> bool:
+        return (self.deadline, self.sequence) < (other.deadline, other.sequence)
+
+
+class Watchdog:
+    """Calls each armed callback once its deadline (``time.monotonic()``) has passed.
+
+    >>> watchdog = Watchdog("doc")
+    >>> fired = threading.Event()
+    >>> alarm = watchdog.arm(time.monotonic() + 0.01, fired.set)
+    >>> fired.wait(2)
+    True
+    >>> watchdog.stop()
+
+    The thread starts on the first :meth:`arm` and ends with :meth:`stop`; arming again
+    after that starts a new one. It wakes only when an alarm is due or one earlier than
+    the next it sleeps for is armed, not for every operation. Callbacks run on the
+    watchdog's thread and must be quick.
+    """
+
+    __slots__ = ("_condition", "_heap", "_name", "_sequence", "_thread", "_wakes_at")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._condition = threading.Condition(threading.Lock())
+        # Live alarms only (a cancelled one is removed at once): about one per operation
+        # running now, so removing from the middle is cheap.
+        self._heap: list[_Alarm] = []
+        self._sequence = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._wakes_at = math.inf  # when the thread wakes up next unless notified
+
+    def arm(self, deadline: float, callback: Callable[[], None]) -> _Alarm:
+        """Call ``callback`` at ``deadline`` unless :meth:`cancel` comes first."""
+        alarm = _Alarm(deadline, next(self._sequence), callback)
+        with self._condition:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"llm-resilience-watchdog-{self._name}", daemon=True
+                )
+                self._wakes_at = math.inf
+                self._thread.start()
+            heapq.heappush(self._heap, alarm)
+            if deadline < self._wakes_at:
+                self._wakes_at = deadline
+                self._condition.notify()
+        return alarm
+
+    def cancel(self, alarm: _Alarm) -> None:
+        """Forget ``alarm``; nothing happens if it has fired already."""
+        with self._condition:
+            if alarm.cancelled:
+                return
+            alarm.cancelled = True
+            index = self._heap.index(alarm)
+            last = self._heap.pop()
+            if last is not alarm:
+                self._heap[index] = last
+                heapq.heapify(self._heap)
+
+    def stop(self) -> None:
+        """End the thread; pending alarms are dropped."""
+        with self._condition:
+            thread, self._thread = self._thread, None
+            for alarm in self._heap:
+                alarm.cancelled = True
+            self._heap = []
+            self._condition.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1)
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        with self._condition:
+            while self._thread is me:
+                now = time.monotonic()
+                if not self._heap or self._heap[0].deadline > now:
+                    self._wakes_at = self._heap[0].deadline if self._heap else math.inf
+                    self._condition.wait(None if not self._heap else self._wakes_at - now)
+                    continue
+                alarm = heapq.heappop(self._heap)
+                alarm.cancelled = True  # fired: a later cancel() is a no-op
+                self._condition.release()
+                try:
+                    alarm.callback()
+                except Exception:  # a failing interrupt must not end the watchdog
+                    pass
+                finally:
+                    self._condition.acquire()
+
+
+class Operation:
+    """One ledger operation's deadline, and the connection to interrupt past it.
+
+    The operation runs for at most ``bound`` seconds from ``started``. A *phase* (see
+    :meth:`phase`) may end earlier. When the current phase's deadline passes, the
+    watchdog interrupts the connection attached at that moment (:meth:`attach`), and
+    :meth:`detach` reports it so the caller discards that connection.
+    """
+
+    __slots__ = (
+        "_alarm",
+        "_connection",
+        "_finished",
+        "_interrupted",
+        "_lock",
+        "_watchdog",
+        "bound",
+        "deadline",
+        "name",
+        "phase_deadline",
+        "started",
+    )
+
+    def __init__(self, watchdog: Watchdog, name: str, bound: float, started: float) -> None:
+        #: What the operation is, for errors and logs: ``"record"``, ``"spend"``, ...
+        self.name = name
+        #: Its bound, in seconds.
+        self.bound = bound
+        #: When it started (``time.monotonic()``).
+        self.started = started
+        #: When it must have ended.
+        self.deadline = started + bound
+        #: When the current phase must have ended (at the latest ``deadline``).
+        self.phase_deadline = self.deadline
+        self._watchdog = watchdog
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._interrupted = False
+        self._finished = False
+        self._alarm = watchdog.arm(self.deadline, self._fire)
+
+    def remaining(self) -> float:
+        """Seconds left in the current phase (<= 0 once it is over)."""
+        return self.phase_deadline - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def timeout_error(self) -> LedgerTimeoutError:
+        return LedgerTimeoutError(self.name, timedelta(seconds=self.bound))
+
+    @contextmanager
+    def phase(self, until: float) -> Iterator[None]:
+        """Bound the steps inside by ``until`` too (never later than the deadline)."""
+        self._rearm(min(until, self.deadline))
+        try:
+            yield
+        finally:
+            self._rearm(self.deadline)
+
+    def extend(self, bound: float) -> None:
+        """Let the operation run for ``bound`` seconds from its start instead."""
+        self.bound = bound
+        self.deadline = self.started + bound
+        self._rearm(self.deadline)
+
+    def _rearm(self, deadline: float) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._watchdog.cancel(self._alarm)
+            self.phase_deadline = deadline
+            self._alarm = self._watchdog.arm(deadline, self._fire)
+
+    def attach(self, dbapi_connection: Any) -> None:
+        """``dbapi_connection`` is the one this operation is now waiting on."""
+        with self._lock:
+            if self._connection is not dbapi_connection:
+                self._connection = dbapi_connection
+                self._interrupted = False
+            if time.monotonic() >= self.phase_deadline:  # the alarm rang before we got here
+                self._interrupted = True
+                interrupt_connection(dbapi_connection)
+
+    def forget(self, dbapi_connection: Any) -> None:
+        """``dbapi_connection`` is about to be closed: never touch its socket again."""
+        with self._lock:
+            if self._connection is dbapi_connection:
+                self._connection = None
+
+    def detach(self) -> bool:
+        """Stop watching the attached connection; True if it was interrupted."""
+        with self._lock:
+            self._connection = None
+            interrupted, self._interrupted = self._interrupted, False
+            return interrupted
+
+    def finish(self) -> None:
+        with self._lock:
+            self._finished = True
+            self._connection = None
+            self._watchdog.cancel(self._alarm)
+
+    def _fire(self) -> None:
+        # Holding the lock while interrupting: a connection being closed waits in
+        # forget(), so its descriptor cannot be reused under us.
+        with self._lock:
+            if self._finished or self._connection is None:
+                return
+            self._interrupted = True
+            interrupt_connection(self._connection)

@@ -26,6 +26,7 @@ __all__ = [
     "MAX_DURATION",
     "MAX_MONEY",
     "MAX_MONEY_PLACES",
+    "MAX_OPERATION_TIMEOUT",
     "MAX_SCOPE_LENGTH",
     "OptionTypeError",
     "cost_in_range",
@@ -39,6 +40,9 @@ __all__ = [
 #: The longest duration any option accepts (timeouts, TTLs, cooldowns): 365 days. Longer
 #: values overflow thread waits (``threading.TIMEOUT_MAX``) and date arithmetic.
 MAX_DURATION = timedelta(days=365)
+#: The longest bound on one call to a database or Redis (``operation_timeout``,
+#: ``connect_timeout``): a day. Anything longer is not a bound.
+MAX_OPERATION_TIMEOUT = timedelta(days=1)
 #: The longest scope, in characters: 4 bytes each at most in UTF-8, far below the
 #: 2,704-byte limit of a PostgreSQL index entry.
 MAX_SCOPE_LENGTH = 256
@@ -83,9 +87,8 @@ def seconds(
         raise ValueError(f"{option} must be greater than 0 seconds; got {value!r}")
     limit = maximum.total_seconds()
     if amount > limit:
-        raise ValueError(
-            f"{option} must be at most {limit:.0f} seconds ({maximum.days} days); got {value!r}"
-        )
+        days = f"{maximum.days} day" + ("" if maximum.days == 1 else "s")
+        raise ValueError(f"{option} must be at most {limit:.0f} seconds ({days}); got {value!r}")
     return amount
 
 

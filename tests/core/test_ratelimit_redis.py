@@ -5,7 +5,8 @@ of the repo-root conftest: skipped locally without it, failing under ``CI=true``
 before and after. The bucket refills by the Redis server's clock in 1-second steps, so
 tests that watch a refill wait for at most one real step; the rate test runs four worker
 processes for about 13 s. Outages use a port with nothing listening, or a private
-``redis-server`` the test starts and stops.
+``redis-server`` the test starts and stops. Load beyond the connection pool, a silent or
+resetting Redis, and cancellation mid round trip are in ``test_ratelimit_redis_faults.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
 )
-from llm_resilience.ratelimit import _redis as redis_module
 from llm_resilience.transient import is_transient
 
 redis = pytest.importorskip("redis")
@@ -458,16 +458,16 @@ def test_without_a_token_budget_the_weight_is_ignored(make: Any, db: Any) -> Non
 # -- a failing backend -------------------------------------------------------------------
 
 
-@pytest.fixture
-def every_call_tries_redis(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No quiet second after a failure: each call really tries Redis (and fails)."""
-    monkeypatch.setattr(redis_module, "_OUTAGE_RETRY_SECONDS", 0.0)
+#: No quiet second after a failure: each call really tries Redis (and fails).
+EVERY_CALL_TRIES_REDIS = 1e-6
 
 
 async def test_fail_open_grants_every_call_and_warns_once_per_outage(
-    dead_url: str, outcomes: Any, caplog: pytest.LogCaptureFixture, every_call_tries_redis: None
+    dead_url: str, outcomes: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    limiter = RedisTokenBucketRateLimiter(1, name="open", redis_url=dead_url)
+    limiter = RedisTokenBucketRateLimiter(
+        1, name="open", redis_url=dead_url, outage_cooldown=EVERY_CALL_TRIES_REDIS
+    )
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert [limiter.acquire() for _ in range(3)] == [True] * 3
         assert await limiter.aacquire() is True
@@ -483,10 +483,14 @@ async def test_fail_open_grants_every_call_and_warns_once_per_outage(
 
 
 async def test_fail_closed_refuses_with_a_non_transient_error_and_warns_once(
-    dead_url: str, outcomes: Any, caplog: pytest.LogCaptureFixture, every_call_tries_redis: None
+    dead_url: str, outcomes: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     limiter = RedisTokenBucketRateLimiter(
-        60, name="closed", redis_url=dead_url, on_backend_error="fail_closed"
+        60,
+        name="closed",
+        redis_url=dead_url,
+        on_backend_error="fail_closed",
+        outage_cooldown=EVERY_CALL_TRIES_REDIS,
     )
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for _ in range(3):
@@ -564,10 +568,12 @@ def private_redis() -> Iterator[PrivateRedis]:
 
 
 def test_a_new_outage_warns_again_once_redis_has_answered_in_between(
-    private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture, every_call_tries_redis: None
+    private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
     private_redis.start()
-    limiter = RedisTokenBucketRateLimiter(600, name="flaky", redis_url=private_redis.url)
+    limiter = RedisTokenBucketRateLimiter(
+        600, name="flaky", redis_url=private_redis.url, outage_cooldown=EVERY_CALL_TRIES_REDIS
+    )
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert limiter.acquire() is True
         for _ in range(2):  # down, back, down, back

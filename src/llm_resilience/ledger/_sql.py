@@ -78,8 +78,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
 #: Default bound on libpq's own connection attempt (whole seconds, 2 at least).
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
-#: The longest ``operation_timeout`` and ``connect_timeout`` accepted.
-MAX_OPERATION_TIMEOUT = timedelta(days=1)
+#: The longest ``operation_timeout`` and ``connect_timeout`` accepted (a day).
+MAX_OPERATION_TIMEOUT = _checks.MAX_OPERATION_TIMEOUT
 #: Bound on opening a ledger whose tables must be created or migrated, waiting for
 #: another process's migration included: building the totals of a first-release table
 #: takes about 7 s per million SQLite rows (2 s on PostgreSQL).

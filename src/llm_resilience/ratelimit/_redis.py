@@ -9,6 +9,10 @@ are served first come first served across every process and host; the cost is th
 reservation is a commitment (see :class:`RedisTokenBucketRateLimiter` for what
 cancellation and crashes do to it).
 
+Every round trip is bounded in time (``operation_timeout``) and first takes one of as
+many local slots as the client has connections, so more callers than connections queue
+for a connection instead of failing as if Redis were down.
+
 redis-py is an optional extra (``pip install 'llm-resilience[redis]'``) and is imported
 only when a limiter is built.
 """
@@ -21,10 +25,12 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator
+from datetime import timedelta
 from importlib import import_module
 from typing import Any, Final, Literal, get_args
 
 from llm_resilience import telemetry
+from llm_resilience._checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
 from llm_resilience.errors import (
     RateLimitBackendError,
     RateLimitQueueFullError,
@@ -43,7 +49,11 @@ from llm_resilience.ratelimit._protocol import (
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_OPERATION_TIMEOUT",
+    "DEFAULT_OUTAGE_COOLDOWN",
     "DEFAULT_REDIS_URL",
+    "MAX_OPERATION_TIMEOUT",
     "BackendErrorMode",
     "RedisTokenBucketRateLimiter",
 ]
@@ -54,20 +64,25 @@ DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_KEY_PREFIX: Final = "llm-resilience:ratelimit:"
 BackendErrorMode = Literal["fail_open", "fail_closed"]
 
-#: After a backend failure, calls skip Redis for this many seconds and apply
-#: ``on_backend_error`` at once, so a dead or black-holed server costs one connect attempt
-#: per second instead of one per call.
-_OUTAGE_RETRY_SECONDS = 1.0
-#: Socket connect and read timeouts of a client built from ``redis_url`` (a URL's own
-#: ``socket_timeout``/``socket_connect_timeout`` query options win). Redis answers in
-#: well under a millisecond; a second of silence is an outage.
-_SOCKET_TIMEOUT_SECONDS = 1.0
+#: Default ``operation_timeout``: the most one round trip to Redis may take, in seconds.
+#: Redis answers in well under a millisecond; a second of silence is an outage.
+DEFAULT_OPERATION_TIMEOUT: Final = 1.0
+#: Default ``outage_cooldown``: after a failure, calls skip Redis for this many seconds and
+#: apply ``on_backend_error`` at once, so a dead or silent server costs one timeout per
+#: second instead of one per call.
+DEFAULT_OUTAGE_COOLDOWN: Final = 1.0
+#: Connections a client built from ``redis_url`` may open (per event loop for the async
+#: methods) unless the URL says otherwise (``?max_connections=64``).
+DEFAULT_MAX_CONNECTIONS: Final = 16
 
 # Modes of the script (ARGV[1]).
 _RESERVE: Final = "reserve"  # grant now, or reserve the permit and answer when it is due
 _TRY: Final = "try"  # grant now, or refuse without reserving anything
-_REFUND: Final = "refund"  # give back a reservation that is not due yet
+_REFUND: Final = "refund"  # give a permit back, unless its due time (ARGV[7]) has passed
 _ADJUST: Final = "adjust"  # add to the token field (negative: charge), capped at capacity
+#: A due time (server microseconds) no clock reaches: a refund carrying it always applies.
+#: A cancelled caller gives back what it was granted or reserved, due or not.
+_NEVER_DUE: Final = 2**62
 
 # One script, one round trip per decision. Fields: r = request permits, t = token permits,
 # ts = start of the current refill period, in server microseconds. A missing key is a full
@@ -164,6 +179,12 @@ def _load_redis() -> Any:
         ) from exc
 
 
+def _duration(option: str, value: object, maximum: timedelta = MAX_DURATION) -> float:
+    amount = seconds(option, value, maximum=maximum)
+    assert amount is not None  # None is not allowed
+    return amount
+
+
 class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     """:class:`TokenBucketRateLimiter`'s bucket, shared through Redis by every process and host.
 
@@ -180,40 +201,77 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     **Order.** A call over budget reserves its permit in Redis and sleeps until it is due,
     so callers are served in the order their calls reach Redis, across every process,
     with one round trip per call and no retries. A waiter that is cancelled (or
-    interrupted) gives its reservation back if it is not due yet; callers already waiting
-    keep their due times, so the returned permit (like tokens given back by
-    :meth:`reconcile`) goes to whoever asks next, not to them. A process that dies while
-    waiting wastes its one reserved permit, as does a caller cancelled while its round
-    trip is in flight.
+    interrupted) gives its reservation back; callers already waiting keep their due
+    times, so the returned permit (like tokens given back by :meth:`reconcile`) goes to
+    whoever asks next, not to them. A process that dies while waiting wastes its one
+    reserved permit.
+
+    **Cancellation** of :meth:`aacquire` leaves nothing behind: no permit, no task, no
+    connection. Cancelled while queued for a connection, it leaves at once; cancelled
+    while its round trip is in flight, it lets that round trip finish (at most
+    ``operation_timeout``; Redis usually answers within a millisecond), gives back any
+    permit it was granted, then raises ``CancelledError``; cancelled while sleeping on a
+    reservation, it gives the reservation back. (A sync :meth:`acquire` interrupted by
+    ``KeyboardInterrupt`` mid round trip may waste that one permit.)
 
     **max_queued_requests** bounds the callers waiting *in this process* (each process
     has its own bound): a call that would have to wait while that many are waiting is
     refused with :class:`~llm_resilience.errors.RateLimitQueueFullError`, after a
     non-reserving round trip that grants it if a permit is free right now.
 
-    **Backend errors** (any redis-py error: refused, lost or slow connection, a failing
-    script): ``on_backend_error="fail_open"`` (the default) grants the permit unlimited;
-    ``"fail_closed"`` raises :class:`~llm_resilience.errors.RateLimitBackendError` (pinned
-    non-transient, so a fallback chain does not mistake it for a provider outage), even
-    with ``blocking=False``. Either way the histogram records outcome ``faulted``, one
-    WARNING is logged on ``llm_resilience.ratelimit`` per outage (and an INFO when Redis
-    answers again), and for 1 s after a failure calls apply the mode without trying
-    Redis. :meth:`reconcile` never raises for a backend error: the adjustment is dropped.
+    **Connections.** Nothing connects at construction. Each round trip first takes one of
+    as many slots as the client's pool has connections (``max_connections``): a client
+    built from ``redis_url`` has :data:`DEFAULT_MAX_CONNECTIONS` (16) per pool, or the
+    URL's ``?max_connections=``. So any number of concurrent callers queue for a
+    connection and are granted at the configured rate; running out of connections is
+    never taken for a Redis outage. ``client`` takes your own ``redis.Redis`` instead
+    (left open by :meth:`close`), and its pool's ``max_connections`` sizes the slots; if
+    other code shares that client, give it a ``BlockingConnectionPool``, or a pool
+    emptied by them fails the limiter's calls like a backend error. The async methods
+    use a ``redis.asyncio`` client built from the same options; its connections belong
+    to one event loop, so each loop gets its own client (and slots), closed when the loop
+    shuts down through ``asyncio.run`` (or by :meth:`aclose`).
 
-    **Connections.** Nothing connects at construction. A client built from ``redis_url``
-    gives each connect and each read 1 s and retries once, at once. ``client`` takes your
-    own ``redis.Redis`` instead (left open by :meth:`close`); the async methods then use a
-    ``redis.asyncio`` client built from its connection options. redis.asyncio connections
-    belong to one event loop, so each loop gets its own client, closed when the loop shuts
-    down through ``asyncio.run`` (or by :meth:`aclose`).
+    **Time bounds.** ``operation_timeout`` (seconds or ``timedelta``, default 1 s)
+    bounds each round trip. The async methods enforce it on our side, as a deadline on
+    the whole round trip (connect, script, reply). The sync methods cannot interrupt a
+    blocking socket, so a client built from ``redis_url`` uses it as its connect timeout
+    and its read timeout (a URL's own ``socket_timeout``/``socket_connect_timeout`` can
+    only lower them) and has redis-py's retries turned off: a server that accepts
+    connections but never answers, or resets them, fails a sync round trip within
+    ``operation_timeout`` too. A call queued for a connection waits for the round trips
+    ahead of it; once one of them has failed, it skips Redis. So under a silent or
+    resetting Redis an acquire returns (``fail_open``) or raises (``fail_closed``)
+    within ``2 * operation_timeout`` (one round trip ahead of it, then its own), usually
+    within one. Your own ``client`` keeps its own timeouts and retries on the sync
+    methods (redis-py's defaults: 5 s reads, 10 retries); the limiter logs a WARNING at
+    construction when they allow more than ``operation_timeout``.
+
+    **Backend errors** (any redis-py error: refused, reset, lost or silent connection, a
+    failing script): ``on_backend_error="fail_open"`` (the default) grants the permit
+    without limiting; ``"fail_closed"`` raises
+    :class:`~llm_resilience.errors.RateLimitBackendError` (pinned non-transient, so a
+    fallback chain does not mistake it for a provider outage), even with
+    ``blocking=False``. Either way the histogram records outcome ``faulted``, one WARNING
+    is logged on ``llm_resilience.ratelimit`` per outage (and an INFO when Redis answers
+    again), and for ``outage_cooldown`` (seconds or ``timedelta``, default 1 s) after a
+    failure calls apply the mode without trying Redis. The first call after that tries
+    Redis again, and enforcement resumes as soon as it answers. A round trip that timed
+    out may still reach Redis later (a server that was frozen, not gone) and take its
+    permit there. :meth:`reconcile` never raises for a backend error: the adjustment is
+    dropped.
 
     Keys expire when the bucket would have refilled to capacity, so idle buckets vanish.
+    A duration that is zero, negative, or longer than a day (``operation_timeout``) or
+    365 days (``outage_cooldown``) raises ``ValueError`` naming the option.
     """
 
     __slots__ = (
         "_async_clients",
         "_async_factory",
         "_client",
+        "_failures",
+        "_gate",
         "_in_flight",
         "_in_outage",
         "_key",
@@ -223,6 +281,8 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         "_name",
         "_no_script_error",
         "_on_backend_error",
+        "_operation_timeout",
+        "_outage_cooldown",
         "_outage_until",
         "_owns_client",
         "_permits_per_period",
@@ -244,6 +304,8 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         client: Any = None,
         on_backend_error: BackendErrorMode = "fail_open",
         key_prefix: str = DEFAULT_KEY_PREFIX,
+        operation_timeout: float | timedelta = DEFAULT_OPERATION_TIMEOUT,
+        outage_cooldown: float | timedelta = DEFAULT_OUTAGE_COOLDOWN,
     ) -> None:
         self._rpm = positive_int("requests_per_minute", requests_per_minute)
         self._max_queued = optional_positive_int("max_queued_requests", max_queued_requests)
@@ -262,6 +324,9 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             raise ValueError(
                 f"on_backend_error must be 'fail_open' or 'fail_closed', got {on_backend_error!r}"
             )
+        timeout = _duration("operation_timeout", operation_timeout, MAX_OPERATION_TIMEOUT)
+        self._operation_timeout = timeout
+        self._outage_cooldown = _duration("outage_cooldown", outage_cooldown)
         if not isinstance(redis_url, str):
             raise TypeError(f"redis_url must be a string such as {DEFAULT_REDIS_URL!r}")
         if client is not None and redis_url != DEFAULT_REDIS_URL:
@@ -273,36 +338,58 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         self._tokens_per_period = None if self._tpm is None else per_period(self._tpm)
 
         redis = _load_redis()
+        # OSError includes TimeoutError, which the async round trips' deadline raises.
         self._redis_error: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._no_script_error: type[BaseException] = redis.exceptions.NoScriptError
         if client is None:
-            options = {
-                "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
-                "socket_connect_timeout": _SOCKET_TIMEOUT_SECONDS,
+            options: dict[str, Any] = {
+                "socket_timeout": timeout,
+                "socket_connect_timeout": timeout,
+                "max_connections": DEFAULT_MAX_CONNECTIONS,
             }
             # A URL is parsed here (a bad one fails now); no connection is made until a call.
             self._client = redis.Redis.from_url(
-                redis_url, retry=_one_retry(import_module("redis.retry")), **options
+                redis_url, retry=_no_retry(import_module("redis.retry")), **options
             )
+            _cap_timeouts(self._client, timeout)
             self._owns_client = True
             url = redis_url
 
             def async_factory() -> Any:
                 asyncio_redis = import_module("redis.asyncio")
-                retry = _one_retry(import_module("redis.asyncio.retry"))
-                return asyncio_redis.Redis.from_url(url, retry=retry, **options)
+                retry = _no_retry(import_module("redis.asyncio.retry"))
+                built = asyncio_redis.Redis.from_url(url, retry=retry, **options)
+                _cap_timeouts(built, timeout)
+                return built
         else:
             if not callable(getattr(client, "evalsha", None)):
                 raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
             self._client = client
             self._owns_client = False
+            loose = _unbounded_settings(client, timeout)
+            if loose:
+                logger.warning(
+                    "Shared limiter %r: the client passed has %s, so a silent Redis can "
+                    "hold a sync acquire() longer than operation_timeout (%ss); build it "
+                    "with socket_timeout and socket_connect_timeout <= %s and "
+                    "retry=Retry(NoBackoff(), 0). The async methods keep the bound.",
+                    name,
+                    ", ".join(loose),
+                    timeout,
+                    timeout,
+                )
 
             def async_factory() -> Any:
                 return _async_twin(client)
 
         self._async_factory = async_factory
-        #: Per event loop: its redis.asyncio client and the async generator closing it.
-        self._async_clients: dict[asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None]]] = {}
+        #: Per event loop: its redis.asyncio client, the async generator closing it, and
+        #: the slots its round trips take (one per pooled connection).
+        self._async_clients: dict[
+            asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None], asyncio.Semaphore]
+        ] = {}
+        #: The sync round trips' slots: one per connection of the client's pool.
+        self._gate = threading.BoundedSemaphore(_pool_size(self._client))
         self._lock = threading.Lock()
         #: Callers of this process sleeping on a reservation.
         self._waiting = 0
@@ -310,6 +397,8 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         self._in_flight = 0
         self._in_outage = False
         self._outage_until = 0.0
+        #: Round trips failed so far: a queued call that sees it change skips Redis.
+        self._failures = 0
         self._last_error: BaseException | None = None
 
     # -- the derivation, read-only ---------------------------------------------------
@@ -328,6 +417,16 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     def on_backend_error(self) -> BackendErrorMode:
         """What a call does when Redis fails: ``fail_open`` grants, ``fail_closed`` raises."""
         return self._on_backend_error
+
+    @property
+    def operation_timeout(self) -> float:
+        """Seconds one round trip to Redis may take (default 1.0)."""
+        return self._operation_timeout
+
+    @property
+    def outage_cooldown(self) -> float:
+        """Seconds calls skip Redis after a failure (default 1.0)."""
+        return self._outage_cooldown
 
     @property
     def queued(self) -> int:
@@ -361,7 +460,9 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     ) -> bool:
         """Async :meth:`acquire`: the wait is an ``asyncio.sleep``, cancellable at any point.
 
-        A waiter cancelled before its permit is due gives the reservation back.
+        A cancelled call consumes nothing: a permit it was granted or reserved is given
+        back before ``CancelledError`` propagates (which waits for a round trip in flight,
+        at most ``operation_timeout``).
         """
         started = time.monotonic()
         try:
@@ -439,14 +540,15 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             self._settle(reserving, reply)
         if reply is None:
             return self._backend_failed()
-        granted, wait_us, due_us = reply
+        granted, wait_us, _ = reply
         if not granted:
             return self._refused(blocking)
         if wait_us > 0:
             try:
                 time.sleep(wait_us / 1_000_000)
             except BaseException:
-                self._round_trip(_REFUND, weight, due_us)
+                # Given back even when it fell due meanwhile: this caller will not use it.
+                self._round_trip(_REFUND, weight, _NEVER_DUE)
                 raise
             finally:
                 with self._lock:
@@ -463,14 +565,18 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             self._settle(reserving, reply)
         if reply is None:
             return self._backend_failed()
-        granted, wait_us, due_us = reply
+        granted, wait_us, _ = reply
         if not granted:
             return self._refused(blocking)
         if wait_us > 0:
             try:
                 await asyncio.sleep(wait_us / 1_000_000)
             except BaseException:
-                await self._around_trip(_REFUND, weight, due_us)
+                # Given back even when it fell due meanwhile (the cancellation can land
+                # after the sleep ended), in a task of its own so that a second
+                # cancellation cannot stop the refund half-way; the round trip bounds it.
+                refund = asyncio.ensure_future(self._around_trip(_REFUND, weight, _NEVER_DUE))
+                await _to_the_end(refund)
                 raise
             finally:
                 with self._lock:
@@ -503,35 +609,81 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         """Run the script (EVALSHA, EVAL if the server lost it); None if Redis failed."""
         if self._skipping():
             return None
-        args = self._args(mode, amount, due_us)
-        try:
+        failures_seen = self._failures
+        with self._gate:
+            if self._skipping(failures_seen):
+                return None
+            args = self._args(mode, amount, due_us)
             try:
-                raw = self._client.evalsha(*args)
-            except self._no_script_error:
-                raw = self._client.eval(_SCRIPT, *args[1:])
-        except self._redis_error as exc:
-            self._note_failure(exc)
-            return None
+                try:
+                    raw = self._client.evalsha(*args)
+                except self._no_script_error:
+                    raw = self._client.eval(_SCRIPT, *args[1:])
+            except self._redis_error as exc:
+                self._note_failure(exc)
+                return None
         self._note_success()
         return _parse(raw)
 
     async def _around_trip(self, mode: str, amount: int, due_us: int) -> _Reply | None:
+        """Async :meth:`_round_trip`; a cancelled caller leaves no permit taken behind."""
         if self._skipping():
             return None
-        args = self._args(mode, amount, due_us)
-        try:
-            client = await self._async_client()
+        failures_seen = self._failures
+        client, gate = await self._async_client()
+        async with gate:  # cancelled while queued here, the call holds nothing yet
+            if self._skipping(failures_seen):
+                return None
+            # The round trip runs in a task of its own so that cancelling the caller
+            # cannot cut it between the script and its reply (which would lose the
+            # answer, and with it a permit Redis already gave).
+            exchange = asyncio.ensure_future(self._exchange(client, mode, amount, due_us))
             try:
-                raw = await client.evalsha(*args)
-            except self._no_script_error:
-                raw = await client.eval(_SCRIPT, *args[1:])
-        except self._redis_error as exc:
-            self._note_failure(exc)
-            return None
+                raw = await asyncio.shield(exchange)
+            except asyncio.CancelledError:
+                await self._abandon(client, exchange, mode, amount)
+                raise
+            except self._redis_error as exc:
+                self._note_failure(exc)
+                return None
         self._note_success()
         return _parse(raw)
 
-    async def _async_client(self) -> Any:
+    async def _exchange(self, client: Any, mode: str, amount: int, due_us: int) -> Any:
+        """One script call on ``client``, within ``operation_timeout`` (else TimeoutError)."""
+        args = self._args(mode, amount, due_us)
+        async with asyncio.timeout(self._operation_timeout):
+            try:
+                return await client.evalsha(*args)
+            except self._no_script_error:
+                return await client.eval(_SCRIPT, *args[1:])
+
+    async def _abandon(
+        self, client: Any, exchange: asyncio.Future[Any], mode: str, amount: int
+    ) -> None:
+        """The caller was cancelled while ``exchange`` was in flight: let it end, then
+        give back whatever permit it took, so the cancelled call consumes nothing."""
+        await _to_the_end(exchange)
+        reply = self._outcome_of_exchange(exchange)
+        if reply is None or not reply[0] or mode not in (_RESERVE, _TRY):
+            return
+        undo = asyncio.ensure_future(self._exchange(client, _REFUND, amount, _NEVER_DUE))
+        await _to_the_end(undo)
+        self._outcome_of_exchange(undo)
+
+    def _outcome_of_exchange(self, exchange: asyncio.Future[Any]) -> _Reply | None:
+        """A finished exchange's reply (noting success or failure), None if it failed."""
+        if exchange.cancelled():
+            return None
+        error = exchange.exception()
+        if error is None:
+            self._note_success()
+            return _parse(exchange.result())
+        if isinstance(error, self._redis_error):
+            self._note_failure(error)
+        return None
+
+    async def _async_client(self) -> tuple[Any, asyncio.Semaphore]:
         # redis.asyncio connections belong to the loop that opened them: one client per
         # loop. Each comes with an async generator parked at its yield; a loop's
         # ``shutdown_asyncgens`` (which ``asyncio.run`` calls before closing the loop)
@@ -539,23 +691,32 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         loop = asyncio.get_running_loop()
         entry = self._async_clients.get(loop)
         if entry is not None:
-            return entry[0]
+            return entry[0], entry[2]
         client = self._async_factory()
         closer = _closing(client)
         await anext(closer)
+        gate = asyncio.Semaphore(_pool_size(client))
         with self._lock:
             for stale in [other for other in self._async_clients if other.is_closed()]:
                 del self._async_clients[stale]
-            self._async_clients[loop] = (client, closer)
-        return client
+            self._async_clients[loop] = (client, closer, gate)
+        return client, gate
 
-    def _skipping(self) -> bool:
-        return self._in_outage and time.monotonic() < self._outage_until
+    def _skipping(self, failures_seen: int | None = None) -> bool:
+        """Whether to apply ``on_backend_error`` without trying Redis: within the cooldown
+        of a failure, or (for a call that queued for a connection) Redis failed since it
+        arrived and has not answered since."""
+        if not self._in_outage:
+            return False
+        if failures_seen is not None and failures_seen != self._failures:
+            return True
+        return time.monotonic() < self._outage_until
 
     def _note_failure(self, exc: BaseException) -> None:
         with self._lock:
             self._last_error = exc
-            self._outage_until = time.monotonic() + _OUTAGE_RETRY_SECONDS
+            self._outage_until = time.monotonic() + self._outage_cooldown
+            self._failures += 1
             first = not self._in_outage
             self._in_outage = True
         if first:
@@ -599,6 +760,19 @@ async def _closing(client: Any) -> AsyncGenerator[None]:
         await client.aclose()
 
 
+async def _to_the_end(task: asyncio.Future[Any]) -> None:
+    """Wait until ``task`` is done, however often the caller is cancelled meanwhile.
+
+    Only for tasks bounded in time (a round trip under its deadline); the caller re-raises
+    its cancellation afterwards. The task's own result or error is left to read.
+    """
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except (Exception, asyncio.CancelledError):
+            pass
+
+
 def _outcome_of(exc: BaseException) -> telemetry.Outcome:
     if isinstance(exc, (RateLimitQueueFullError, RequestExceedsCapacityError)):
         return "rejected"
@@ -612,11 +786,57 @@ def _parse(raw: Any) -> _Reply:
     return bool(int(granted)), int(wait_us), int(due_us)
 
 
-def _one_retry(retry_module: Any) -> Any:
-    # One immediate retry recovers a pooled connection that went stale (a Redis restart);
-    # redis-py's default of several backed-off retries would stall every call in an outage.
+def _no_retry(retry_module: Any) -> Any:
+    # redis-py retries a failed command by default (10 times, backed off, in redis-py 8):
+    # against a silent server each attempt costs a full read timeout, so one acquire
+    # would stall for many times operation_timeout. A stale pooled connection (a Redis
+    # restart) is noticed and replaced when it is taken from the pool, not by a retry.
     backoff = import_module("redis.backoff")
-    return retry_module.Retry(backoff.NoBackoff(), 1)
+    return retry_module.Retry(backoff.NoBackoff(), 0)
+
+
+def _pool_size(client: Any) -> int:
+    """How many connections ``client``'s pool may open: the number of round-trip slots."""
+    size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return size
+    return DEFAULT_MAX_CONNECTIONS
+
+
+def _cap_timeouts(client: Any, timeout: float) -> None:
+    """Cap the connect and read timeouts of ``client``'s future connections at ``timeout``.
+
+    A URL's own ``socket_timeout``/``socket_connect_timeout`` win over keyword options in
+    redis-py's ``from_url``: a smaller one is kept, a larger one is capped. redis-py 8
+    also keeps ``orig_*`` copies, restored after a server maintenance event; capped too.
+    """
+    settings = client.connection_pool.connection_kwargs
+    for option in ("socket_timeout", "socket_connect_timeout"):
+        value = settings.get(option)
+        settings[option] = timeout if value is None else min(value, timeout)
+    for option in ("orig_socket_timeout", "orig_socket_connect_timeout"):
+        value = settings.get(option)
+        if value is not None:
+            settings[option] = min(value, timeout)
+
+
+def _unbounded_settings(client: Any, timeout: float) -> list[str]:
+    """The settings of ``client`` that let a sync round trip outlast ``timeout``."""
+    settings = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(settings, dict):
+        return []
+    found = []
+    read = settings.get("socket_timeout")
+    # redis-py connects with the read timeout when no connect timeout is given.
+    connect = settings.get("socket_connect_timeout") or read
+    for option, value in (("socket_timeout", read), ("socket_connect_timeout", connect)):
+        if value is None or value > timeout:
+            found.append(f"{option}={'unset' if value is None else value}")
+    retry = settings.get("retry")
+    retries = getattr(retry, "_retries", 0) if retry is not None else 0
+    if retries != 0:
+        found.append(f"{retries} retries")
+    return found
 
 
 # Connection options that mean the same to redis.asyncio; the rest (sync retry objects,
@@ -663,9 +883,12 @@ def _async_twin(client: Any) -> Any:
     options = {k: v for k, v in pool.connection_kwargs.items() if k in _PORTABLE_OPTIONS}
     kind = pool.connection_class.__name__
     connection_class = getattr(asyncio_redis.connection, kind, asyncio_redis.connection.Connection)
-    retry = _one_retry(import_module("redis.asyncio.retry"))
+    retry = _no_retry(import_module("redis.asyncio.retry"))
     twin_pool = asyncio_redis.ConnectionPool(
-        connection_class=connection_class, retry=retry, **options
+        connection_class=connection_class,
+        retry=retry,
+        max_connections=_pool_size(client),
+        **options,
     )
     twin = asyncio_redis.Redis(connection_pool=twin_pool)
     # The twin owns its pool: closing it must disconnect the pool (redis-py's from_pool,

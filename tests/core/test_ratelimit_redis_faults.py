@@ -41,7 +41,7 @@ LOGGER = "llm_resilience.ratelimit"
 TIMEOUT = 0.25
 BOUND = 2 * TIMEOUT
 #: Scheduling slack on top of the documented bound (thread start-up, a loaded test host).
-SLACK = 0.1
+SLACK = 0.5  # CI runs on 2 shared cores: 300 tasks and their log lines take time
 #: A short outage cooldown, so a test can watch the limiter go back to Redis.
 COOLDOWN = 0.05
 #: How long the load tests keep going once the full bucket's burst is spent: three or

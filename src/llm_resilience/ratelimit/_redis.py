@@ -725,12 +725,12 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
                 if self._on_backend_error == "fail_open"
                 else "refusing permits"
             )
+            # The error's type only, as for the ledgers: its text is not ours to publish.
             logger.warning(
-                "Shared limiter %r: Redis failed (%s: %s); %s (on_backend_error=%r) until it "
+                "Shared limiter %r: Redis failed (%s); %s (on_backend_error=%r) until it "
                 "answers again.",
                 self._name,
                 type(exc).__name__,
-                exc,
                 action,
                 self._on_backend_error,
             )

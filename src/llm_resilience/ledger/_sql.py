@@ -215,9 +215,10 @@ class SqlCostLedger:
     into a warning).
 
     Measured on 2 cores with a million entries in the month (``benchmarks/bench_ledger.py``):
-    :meth:`spend` p50 0.2-0.3 ms on SQLite and about 0.5 ms on PostgreSQL; 8 writer
-    processes record 1,000-1,400 entries a second on either. The async methods run the
-    sync ones in a worker thread, within the same bound counted from the call.
+    :meth:`spend` p50 0.09-0.3 ms on SQLite and 0.2-0.5 ms on PostgreSQL, idle to loaded;
+    8 writer processes record 1,000-9,000 entries a second (``docs/benchmarks.md``). The
+    async methods run the sync ones in a worker thread, within the same bound counted from
+    the call.
     """
 
     #: Spend survives restarts and is shared by every process opening the database.

@@ -5,12 +5,17 @@ Anthropic-compatible secondary (:class:`llm_resilience.testing.FaultInjectingSer
 The real ``ChatOpenAI`` and ``ChatAnthropic`` clients talk HTTP to them through a
 LangChain chain (``prompt | FallbackChatModel | parser``) while the primary fails in
 the ways providers do. Everything runs on 127.0.0.1 and stops when the demo ends.
+
+The core's ``llm-resilience`` command finds :data:`command` through the ``llm_resilience.cli``
+entry point that this package's ``pyproject.toml`` registers.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,9 +27,10 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable
 
 from langchain_llm_resilience.fallback import SERVED_BY_KEY, STREAM_RESTART_EVENT, FallbackChatModel
+from llm_resilience.cli import Command
 from llm_resilience.testing import Fault, FaultInjectingServer
 
-__all__ = ["run_demo"]
+__all__ = ["command", "run_demo"]
 
 _PRIMARY_REPLY = "Paris is the capital of France, served by the primary."
 _SECONDARY_REPLY = "Paris is the capital of France, served by the secondary."
@@ -87,6 +93,26 @@ def _served(message: AIMessage | AIMessageChunk) -> str:
     name = message.response_metadata.get("model_name", "?")
     role = {0: "primary", 1: "secondary"}.get(index, "?") if isinstance(index, int) else "?"
     return f"{role} ({name})"
+
+
+def _run(_: argparse.Namespace) -> int:
+    try:
+        import langchain_anthropic  # noqa: F401
+        import langchain_openai  # noqa: F401
+    except ImportError as error:
+        print(
+            f"llm-resilience demo needs the provider clients ({error}): "
+            "pip install langchain-openai langchain-anthropic",
+            file=sys.stderr,
+        )
+        return 2
+    return run_demo(sys.stdout)
+
+
+#: ``llm-resilience demo``, registered in the ``llm_resilience.cli`` entry-point group.
+command = Command(
+    help="run an offline simulated provider outage through a fallback chain", run=_run
+)
 
 
 def run_demo(out: TextIO) -> int:

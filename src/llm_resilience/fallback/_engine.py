@@ -1,28 +1,4 @@
-"""The fallback engine: try clients in order, move on at once when one fails transiently.
-
-The engine knows nothing about LangChain or LlamaIndex. It is handed the clients and,
-per call, an *attempt*: a function of ``(index, client)`` that performs the request
-against one client (returning a result, an awaitable, an iterable of chunks or an
-async iterable of chunks). The adapters supply the attempt; every rule lives here.
-
->>> chain = FallbackChain(["primary", "secondary"], per_client_timeout=30)
->>> chain.invoke(lambda index, client: f"answered by {client}")
-'answered by primary'
-
-Rules, in short (``docs/fallback.md`` has the long form):
-
-* each client is tried once, in order; a transient failure (see
-  :mod:`llm_resilience.transient`) moves on at once, with no delay; anything else
-  propagates at once; when every client failed, the last client's own exception object
-  is raised;
-* ``per_client_timeout`` bounds each attempt. When it fires the attempt counts as
-  transient; if it was the last client the caller gets
-  :class:`~llm_resilience.errors.PerClientTimeoutError` (a ``TimeoutError``). The
-  caller's own cancellation is never rerouted;
-* a stream that fails after yielding chunks is restarted from the beginning on the next
-  client; chunks already yielded stay yielded and ``on_restart`` hooks are told;
-* an optional :class:`Cooldown` skips, for a while, a client that keeps failing.
-"""
+"""The fallback engine: ``FallbackChain`` tries clients in order under the chain's rules."""
 
 from __future__ import annotations
 
@@ -30,10 +6,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import queue
-import threading
 import time
-from collections import deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -44,153 +17,35 @@ from collections.abc import (
     Sequence,
 )
 from concurrent.futures import Future
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from llm_resilience._checks import OptionTypeError, seconds
 from llm_resilience.errors import PerClientTimeoutError
-from llm_resilience.transient import is_transient, retry_after_of
+from llm_resilience.fallback._breaker import _Breaker
+from llm_resilience.fallback._options import (
+    Classifier,
+    Cooldown,
+    RestartHook,
+    StreamRestart,
+    _OptionTypeError,
+    _seconds,
+)
+from llm_resilience.fallback._sources import (
+    _aclose,
+    _AttemptTimedOut,
+    _DirectSource,
+    _Source,
+    _ThreadedSource,
+)
+from llm_resilience.fallback._workers import _WORKERS
+from llm_resilience.transient import is_transient
 
-__all__ = [
-    "Cooldown",
-    "FallbackChain",
-    "StreamRestart",
-    "self_retry_setting",
-    "warn_if_self_retrying",
-]
-
-logger = logging.getLogger(__name__)
+# Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
+logger = logging.getLogger("llm_resilience.fallback")
 
 ClientT = TypeVar("ClientT")
 ResultT = TypeVar("ResultT")
 ChunkT = TypeVar("ChunkT")
-
-Classifier = Callable[[BaseException], bool]
-
-
-_OptionTypeError = OptionTypeError
-_seconds = seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Cooldown:
-    """Opt-in circuit breaker for a fallback chain.
-
-    A client that failed transiently ``failures`` times within ``window`` seconds is
-    skipped for ``duration`` seconds, so a dead primary stops costing every request its
-    full timeout. With ``honor_retry_after`` a 429/503 that carries ``retry-after-ms``
-    or ``Retry-After`` (seconds or an HTTP date) skips that client for the time asked,
-    capped at ``max_retry_after``. A success clears the client's failure count. If every
-    client is cooling down, the one whose cooldown ends first is tried anyway: the chain
-    never refuses a call without trying a provider.
-
-    >>> Cooldown(failures=3, window=60, duration=30)
-    Cooldown(failures=3, window=60.0, duration=30.0, honor_retry_after=True, max_retry_after=300.0)
-    """
-
-    #: Transient failures within ``window`` that open the breaker (>= 1).
-    failures: int = 3
-    #: Seconds over which failures are counted.
-    window: float = 60.0
-    #: Seconds a client is skipped once the breaker opens.
-    duration: float = 30.0
-    #: Whether a provider's ``Retry-After`` sets the client's cooldown.
-    honor_retry_after: bool = True
-    #: Upper bound, in seconds, on a cooldown taken from ``Retry-After``.
-    max_retry_after: float = 300.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.failures, bool) or not isinstance(self.failures, int):
-            raise _OptionTypeError(
-                f"Cooldown.failures must be an integer >= 1; got {self.failures!r} "
-                f"({type(self.failures).__name__})"
-            )
-        if self.failures < 1:
-            raise ValueError(f"Cooldown.failures must be an integer >= 1; got {self.failures}")
-        for name in ("window", "duration", "max_retry_after"):
-            seconds = _seconds(f"Cooldown.{name}", getattr(self, name), allow_none=False)
-            object.__setattr__(self, name, seconds)
-        if not isinstance(self.honor_retry_after, bool):
-            raise _OptionTypeError(
-                f"Cooldown.honor_retry_after must be True or False; got {self.honor_retry_after!r}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRestart:
-    """What an ``on_restart`` hook is told when a stream restarts on the next client."""
-
-    #: Index of the client that failed mid-stream.
-    failed_client: int
-    #: Index of the client that will stream the response again from the beginning.
-    next_client: int
-    #: Content chunks the failed client had yielded (to be discarded by the consumer).
-    chunks: int
-    #: The failure (a ``TimeoutError`` when the per-client timeout fired).
-    error: BaseException
-
-
-RestartHook = Callable[[StreamRestart], object]
-
-
-class _Breaker:
-    """Per-client failure history and cooldown deadlines; thread-safe."""
-
-    __slots__ = ("_clock", "_config", "_failures", "_lock", "_open_until")
-
-    def __init__(self, config: Cooldown, size: int, clock: Callable[[], float]) -> None:
-        self._config = config
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._failures: list[deque[float]] = [deque() for _ in range(size)]
-        self._open_until: list[float] = [0.0] * size
-
-    def order(self, size: int) -> list[int]:
-        now = self._clock()
-        with self._lock:
-            ready = [i for i in range(size) if self._open_until[i] <= now]
-            if ready:
-                skipped = [i for i in range(size) if i not in ready]
-                for i in skipped:
-                    logger.info(
-                        "Client %d is cooling down for another %.1fs; skipping it.",
-                        i,
-                        self._open_until[i] - now,
-                    )
-                return ready
-            soonest = min(range(size), key=lambda i: self._open_until[i])
-            return [soonest]
-
-    def failed(self, index: int, error: BaseException | None) -> None:
-        config = self._config
-        now = self._clock()
-        with self._lock:
-            history = self._failures[index]
-            history.append(now)
-            while history and history[0] <= now - config.window:
-                history.popleft()
-            until = self._open_until[index]
-            if len(history) >= config.failures:
-                until = max(until, now + config.duration)
-                history.clear()
-            if config.honor_retry_after and error is not None:
-                wait = retry_after_of(error)
-                if wait is not None and wait > 0:
-                    until = max(until, now + min(wait, config.max_retry_after))
-            self._open_until[index] = until
-
-    def succeeded(self, index: int) -> None:
-        with self._lock:
-            self._failures[index].clear()
-
-
-class _AttemptTimedOut(Exception):
-    """Internal: the per-client timeout fired on an attempt."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__("per-client timeout")
-        self.cause = cause
 
 
 _SENTINEL_END = object()
@@ -572,225 +427,3 @@ class FallbackChain(Generic[ClientT]):
             outcome = hook(restart)
             if inspect.isawaitable(outcome):
                 await outcome
-
-
-class _Source(Generic[ChunkT]):
-    """One streaming attempt, pulled chunk by chunk."""
-
-    finished: bool
-
-    def next(self) -> ChunkT:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class _DirectSource(_Source[ChunkT]):
-    """No timeout: pull the attempt's iterator in the caller's thread."""
-
-    __slots__ = ("_attempt", "_client", "_index", "_iterator", "finished")
-
-    def __init__(
-        self, attempt: Callable[[int, Any], Iterable[ChunkT]], index: int, client: Any
-    ) -> None:
-        self._attempt = attempt
-        self._index = index
-        self._client = client
-        self._iterator: Iterator[ChunkT] | None = None
-        self.finished = False
-
-    def next(self) -> ChunkT:
-        if self._iterator is None:
-            self._iterator = iter(self._attempt(self._index, self._client))
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            self.finished = True
-            raise
-
-    def close(self) -> None:
-        if self._iterator is not None:
-            _close(self._iterator)
-
-
-class _ThreadedSource(_Source[ChunkT]):
-    """With a timeout: a worker thread pulls the attempt; the caller waits with a deadline.
-
-    The deadline is fixed when the attempt starts, so time the consumer spends between
-    chunks counts against it. An abandoned worker stops at its next chunk.
-    """
-
-    __slots__ = ("_deadline", "_queue", "_stop", "finished")
-
-    def __init__(
-        self,
-        attempt: Callable[[int, Any], Iterable[ChunkT]],
-        index: int,
-        client: Any,
-        timeout: float,
-    ) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._deadline = time.monotonic() + timeout
-        self.finished = False
-        context = contextvars.copy_context()
-
-        def produce() -> None:
-            iterator: Iterator[ChunkT] | None = None
-            try:
-                iterator = iter(attempt(index, client))
-                for chunk in iterator:
-                    self._queue.put(("chunk", chunk))
-                    if self._stop.is_set():
-                        return
-                self._queue.put(("end", None))
-            except BaseException as error:
-                # Close a failed iterator before the consumer hears of the failure, so it
-                # is released before the next client starts.
-                if iterator is not None:
-                    _close(iterator)
-                    iterator = None
-                self._queue.put(("error", error))
-            finally:
-                if iterator is not None and self._stop.is_set():
-                    _close(iterator)
-
-        _WORKERS.submit(lambda: context.run(produce))
-
-    def next(self) -> ChunkT:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise _AttemptTimedOut(TimeoutError("per-client timeout elapsed"))
-        try:
-            kind, value = self._queue.get(timeout=remaining)
-        except queue.Empty:
-            raise _AttemptTimedOut(TimeoutError("per-client timeout elapsed")) from None
-        if kind == "chunk":
-            return value  # type: ignore[no-any-return]
-        if kind == "end":
-            self.finished = True
-            raise StopIteration
-        raise value
-
-    def close(self) -> None:
-        self._stop.set()
-
-
-class _Workers:
-    """Daemon threads for timed sync attempts: an idle one is reused, else one is started.
-
-    Starting a thread per attempt cost ~0.4 ms a call on a loaded 2-core machine
-    (``docs/benchmarks.md``); handing work to an idle thread costs ~0.05 ms. Never
-    bounded and never queued: an attempt abandoned at its timeout keeps its worker until
-    the provider returns, and the next attempt simply gets another one, so a hung
-    provider cannot starve later calls. A worker idle for ``idle_timeout`` seconds exits.
-    """
-
-    __slots__ = ("_idle", "_idle_timeout", "_lock")
-
-    def __init__(self, idle_timeout: float = 60.0) -> None:
-        self._lock = threading.Lock()
-        #: Inboxes of the idle workers, the most recently idle last (its cache is warm).
-        self._idle: list[queue.SimpleQueue[Callable[[], object]]] = []
-        self._idle_timeout = idle_timeout
-
-    def submit(self, work: Callable[[], object]) -> None:
-        """Run ``work()`` on a worker thread; ``work`` must not raise (it reports itself)."""
-        with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            threading.Thread(
-                target=self._serve, args=(inbox,), name="llm-resilience-attempt", daemon=True
-            ).start()
-        inbox.put(work)
-
-    def _serve(self, inbox: queue.SimpleQueue[Callable[[], object]]) -> None:
-        while True:
-            try:
-                work = inbox.get(timeout=self._idle_timeout)
-            except queue.Empty:
-                with self._lock:
-                    if inbox in self._idle:
-                        self._idle.remove(inbox)
-                        return
-                # A caller took this inbox just as the wait ran out; its work is coming.
-                continue
-            work()
-            del work  # drop the attempt's closure (and its result) before idling
-            with self._lock:
-                self._idle.append(inbox)
-
-
-_WORKERS = _Workers()
-
-
-def _close(iterator: object) -> None:
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        try:
-            close()
-        except Exception:
-            logger.debug("Closing an abandoned stream failed.", exc_info=True)
-
-
-async def _aclose(iterator: object) -> None:
-    aclose = getattr(iterator, "aclose", None)
-    if aclose is not None:
-        try:
-            await aclose()
-        except Exception:
-            logger.debug("Closing an abandoned stream failed.", exc_info=True)
-
-
-# -- inner models that retry by themselves ----------------------------------------------
-
-_CLIENT_ATTRIBUTES = ("root_client", "client", "_client", "root_async_client", "async_client")
-_warned: set[tuple[str, int]] = set()
-_warned_lock = threading.Lock()
-
-
-def self_retry_setting(model: object) -> tuple[str, int] | None:
-    """The setting through which ``model`` retries on its own, as ``(name, retries)``.
-
-    Looks at the model's ``max_retries`` and, when that is unset, at the
-    ``max_retries`` of the SDK client it holds (``ChatOpenAI(max_retries=None)`` leaves
-    the openai client's default of 2 in force). Returns None when no retrying is found.
-    """
-    own = getattr(model, "max_retries", None)
-    if isinstance(own, int) and not isinstance(own, bool):
-        return ("max_retries", own) if own > 0 else None
-    for attribute in _CLIENT_ATTRIBUTES:
-        try:
-            client = getattr(model, attribute, None)
-        except Exception:
-            continue
-        retries = getattr(client, "max_retries", None) if client is not None else None
-        if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
-            return (f"{attribute}.max_retries", retries)
-    return None
-
-
-def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback chain") -> None:
-    """Warn once per model object that its own retries delay failover."""
-    setting = self_retry_setting(model)
-    if setting is None:
-        return
-    key = (type(model).__qualname__, id(model))
-    with _warned_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    name, retries = setting
-    label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
-    described = f"{type(model).__name__}({label})" if label else type(model).__name__
-    logger.warning(
-        "Client %d of the %s, %s, retries by itself (%s=%d): each failure waits out its "
-        "whole retry schedule before failover. Build it with max_retries=0.",
-        position,
-        role,
-        described,
-        name,
-        retries,
-    )

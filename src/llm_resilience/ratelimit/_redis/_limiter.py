@@ -1,43 +1,22 @@
-"""The token bucket of :class:`TokenBucketRateLimiter`, kept in Redis and shared by every process.
-
-Every decision is one round trip: one Lua script reads the bucket (a hash at
-``key_prefix + name``), refills it by the Redis server's clock (``TIME``, so the hosts'
-clocks never matter), and either grants at once or *reserves* the caller's permit and
-answers when it is due. The caller then sleeps until that moment and goes, with no retry
-and no polling. Reservations are taken in the order the calls reach Redis, so callers
-are served first come first served across every process and host; the cost is that a
-reservation is a commitment (see :class:`RedisTokenBucketRateLimiter` for what
-cancellation and crashes do to it).
-
-Every round trip is bounded in time (``operation_timeout``) and first takes one of as
-many local slots as the client has connections, so more callers than connections queue
-for a connection instead of failing as if Redis were down.
-
-redis-py is an optional extra (``pip install 'llm-resilience[redis]'``) and is imported
-only when a limiter is built.
-"""
+"""``RedisTokenBucketRateLimiter``: the shared bucket's options, waiting and cancellation."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator
 from datetime import timedelta
 from importlib import import_module
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, get_args
 
 from llm_resilience import telemetry
 from llm_resilience._checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
 from llm_resilience.errors import (
-    RateLimitBackendError,
     RateLimitQueueFullError,
     RequestExceedsCapacityError,
 )
 from llm_resilience.ratelimit._protocol import (
-    PERIOD_SECONDS,
     BucketArithmetic,
     PermitContext,
     check_token_weight,
@@ -46,23 +25,34 @@ from llm_resilience.ratelimit._protocol import (
     per_period,
     positive_int,
 )
-
-__all__ = [
-    "DEFAULT_KEY_PREFIX",
-    "DEFAULT_MAX_CONNECTIONS",
-    "DEFAULT_OPERATION_TIMEOUT",
-    "DEFAULT_OUTAGE_COOLDOWN",
-    "DEFAULT_REDIS_URL",
-    "MAX_OPERATION_TIMEOUT",
-    "BackendErrorMode",
-    "RedisTokenBucketRateLimiter",
-]
+from llm_resilience.ratelimit._redis._clients import (
+    DEFAULT_MAX_CONNECTIONS,
+    LoopClients,
+    _async_twin,
+    _cap_timeouts,
+    _load_redis,
+    _no_retry,
+    _pool_size,
+    _unbounded_settings,
+)
+from llm_resilience.ratelimit._redis._outage import BackendErrorMode, OutageBreaker
+from llm_resilience.ratelimit._redis._script import (
+    _ADJUST,
+    _NEVER_DUE,
+    _PERIOD_MICROSECONDS,
+    _REFUND,
+    _RESERVE,
+    _SCRIPT,
+    _SCRIPT_SHA,
+    _TRY,
+    _parse,
+    _Reply,
+)
 
 logger = logging.getLogger("llm_resilience.ratelimit")
 
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_KEY_PREFIX: Final = "llm-resilience:ratelimit:"
-BackendErrorMode = Literal["fail_open", "fail_closed"]
 
 #: Default ``operation_timeout``: the most one round trip to Redis may take, in seconds.
 #: Redis answers in well under a millisecond; a second of silence is an outage.
@@ -71,112 +61,6 @@ DEFAULT_OPERATION_TIMEOUT: Final = 1.0
 #: apply ``on_backend_error`` at once, so a dead or silent server costs one timeout per
 #: second instead of one per call.
 DEFAULT_OUTAGE_COOLDOWN: Final = 1.0
-#: Connections a client built from ``redis_url`` may open (per event loop for the async
-#: methods) unless the URL says otherwise (``?max_connections=64``).
-DEFAULT_MAX_CONNECTIONS: Final = 16
-
-# Modes of the script (ARGV[1]).
-_RESERVE: Final = "reserve"  # grant now, or reserve the permit and answer when it is due
-_TRY: Final = "try"  # grant now, or refuse without reserving anything
-_REFUND: Final = "refund"  # give a permit back, unless its due time (ARGV[7]) has passed
-_ADJUST: Final = "adjust"  # add to the token field (negative: charge), capped at capacity
-#: A due time (server microseconds) no clock reaches: a refund carrying it always applies.
-#: A cancelled caller gives back what it was granted or reserved, due or not.
-_NEVER_DUE: Final = 2**62
-
-# One script, one round trip per decision. Fields: r = request permits, t = token permits,
-# ts = start of the current refill period, in server microseconds. A missing key is a full
-# bucket, so the key expires exactly when the bucket would have refilled to capacity
-# (and is deleted when a refund or give-back fills it): expiry never changes an answer.
-# Numbers are written with %.0f because Lua's default tostring keeps 14 digits and
-# microsecond timestamps have 16.
-_SCRIPT: Final = """
-local key = KEYS[1]
-local mode = ARGV[1]
-local capacity = tonumber(ARGV[2])
-local per_period = tonumber(ARGV[3])
-local token_capacity = tonumber(ARGV[4])
-local tokens_per_period = tonumber(ARGV[5])
-local amount = tonumber(ARGV[6])
-local due = tonumber(ARGV[7])
-local period = tonumber(ARGV[8])
-local weighed = token_capacity > 0
-
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-
-local state = redis.call('HMGET', key, 'r', 't', 'ts')
-local permits = tonumber(state[1]) or capacity
-local tokens = tonumber(state[2]) or token_capacity
-local last = tonumber(state[3]) or now
-if last > now then last = now end
-local steps = math.floor((now - last) / period)
-if steps > 0 then
-  permits = math.min(capacity, permits + steps * per_period)
-  if weighed then tokens = math.min(token_capacity, tokens + steps * tokens_per_period) end
-  last = last + steps * period
-end
-
--- Periods until the request and token fields are both >= 0 (both pay off every reservation).
-local function periods_until_paid(p, t)
-  local n = 0
-  if p < 0 then n = math.ceil(-p / per_period) end
-  if weighed and t < 0 then n = math.max(n, math.ceil(-t / tokens_per_period)) end
-  return n
-end
-
-local granted = 1
-local due_at = now
-if mode == 'reserve' then
-  permits = permits - 1
-  if weighed then tokens = tokens - amount end
-  local n = periods_until_paid(permits, tokens)
-  if n > 0 then due_at = last + n * period end
-elseif mode == 'try' then
-  if permits < 1 or (weighed and tokens < amount) then
-    local n = periods_until_paid(permits - 1, tokens - amount)
-    return {0, last + n * period - now, now}
-  end
-  permits = permits - 1
-  if weighed then tokens = tokens - amount end
-elseif mode == 'refund' then
-  if now >= due then return {0, 0, now} end
-  permits = math.min(capacity, permits + 1)
-  if weighed then tokens = math.min(token_capacity, tokens + amount) end
-elseif mode == 'adjust' then
-  tokens = math.min(token_capacity, tokens + amount)
-end
-
-local n = 0
-if permits < capacity then n = math.ceil((capacity - permits) / per_period) end
-if weighed and tokens < token_capacity then
-  n = math.max(n, math.ceil((token_capacity - tokens) / tokens_per_period))
-end
-if n == 0 then
-  redis.call('DEL', key)
-else
-  redis.call('HSET', key, 'r', string.format('%.0f', permits), 'ts', string.format('%.0f', last))
-  if weighed then redis.call('HSET', key, 't', string.format('%.0f', tokens)) end
-  redis.call('PEXPIRE', key, math.ceil((last + n * period - now) / 1000))
-end
-return {granted, due_at - now, due_at}
-"""
-_SCRIPT_SHA: Final = hashlib.sha1(_SCRIPT.encode()).hexdigest()
-_PERIOD_MICROSECONDS: Final = round(PERIOD_SECONDS * 1_000_000)
-
-# (granted, microseconds until due, due time in server microseconds)
-_Reply = tuple[bool, int, int]
-
-
-def _load_redis() -> Any:
-    # Typed loosely on purpose: redis is an optional extra, and the core type-checks
-    # without it installed.
-    try:
-        return import_module("redis")
-    except ImportError as exc:
-        raise ImportError(
-            "RedisTokenBucketRateLimiter needs redis-py: pip install 'llm-resilience[redis]'"
-        ) from exc
 
 
 def _duration(option: str, value: object, maximum: timedelta = MAX_DURATION) -> float:
@@ -268,22 +152,18 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     __slots__ = (
         "_async_clients",
-        "_async_factory",
         "_client",
-        "_failures",
         "_gate",
         "_in_flight",
-        "_in_outage",
         "_key",
-        "_last_error",
         "_lock",
         "_max_queued",
         "_name",
         "_no_script_error",
         "_on_backend_error",
         "_operation_timeout",
+        "_outage",
         "_outage_cooldown",
-        "_outage_until",
         "_owns_client",
         "_permits_per_period",
         "_redis_error",
@@ -382,12 +262,8 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             def async_factory() -> Any:
                 return _async_twin(client)
 
-        self._async_factory = async_factory
-        #: Per event loop: its redis.asyncio client, the async generator closing it, and
-        #: the slots its round trips take (one per pooled connection).
-        self._async_clients: dict[
-            asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None], asyncio.Semaphore]
-        ] = {}
+        #: Per event loop: its redis.asyncio client and the slots its round trips take.
+        self._async_clients = LoopClients(async_factory)
         #: The sync round trips' slots: one per connection of the client's pool.
         self._gate = threading.BoundedSemaphore(_pool_size(self._client))
         self._lock = threading.Lock()
@@ -395,11 +271,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         self._waiting = 0
         #: Reserving round trips in flight (each may come back as a waiter).
         self._in_flight = 0
-        self._in_outage = False
-        self._outage_until = 0.0
-        #: Round trips failed so far: a queued call that sees it change skips Redis.
-        self._failures = 0
-        self._last_error: BaseException | None = None
+        self._outage = OutageBreaker(name, on_backend_error, self._outage_cooldown)
 
     # -- the derivation, read-only ---------------------------------------------------
 
@@ -497,10 +369,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     async def aclose(self) -> None:
         """Close this event loop's async client now (``asyncio.run`` closes it anyway)."""
-        with self._lock:
-            entry = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if entry is not None:
-            await entry[1].aclose()
+        await self._async_clients.aclose()
 
     def __repr__(self) -> str:
         return (
@@ -539,7 +408,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         finally:
             self._settle(reserving, reply)
         if reply is None:
-            return self._backend_failed()
+            return self._outage.backend_failed()
         granted, wait_us, _ = reply
         if not granted:
             return self._refused(blocking)
@@ -564,7 +433,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         finally:
             self._settle(reserving, reply)
         if reply is None:
-            return self._backend_failed()
+            return self._outage.backend_failed()
         granted, wait_us, _ = reply
         if not granted:
             return self._refused(blocking)
@@ -607,11 +476,11 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     def _round_trip(self, mode: str, amount: int, due_us: int) -> _Reply | None:
         """Run the script (EVALSHA, EVAL if the server lost it); None if Redis failed."""
-        if self._skipping():
+        if self._outage.skipping():
             return None
-        failures_seen = self._failures
+        failures_seen = self._outage.failures
         with self._gate:
-            if self._skipping(failures_seen):
+            if self._outage.skipping(failures_seen):
                 return None
             args = self._args(mode, amount, due_us)
             try:
@@ -620,19 +489,19 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
                 except self._no_script_error:
                     raw = self._client.eval(_SCRIPT, *args[1:])
             except self._redis_error as exc:
-                self._note_failure(exc)
+                self._outage.note_failure(exc)
                 return None
-        self._note_success()
+        self._outage.note_success()
         return _parse(raw)
 
     async def _around_trip(self, mode: str, amount: int, due_us: int) -> _Reply | None:
         """Async :meth:`_round_trip`; a cancelled caller leaves no permit taken behind."""
-        if self._skipping():
+        if self._outage.skipping():
             return None
-        failures_seen = self._failures
-        client, gate = await self._async_client()
+        failures_seen = self._outage.failures
+        client, gate = await self._async_clients.get()
         async with gate:  # cancelled while queued here, the call holds nothing yet
-            if self._skipping(failures_seen):
+            if self._outage.skipping(failures_seen):
                 return None
             # The round trip runs in a task of its own so that cancelling the caller
             # cannot cut it between the script and its reply (which would lose the
@@ -644,9 +513,9 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
                 await self._abandon(client, exchange, mode, amount)
                 raise
             except self._redis_error as exc:
-                self._note_failure(exc)
+                self._outage.note_failure(exc)
                 return None
-        self._note_success()
+        self._outage.note_success()
         return _parse(raw)
 
     async def _exchange(self, client: Any, mode: str, amount: int, due_us: int) -> Any:
@@ -677,87 +546,16 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             return None
         error = exchange.exception()
         if error is None:
-            self._note_success()
+            self._outage.note_success()
             return _parse(exchange.result())
         if isinstance(error, self._redis_error):
-            self._note_failure(error)
+            self._outage.note_failure(error)
         return None
-
-    async def _async_client(self) -> tuple[Any, asyncio.Semaphore]:
-        # redis.asyncio connections belong to the loop that opened them: one client per
-        # loop. Each comes with an async generator parked at its yield; a loop's
-        # ``shutdown_asyncgens`` (which ``asyncio.run`` calls before closing the loop)
-        # closes the generator and so the client, while the loop can still do it cleanly.
-        loop = asyncio.get_running_loop()
-        entry = self._async_clients.get(loop)
-        if entry is not None:
-            return entry[0], entry[2]
-        client = self._async_factory()
-        closer = _closing(client)
-        await anext(closer)
-        gate = asyncio.Semaphore(_pool_size(client))
-        with self._lock:
-            for stale in [other for other in self._async_clients if other.is_closed()]:
-                del self._async_clients[stale]
-            self._async_clients[loop] = (client, closer, gate)
-        return client, gate
-
-    def _skipping(self, failures_seen: int | None = None) -> bool:
-        """Whether to apply ``on_backend_error`` without trying Redis: within the cooldown
-        of a failure, or (for a call that queued for a connection) Redis failed since it
-        arrived and has not answered since."""
-        if not self._in_outage:
-            return False
-        if failures_seen is not None and failures_seen != self._failures:
-            return True
-        return time.monotonic() < self._outage_until
-
-    def _note_failure(self, exc: BaseException) -> None:
-        with self._lock:
-            self._last_error = exc
-            self._outage_until = time.monotonic() + self._outage_cooldown
-            self._failures += 1
-            first = not self._in_outage
-            self._in_outage = True
-        if first:
-            action = (
-                "granting permits without limiting"
-                if self._on_backend_error == "fail_open"
-                else "refusing permits"
-            )
-            # The error's type only, as for the ledgers: its text is not ours to publish.
-            logger.warning(
-                "Shared limiter %r: Redis failed (%s); %s (on_backend_error=%r) until it "
-                "answers again.",
-                self._name,
-                type(exc).__name__,
-                action,
-                self._on_backend_error,
-            )
-
-    def _note_success(self) -> None:
-        if self._in_outage:
-            with self._lock:
-                recovered, self._in_outage = self._in_outage, False
-            if recovered:
-                logger.info("Shared limiter %r: Redis answers again.", self._name)
-
-    def _backend_failed(self) -> telemetry.Outcome:
-        if self._on_backend_error == "fail_closed":
-            raise RateLimitBackendError(self._name) from self._last_error
-        return "faulted"
 
     @staticmethod
     def _record(started: float, surface: str, outcome: telemetry.Outcome) -> None:
         waited_ms = (time.monotonic() - started) * 1000.0
         telemetry.record_rate_limit_wait(waited_ms, surface=surface, outcome=outcome)
-
-
-async def _closing(client: Any) -> AsyncGenerator[None]:
-    try:
-        yield
-    finally:
-        await client.aclose()
 
 
 async def _to_the_end(task: asyncio.Future[Any]) -> None:
@@ -779,119 +577,3 @@ def _outcome_of(exc: BaseException) -> telemetry.Outcome:
     if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
         return "cancelled"
     return "faulted"
-
-
-def _parse(raw: Any) -> _Reply:
-    granted, wait_us, due_us = raw
-    return bool(int(granted)), int(wait_us), int(due_us)
-
-
-def _no_retry(retry_module: Any) -> Any:
-    # redis-py retries a failed command by default (10 times, backed off, in redis-py 8):
-    # against a silent server each attempt costs a full read timeout, so one acquire
-    # would stall for many times operation_timeout. A stale pooled connection (a Redis
-    # restart) is noticed and replaced when it is taken from the pool, not by a retry.
-    backoff = import_module("redis.backoff")
-    return retry_module.Retry(backoff.NoBackoff(), 0)
-
-
-def _pool_size(client: Any) -> int:
-    """How many connections ``client``'s pool may open: the number of round-trip slots."""
-    size = getattr(getattr(client, "connection_pool", None), "max_connections", None)
-    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
-        return size
-    return DEFAULT_MAX_CONNECTIONS
-
-
-def _cap_timeouts(client: Any, timeout: float) -> None:
-    """Cap the connect and read timeouts of ``client``'s future connections at ``timeout``.
-
-    A URL's own ``socket_timeout``/``socket_connect_timeout`` win over keyword options in
-    redis-py's ``from_url``: a smaller one is kept, a larger one is capped. redis-py 8
-    also keeps ``orig_*`` copies, restored after a server maintenance event; capped too.
-    """
-    settings = client.connection_pool.connection_kwargs
-    for option in ("socket_timeout", "socket_connect_timeout"):
-        value = settings.get(option)
-        settings[option] = timeout if value is None else min(value, timeout)
-    for option in ("orig_socket_timeout", "orig_socket_connect_timeout"):
-        value = settings.get(option)
-        if value is not None:
-            settings[option] = min(value, timeout)
-
-
-def _unbounded_settings(client: Any, timeout: float) -> list[str]:
-    """The settings of ``client`` that let a sync round trip outlast ``timeout``."""
-    settings = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-    if not isinstance(settings, dict):
-        return []
-    found = []
-    read = settings.get("socket_timeout")
-    # redis-py connects with the read timeout when no connect timeout is given.
-    connect = settings.get("socket_connect_timeout") or read
-    for option, value in (("socket_timeout", read), ("socket_connect_timeout", connect)):
-        if value is None or value > timeout:
-            found.append(f"{option}={'unset' if value is None else value}")
-    retry = settings.get("retry")
-    retries = getattr(retry, "_retries", 0) if retry is not None else 0
-    if retries != 0:
-        found.append(f"{retries} retries")
-    return found
-
-
-# Connection options that mean the same to redis.asyncio; the rest (sync retry objects,
-# connect callbacks, internal bookkeeping) do not carry over.
-_PORTABLE_OPTIONS: Final = frozenset(
-    {
-        "host",
-        "port",
-        "path",
-        "db",
-        "username",
-        "password",
-        "credential_provider",
-        "socket_timeout",
-        "socket_connect_timeout",
-        "socket_keepalive",
-        "socket_keepalive_options",
-        "client_name",
-        "protocol",
-        "health_check_interval",
-        "ssl_keyfile",
-        "ssl_certfile",
-        "ssl_cert_reqs",
-        "ssl_ca_certs",
-        "ssl_ca_data",
-        "ssl_ca_path",
-        "ssl_check_hostname",
-        "ssl_min_version",
-        "ssl_ciphers",
-        "ssl_password",
-    }
-)
-
-
-def _async_twin(client: Any) -> Any:
-    """A ``redis.asyncio.Redis`` reaching the same server as the sync ``client``."""
-    asyncio_redis = import_module("redis.asyncio")
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        raise TypeError(
-            f"the async methods need a client with a connection_pool to copy; "
-            f"{type(client).__name__} has none"
-        )
-    options = {k: v for k, v in pool.connection_kwargs.items() if k in _PORTABLE_OPTIONS}
-    kind = pool.connection_class.__name__
-    connection_class = getattr(asyncio_redis.connection, kind, asyncio_redis.connection.Connection)
-    retry = _no_retry(import_module("redis.asyncio.retry"))
-    twin_pool = asyncio_redis.ConnectionPool(
-        connection_class=connection_class,
-        retry=retry,
-        max_connections=_pool_size(client),
-        **options,
-    )
-    twin = asyncio_redis.Redis(connection_pool=twin_pool)
-    # The twin owns its pool: closing it must disconnect the pool (redis-py's from_pool,
-    # spelled so that redis 5.0 understands it too).
-    twin.auto_close_connection_pool = True
-    return twin

@@ -1,0 +1,44 @@
+"""The fallback engine: try clients in order, move on at once when one fails transiently.
+
+The engine knows nothing about LangChain or LlamaIndex. It is handed the clients and,
+per call, an *attempt*: a function of ``(index, client)`` that performs the request
+against one client (returning a result, an awaitable, an iterable of chunks or an
+async iterable of chunks). The adapters supply the attempt; every rule lives here.
+
+>>> chain = FallbackChain(["primary", "secondary"], per_client_timeout=30)
+>>> chain.invoke(lambda index, client: f"answered by {client}")
+'answered by primary'
+
+Rules, in short (``docs/fallback.md`` has the long form):
+
+* each client is tried once, in order; a transient failure (see
+  :mod:`llm_resilience.transient`) moves on at once, with no delay; anything else
+  propagates at once; when every client failed, the last client's own exception object
+  is raised;
+* ``per_client_timeout`` bounds each attempt. When it fires the attempt counts as
+  transient; if it was the last client the caller gets
+  :class:`~llm_resilience.errors.PerClientTimeoutError` (a ``TimeoutError``). The
+  caller's own cancellation is never rerouted;
+* a stream that fails after yielding chunks is restarted from the beginning on the next
+  client; chunks already yielded stay yielded and ``on_restart`` hooks are told;
+* an optional :class:`Cooldown` skips, for a while, a client that keeps failing.
+
+The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
+``_breaker`` (the cooldown breaker), ``_engine`` (``FallbackChain``), ``_sources`` and
+``_workers`` (sync attempts under a deadline, on reused threads) and ``_self_retry``
+(inner models that retry by themselves). Import from ``llm_resilience.fallback``.
+"""
+
+from llm_resilience.fallback._engine import FallbackChain
+from llm_resilience.fallback._options import Classifier as Classifier
+from llm_resilience.fallback._options import Cooldown, StreamRestart
+from llm_resilience.fallback._options import RestartHook as RestartHook
+from llm_resilience.fallback._self_retry import self_retry_setting, warn_if_self_retrying
+
+__all__ = [
+    "Cooldown",
+    "FallbackChain",
+    "StreamRestart",
+    "self_retry_setting",
+    "warn_if_self_retrying",
+]

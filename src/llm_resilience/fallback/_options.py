@@ -1,0 +1,77 @@
+"""The options and hook payloads of a fallback chain: ``Cooldown`` and ``StreamRestart``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llm_resilience._checks import OptionTypeError, seconds
+
+__all__ = ["Classifier", "Cooldown", "RestartHook", "StreamRestart"]
+
+Classifier = Callable[[BaseException], bool]
+
+
+_OptionTypeError = OptionTypeError
+_seconds = seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Cooldown:
+    """Opt-in circuit breaker for a fallback chain.
+
+    A client that failed transiently ``failures`` times within ``window`` seconds is
+    skipped for ``duration`` seconds, so a dead primary stops costing every request its
+    full timeout. With ``honor_retry_after`` a 429/503 that carries ``retry-after-ms``
+    or ``Retry-After`` (seconds or an HTTP date) skips that client for the time asked,
+    capped at ``max_retry_after``. A success clears the client's failure count. If every
+    client is cooling down, the one whose cooldown ends first is tried anyway: the chain
+    never refuses a call without trying a provider.
+
+    >>> Cooldown(failures=3, window=60, duration=30)
+    Cooldown(failures=3, window=60.0, duration=30.0, honor_retry_after=True, max_retry_after=300.0)
+    """
+
+    #: Transient failures within ``window`` that open the breaker (>= 1).
+    failures: int = 3
+    #: Seconds over which failures are counted.
+    window: float = 60.0
+    #: Seconds a client is skipped once the breaker opens.
+    duration: float = 30.0
+    #: Whether a provider's ``Retry-After`` sets the client's cooldown.
+    honor_retry_after: bool = True
+    #: Upper bound, in seconds, on a cooldown taken from ``Retry-After``.
+    max_retry_after: float = 300.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.failures, bool) or not isinstance(self.failures, int):
+            raise _OptionTypeError(
+                f"Cooldown.failures must be an integer >= 1; got {self.failures!r} "
+                f"({type(self.failures).__name__})"
+            )
+        if self.failures < 1:
+            raise ValueError(f"Cooldown.failures must be an integer >= 1; got {self.failures}")
+        for name in ("window", "duration", "max_retry_after"):
+            seconds = _seconds(f"Cooldown.{name}", getattr(self, name), allow_none=False)
+            object.__setattr__(self, name, seconds)
+        if not isinstance(self.honor_retry_after, bool):
+            raise _OptionTypeError(
+                f"Cooldown.honor_retry_after must be True or False; got {self.honor_retry_after!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRestart:
+    """What an ``on_restart`` hook is told when a stream restarts on the next client."""
+
+    #: Index of the client that failed mid-stream.
+    failed_client: int
+    #: Index of the client that will stream the response again from the beginning.
+    next_client: int
+    #: Content chunks the failed client had yielded (to be discarded by the consumer).
+    chunks: int
+    #: The failure (a ``TimeoutError`` when the per-client timeout fired).
+    error: BaseException
+
+
+RestartHook = Callable[[StreamRestart], object]

@@ -1,0 +1,59 @@
+"""Noticing an inner model that retries by itself, which delays every failover."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+# Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
+logger = logging.getLogger("llm_resilience.fallback")
+
+
+_CLIENT_ATTRIBUTES = ("root_client", "client", "_client", "root_async_client", "async_client")
+_warned: set[tuple[str, int]] = set()
+_warned_lock = threading.Lock()
+
+
+def self_retry_setting(model: object) -> tuple[str, int] | None:
+    """The setting through which ``model`` retries on its own, as ``(name, retries)``.
+
+    Looks at the model's ``max_retries`` and, when that is unset, at the
+    ``max_retries`` of the SDK client it holds (``ChatOpenAI(max_retries=None)`` leaves
+    the openai client's default of 2 in force). Returns None when no retrying is found.
+    """
+    own = getattr(model, "max_retries", None)
+    if isinstance(own, int) and not isinstance(own, bool):
+        return ("max_retries", own) if own > 0 else None
+    for attribute in _CLIENT_ATTRIBUTES:
+        try:
+            client = getattr(model, attribute, None)
+        except Exception:
+            continue
+        retries = getattr(client, "max_retries", None) if client is not None else None
+        if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
+            return (f"{attribute}.max_retries", retries)
+    return None
+
+
+def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback chain") -> None:
+    """Warn once per model object that its own retries delay failover."""
+    setting = self_retry_setting(model)
+    if setting is None:
+        return
+    key = (type(model).__qualname__, id(model))
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    name, retries = setting
+    label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
+    described = f"{type(model).__name__}({label})" if label else type(model).__name__
+    logger.warning(
+        "Client %d of the %s, %s, retries by itself (%s=%d): each failure waits out its "
+        "whole retry schedule before failover. Build it with max_retries=0.",
+        position,
+        role,
+        described,
+        name,
+        retries,
+    )

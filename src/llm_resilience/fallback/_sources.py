@@ -1,0 +1,147 @@
+"""Sync stream sources: an attempt's chunks, pulled directly or from a worker by a deadline."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+from llm_resilience.fallback._workers import _WORKERS
+
+# Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
+logger = logging.getLogger("llm_resilience.fallback")
+
+ChunkT = TypeVar("ChunkT")
+
+
+class _AttemptTimedOut(Exception):
+    """Internal: the per-client timeout fired on an attempt."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__("per-client timeout")
+        self.cause = cause
+
+
+class _Source(Generic[ChunkT]):
+    """One streaming attempt, pulled chunk by chunk."""
+
+    finished: bool
+
+    def next(self) -> ChunkT:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _DirectSource(_Source[ChunkT]):
+    """No timeout: pull the attempt's iterator in the caller's thread."""
+
+    __slots__ = ("_attempt", "_client", "_index", "_iterator", "finished")
+
+    def __init__(
+        self, attempt: Callable[[int, Any], Iterable[ChunkT]], index: int, client: Any
+    ) -> None:
+        self._attempt = attempt
+        self._index = index
+        self._client = client
+        self._iterator: Iterator[ChunkT] | None = None
+        self.finished = False
+
+    def next(self) -> ChunkT:
+        if self._iterator is None:
+            self._iterator = iter(self._attempt(self._index, self._client))
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self.finished = True
+            raise
+
+    def close(self) -> None:
+        if self._iterator is not None:
+            _close(self._iterator)
+
+
+class _ThreadedSource(_Source[ChunkT]):
+    """With a timeout: a worker thread pulls the attempt; the caller waits with a deadline.
+
+    The deadline is fixed when the attempt starts, so time the consumer spends between
+    chunks counts against it. An abandoned worker stops at its next chunk.
+    """
+
+    __slots__ = ("_deadline", "_queue", "_stop", "finished")
+
+    def __init__(
+        self,
+        attempt: Callable[[int, Any], Iterable[ChunkT]],
+        index: int,
+        client: Any,
+        timeout: float,
+    ) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + timeout
+        self.finished = False
+        context = contextvars.copy_context()
+
+        def produce() -> None:
+            iterator: Iterator[ChunkT] | None = None
+            try:
+                iterator = iter(attempt(index, client))
+                for chunk in iterator:
+                    self._queue.put(("chunk", chunk))
+                    if self._stop.is_set():
+                        return
+                self._queue.put(("end", None))
+            except BaseException as error:
+                # Close a failed iterator before the consumer hears of the failure, so it
+                # is released before the next client starts.
+                if iterator is not None:
+                    _close(iterator)
+                    iterator = None
+                self._queue.put(("error", error))
+            finally:
+                if iterator is not None and self._stop.is_set():
+                    _close(iterator)
+
+        _WORKERS.submit(lambda: context.run(produce))
+
+    def next(self) -> ChunkT:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise _AttemptTimedOut(TimeoutError("per-client timeout elapsed"))
+        try:
+            kind, value = self._queue.get(timeout=remaining)
+        except queue.Empty:
+            raise _AttemptTimedOut(TimeoutError("per-client timeout elapsed")) from None
+        if kind == "chunk":
+            return value  # type: ignore[no-any-return]
+        if kind == "end":
+            self.finished = True
+            raise StopIteration
+        raise value
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _close(iterator: object) -> None:
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            logger.debug("Closing an abandoned stream failed.", exc_info=True)
+
+
+async def _aclose(iterator: object) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:
+            logger.debug("Closing an abandoned stream failed.", exc_info=True)

@@ -1,0 +1,354 @@
+"""The OpenAI and Anthropic wire formats the fake server speaks: errors, answers, events."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llm_resilience.testing._faults import Provider
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+_OPENAI_ERRORS: dict[int, tuple[str, str, str | None]] = {
+    400: ("Invalid request.", "invalid_request_error", None),
+    401: ("Incorrect API key provided.", "invalid_request_error", "invalid_api_key"),
+    403: ("You are not allowed to use this model.", "invalid_request_error", None),
+    404: ("The model does not exist.", "invalid_request_error", "model_not_found"),
+    429: (
+        "Rate limit reached for requests on the fault-injecting server. Please try again later.",
+        "requests",
+        "rate_limit_exceeded",
+    ),
+    500: ("The server had an error while processing your request.", "server_error", None),
+    503: ("The server is overloaded or not ready yet.", "server_error", None),
+}
+
+_ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "Invalid request."),
+    401: ("authentication_error", "invalid x-api-key"),
+    403: ("permission_error", "Your API key does not have permission to use this resource."),
+    404: ("not_found_error", "The requested resource could not be found."),
+    413: ("request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    429: ("rate_limit_error", "Number of requests has exceeded your rate limit."),
+    500: ("api_error", "Internal server error"),
+    503: ("api_error", "Service unavailable"),
+    529: ("overloaded_error", "Overloaded"),
+}
+
+
+def _error_body(provider: Provider, code: int) -> dict[str, Any]:
+    if provider == "openai":
+        message, kind, error_code = _OPENAI_ERRORS.get(
+            code,
+            (
+                f"Request failed with status {code}.",
+                "server_error" if code >= 500 else "invalid_request_error",
+                None,
+            ),
+        )
+        return {"error": {"message": message, "type": kind, "param": None, "code": error_code}}
+    fallback = ("api_error" if code >= 500 else "invalid_request_error", f"Status {code}")
+    kind, message = _ANTHROPIC_ERRORS.get(code, fallback)
+    return {
+        "type": "error",
+        "error": {"type": kind, "message": message},
+        "request_id": f"req_{uuid.uuid4().hex}",
+    }
+
+
+def _texts(content: object) -> Iterator[str]:
+    """The text parts of a message's content (a string or a list of typed blocks)."""
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "text":
+                yield str(block.get("text") or "")
+
+
+def _prompt_words(provider: Provider, payload: Mapping[str, Any]) -> int:
+    texts: list[str] = []
+    if provider == "anthropic":
+        texts.extend(_texts(payload.get("system")))
+    for message in payload.get("messages") or []:
+        if isinstance(message, dict):
+            texts.extend(_texts(message.get("content")))
+    return max(1, sum(len(text.split()) for text in texts))
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+_WEATHER = re.compile(r"\bweather\b", re.IGNORECASE)
+
+
+def _tool_to_call(provider: Provider, payload: Mapping[str, Any]) -> _ToolCall | None:
+    tools = payload.get("tools")
+    messages = payload.get("messages")
+    if not tools or not isinstance(tools, list) or not messages or not isinstance(messages, list):
+        return None
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    if not any(_WEATHER.search(text) for text in _texts(last.get("content"))):
+        return None
+    first: dict[str, Any] = tools[0] if isinstance(tools[0], dict) else {}
+    if provider == "openai":
+        nested = first.get("function")
+        function: dict[str, Any] = nested if isinstance(nested, dict) else first
+        name, schema = function.get("name"), function.get("parameters")
+    else:
+        name, schema = first.get("name"), first.get("input_schema")
+    return _ToolCall(str(name or "tool"), _minimal_arguments(schema))
+
+
+_PLACEHOLDERS: dict[str, Any] = {
+    "string": "test",
+    "integer": 0,
+    "number": 0,
+    "boolean": False,
+    "array": [],
+    "object": {},
+}
+
+
+def _minimal_arguments(schema: object) -> dict[str, Any]:
+    """A value for each required property of a JSON schema, by its type."""
+    if not isinstance(schema, dict):
+        return {}
+    properties = schema.get("properties") or {}
+    arguments: dict[str, Any] = {}
+    for name in schema.get("required") or []:
+        spec = properties.get(name) if isinstance(properties, dict) else None
+        spec = spec if isinstance(spec, dict) else {}
+        if spec.get("enum"):
+            arguments[name] = spec["enum"][0]
+            continue
+        kind = spec.get("type", "string")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "string")
+        arguments[name] = _PLACEHOLDERS.get(str(kind), "test")
+    return arguments
+
+
+def _word_chunks(text: str) -> list[str]:
+    """Split ``text`` into words with their leading spaces; joined they give ``text`` back."""
+    chunks: list[str] = re.findall(r"\s*\S+", text)
+    rest = text[len("".join(chunks)) :]
+    if rest:
+        if chunks:
+            chunks[-1] += rest
+        else:
+            chunks.append(rest)
+    return chunks
+
+
+_Phase = Literal["head", "content", "tail"]
+
+
+class _Answer:
+    """The normal answer to one request, as one JSON body or as SSE events."""
+
+    def __init__(
+        self, provider: Provider, payload: Mapping[str, Any], reply: str, tool: _ToolCall | None
+    ) -> None:
+        self.provider = provider
+        self.payload = payload
+        self.tool = tool
+        self.model = str(payload.get("model") or "fault-server-model")
+        self.text = reply
+        self.pieces = (
+            _word_chunks(json.dumps(tool.arguments)) if tool is not None else _word_chunks(reply)
+        )
+        self.input_tokens = _prompt_words(provider, payload)
+        self.output_tokens = max(1, len(self.pieces))
+        self.created = int(time.time())
+        prefix = "chatcmpl-" if provider == "openai" else "msg_"
+        self.id = prefix + uuid.uuid4().hex[:24]
+        self.tool_id = ("call_" if provider == "openai" else "toolu_") + uuid.uuid4().hex[:24]
+
+    def body(self) -> dict[str, Any]:
+        return self._openai_body() if self.provider == "openai" else self._anthropic_body()
+
+    def events(self) -> Iterator[tuple[bytes, _Phase]]:
+        """SSE events, each with its phase: before, within or after the content chunks."""
+        if self.provider == "openai":
+            return self._openai_events()
+        return self._anthropic_events()
+
+    # -- OpenAI ------------------------------------------------------------------------
+
+    def _openai_usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.input_tokens,
+            "completion_tokens": self.output_tokens,
+            "total_tokens": self.input_tokens + self.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
+        }
+
+    def _openai_envelope(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "service_tier": "default",
+            "system_fingerprint": "fp_fault_server",
+        }
+
+    def _openai_body(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "refusal": None, "annotations": []}
+        if self.tool is not None:
+            message["content"] = None
+            message["tool_calls"] = [
+                {
+                    "id": self.tool_id,
+                    "type": "function",
+                    "function": {
+                        "name": self.tool.name,
+                        "arguments": json.dumps(self.tool.arguments),
+                    },
+                }
+            ]
+        else:
+            message["content"] = self.text
+        return {
+            **self._openai_envelope("chat.completion"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": "tool_calls" if self.tool is not None else "stop",
+                }
+            ],
+            "usage": self._openai_usage(),
+        }
+
+    def _openai_events(self) -> Iterator[tuple[bytes, _Phase]]:
+        options = self.payload.get("stream_options")
+        with_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            data = {
+                **self._openai_envelope("chat.completion.chunk"),
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if with_usage:
+                data["usage"] = None
+            return _sse(data)
+
+        if self.tool is not None:
+            call = {
+                "index": 0,
+                "id": self.tool_id,
+                "type": "function",
+                "function": {"name": self.tool.name, "arguments": ""},
+            }
+            yield chunk({"role": "assistant", "content": None, "tool_calls": [call]}), "head"
+            for piece in self.pieces:
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                yield chunk(delta), "content"
+            yield chunk({}, "tool_calls"), "tail"
+        else:
+            yield chunk({"role": "assistant", "content": "", "refusal": None}), "head"
+            for piece in self.pieces:
+                yield chunk({"content": piece}), "content"
+            yield chunk({}, "stop"), "tail"
+        if with_usage:
+            final = {
+                **self._openai_envelope("chat.completion.chunk"),
+                "choices": [],
+                "usage": self._openai_usage(),
+            }
+            yield _sse(final), "tail"
+        yield b"data: [DONE]\n\n", "tail"
+
+    # -- Anthropic ---------------------------------------------------------------------
+
+    def _anthropic_usage(self, output_tokens: int) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+
+    def _anthropic_block(self, *, streaming: bool) -> dict[str, Any]:
+        if self.tool is not None:
+            return {
+                "type": "tool_use",
+                "id": self.tool_id,
+                "name": self.tool.name,
+                "input": {} if streaming else self.tool.arguments,
+            }
+        return {"type": "text", "text": "" if streaming else self.text}
+
+    def _anthropic_message(self, *, streaming: bool) -> dict[str, Any]:
+        done = not streaming
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [self._anthropic_block(streaming=False)] if done else [],
+            "stop_reason": (("tool_use" if self.tool else "end_turn") if done else None),
+            "stop_sequence": None,
+            "usage": self._anthropic_usage(self.output_tokens if done else 1),
+        }
+
+    def _anthropic_body(self) -> dict[str, Any]:
+        return self._anthropic_message(streaming=False)
+
+    def _anthropic_events(self) -> Iterator[tuple[bytes, _Phase]]:
+        def event(data: dict[str, Any]) -> bytes:
+            return b"event: %s\n" % str(data["type"]).encode() + _sse(data)
+
+        message = self._anthropic_message(streaming=True)
+        yield event({"type": "message_start", "message": message}), "head"
+        block = self._anthropic_block(streaming=True)
+        yield event({"type": "content_block_start", "index": 0, "content_block": block}), "head"
+        yield event({"type": "ping"}), "head"
+        for piece in self.pieces:
+            if self.tool is not None:
+                delta = {"type": "input_json_delta", "partial_json": piece}
+            else:
+                delta = {"type": "text_delta", "text": piece}
+            yield event({"type": "content_block_delta", "index": 0, "delta": delta}), "content"
+        yield event({"type": "content_block_stop", "index": 0}), "tail"
+        stop_reason = "tool_use" if self.tool is not None else "end_turn"
+        yield (
+            event(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                    # Cumulative, as the API sends it now; LangChain reads input here.
+                    "usage": self._anthropic_usage(self.output_tokens),
+                }
+            ),
+            "tail",
+        )
+        yield event({"type": "message_stop"}), "tail"
+
+
+def _sse(data: Mapping[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"

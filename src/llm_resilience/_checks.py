@@ -35,6 +35,7 @@ __all__ = [
     "money_in_range",
     "scope",
     "seconds",
+    "whole",
 ]
 
 #: The longest duration any option accepts (timeouts, TTLs, cooldowns): 365 days. Longer
@@ -110,7 +111,7 @@ def scope(option: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise TypeError(f"{option} must be text or None; got {type(value).__name__}")
+        raise OptionTypeError(f"{option} must be text or None; got {type(value).__name__}")
     if not value:
         raise ValueError(f"{option} must be non-empty text or None; got ''")
     if len(value) > MAX_SCOPE_LENGTH:
@@ -128,10 +129,26 @@ def scope(option: str, value: object) -> str | None:
     return value
 
 
+def whole(option: str, value: object, *, minimum: int = 0) -> int:
+    """An integer option (a bool is not one) of at least ``minimum``: a budget per minute,
+    a queue bound, a token weight.
+
+    >>> whole("requests_per_minute", 0, minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: requests_per_minute must be an integer >= 1, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionTypeError(f"{option} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{option} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 def count(option: str, value: object) -> int:
     """A token or page count: an int from 0 to :data:`MAX_COUNT`."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{option} must be an integer >= 0, got {value!r}")
+        raise OptionTypeError(f"{option} must be an integer >= 0, got {value!r}")
     if not 0 <= value <= MAX_COUNT:
         raise ValueError(f"{option} must be an integer from 0 to {MAX_COUNT}, got {value!r}")
     return value

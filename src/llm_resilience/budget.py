@@ -4,7 +4,7 @@
 
     gate = BudgetGate(CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
                                  daily_limit=25), ledger=SqlCostLedger("sqlite:///spend.db"))
-    ticket = gate.begin("chat", max_output_tokens=1024)  # raises BudgetExceededError
+    ticket = gate.begin("chat", prompt=pairs, max_output_tokens=1024)  # BudgetExceededError?
     try:
         response = call_the_model()
     except BaseException:
@@ -25,16 +25,18 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.money import ModelPrice, Money, cost_of, money, optional_money
 from llm_resilience.redact import scrubbed
 from llm_resilience.telemetry import record_llm_usage
-from llm_resilience.usage import Usage, cost_of
+from llm_resilience.tokens import count_message_tokens, count_tokens
+from llm_resilience.usage import Usage
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_TOKENS",
@@ -44,6 +46,7 @@ __all__ = [
     "ModelPrice",
     "ServingModel",
     "dearest_model",
+    "served_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,8 +56,6 @@ logger = logging.getLogger(__name__)
 #: :attr:`ServingModel.max_output_tokens`).
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
-#: Money as users may write it: ``Decimal("0.15")``, ``"0.15"`` or an ``int``; never a float.
-Money: TypeAlias = Decimal | int | str
 Surface = Literal["chat", "embedding"]
 #: One limit the gate applies: the window, whose spend it reads (None: the global total),
 #: and the limit.
@@ -64,58 +65,6 @@ _IN_MEMORY_WARNING = (
     "No persistent cost ledger: spend is kept in memory by InMemoryCostLedger and resets "
     "when the process restarts. Pass SqlCostLedger(url) to keep it across restarts and workers."
 )
-
-
-def _money(option: str, value: object) -> Decimal:
-    """``value`` as exact, finite, non-negative money; the errors name ``option``."""
-    if isinstance(value, float):
-        raise TypeError(
-            f"{option} must be exact money, not the float {value!r}: "
-            f"use Decimal('0.15') or a string"
-        )
-    if isinstance(value, bool) or not isinstance(value, Decimal | int | str):
-        raise TypeError(f"{option} must be a Decimal, an int or a string, got {value!r}")
-    try:
-        money = Decimal(value.strip() if isinstance(value, str) else value)
-    except InvalidOperation:
-        raise ValueError(f"{option} must be a number >= 0, got {value!r}") from None
-    if not money.is_finite() or money < 0:
-        raise ValueError(f"{option} must be a finite number >= 0, got {value!r}")
-    return _checks.money_in_range(option, money)
-
-
-def _optional_money(option: str, value: object) -> Decimal | None:
-    return None if value is None else _money(option, value)
-
-
-@dataclass(frozen=True, slots=True, init=False)
-class ModelPrice:
-    """One model's prices per million tokens, exact.
-
-    >>> ModelPrice("2.50", 10).output_per_mtok
-    Decimal('10')
-
-    Values are ``Decimal``, ``int`` or ``str``: a float raises ``TypeError`` (floats are not
-    exact) and a negative value ``ValueError``, each naming the field. An embedding model's
-    price usually needs only ``input_per_mtok`` (``output_per_mtok=0``): embeddings bill at
-    ``embedding_per_mtok`` when set, else at ``input_per_mtok``.
-    """
-
-    #: Price per million input (prompt) tokens.
-    input_per_mtok: Decimal
-    #: Price per million output (completion) tokens.
-    output_per_mtok: Decimal
-    #: Price per million embedded tokens; None bills embeddings at ``input_per_mtok``.
-    embedding_per_mtok: Decimal | None
-
-    def __init__(
-        self, input_per_mtok: Money, output_per_mtok: Money, embedding_per_mtok: Money | None = None
-    ) -> None:
-        object.__setattr__(self, "input_per_mtok", _money("input_per_mtok", input_per_mtok))
-        object.__setattr__(self, "output_per_mtok", _money("output_per_mtok", output_per_mtok))
-        object.__setattr__(
-            self, "embedding_per_mtok", _optional_money("embedding_per_mtok", embedding_per_mtok)
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +90,7 @@ class ServingModel:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise TypeError(f"ServingModel.name must be a non-empty str or None, got {self.name!r}")
         if self.max_output_tokens is not None:
-            _check_count("ServingModel.max_output_tokens", self.max_output_tokens)
+            _checks.count("ServingModel.max_output_tokens", self.max_output_tokens)
 
 
 @dataclass(frozen=True, init=False)
@@ -215,7 +164,7 @@ class CostBudget:
             ("output_price_per_mtok", output_price_per_mtok),
             ("embedding_price_per_mtok", embedding_price_per_mtok),
         ):
-            assign(self, option, _money(option, value))
+            assign(self, option, money(option, value))
         limits = {
             "daily_limit": daily_limit,
             "monthly_limit": monthly_limit,
@@ -223,7 +172,7 @@ class CostBudget:
             "global_monthly_limit": global_monthly_limit,
         }
         for option, limit in limits.items():
-            assign(self, option, _optional_money(option, limit))
+            assign(self, option, optional_money(option, limit))
         if all(limit is None for limit in limits.values()):
             raise ValueError(
                 "CostBudget needs at least one limit: set daily_limit, monthly_limit, "
@@ -296,7 +245,7 @@ class BudgetGate:
     ::
 
         gate = BudgetGate(budget, ledger)          # share one ledger across wrappers
-        ticket = gate.begin("chat", scope="tenant-1", estimated_input_tokens=900,
+        ticket = gate.begin("chat", scope="tenant-1", prompt=[("user", "Hi")],
                             max_output_tokens=512, model="gpt-4o")
         ...                                        # the call
         ticket.finish(usage, model="gpt-4o-2024-08-06")   # or ticket.abandon()
@@ -380,7 +329,7 @@ class BudgetGate:
         """
         _check_surface(surface)
         if max_output_tokens is not None:
-            _check_count("max_output_tokens", max_output_tokens)
+            _checks.count("max_output_tokens", max_output_tokens)
         worst = Decimal(0)
         for candidate in _serving_models(model, may_serve):
             output = 0
@@ -402,6 +351,8 @@ class BudgetGate:
         max_output_tokens: int | None = None,
         model: str | None = None,
         may_serve: Sequence[str | ServingModel] = (),
+        prompt: Sequence[tuple[str, str]] | None = None,
+        texts: Sequence[str] | None = None,
     ) -> BudgetTicket:
         """Gate one call; raises ``BudgetExceededError`` if a limit refuses it.
 
@@ -411,9 +362,24 @@ class BudgetGate:
         :class:`ServingModel` with their own output caps; strict mode holds the worst
         case over all of them (:meth:`worst_case_cost`). Returns the ticket to
         ``finish`` or ``abandon``.
+
+        The call's shape: pass a chat call's ``prompt`` as ``(role, text)`` pairs, or an
+        embedding call's input ``texts``, and the gate decides what to count: in strict
+        mode it estimates their tokens with ``cl100k_base``
+        (:func:`~llm_resilience.tokens.count_message_tokens` /
+        :func:`~llm_resilience.tokens.count_tokens`), in default mode it counts nothing.
+        ``estimated_input_tokens`` is for a caller that counted itself; giving it with
+        ``prompt`` or ``texts`` raises ``ValueError``.
         """
         now, limits, amount = self._prepare(
-            surface, scope, estimated_input_tokens, max_output_tokens, model, may_serve
+            surface,
+            scope,
+            estimated_input_tokens,
+            max_output_tokens,
+            model,
+            may_serve,
+            prompt,
+            texts,
         )
         reservation: Reservation | None = None
         if self.budget.strict:
@@ -445,10 +411,19 @@ class BudgetGate:
         max_output_tokens: int | None = None,
         model: str | None = None,
         may_serve: Sequence[str | ServingModel] = (),
+        prompt: Sequence[tuple[str, str]] | None = None,
+        texts: Sequence[str] | None = None,
     ) -> BudgetTicket:
         """Async :meth:`begin`, through the ledger's async methods."""
         now, limits, amount = self._prepare(
-            surface, scope, estimated_input_tokens, max_output_tokens, model, may_serve
+            surface,
+            scope,
+            estimated_input_tokens,
+            max_output_tokens,
+            model,
+            may_serve,
+            prompt,
+            texts,
         )
         reservation: Reservation | None = None
         if self.budget.strict:
@@ -502,14 +477,22 @@ class BudgetGate:
         max_output_tokens: int | None,
         model: str | None,
         may_serve: Sequence[str | ServingModel] = (),
+        prompt: Sequence[tuple[str, str]] | None = None,
+        texts: Sequence[str] | None = None,
     ) -> tuple[datetime, list[_Limit], Decimal]:
         _check_surface(surface)
         _checks.scope("scope", scope)
-        _check_count("estimated_input_tokens", estimated_input_tokens)
+        _checks.count("estimated_input_tokens", estimated_input_tokens)
         if max_output_tokens is not None:
-            _check_count("max_output_tokens", max_output_tokens)
+            _checks.count("max_output_tokens", max_output_tokens)
+        _check_shape(surface, estimated_input_tokens, prompt, texts)
         amount = Decimal(0)
         if self.budget.strict:
+            # Only a hold needs the prompt's tokens: counting them otherwise is waste.
+            if prompt is not None:
+                estimated_input_tokens = count_message_tokens(prompt)
+            elif texts is not None:
+                estimated_input_tokens = sum(count_tokens(text) for text in texts)
             amount = self.worst_case_cost(
                 surface,
                 estimated_input_tokens=estimated_input_tokens,
@@ -660,15 +643,27 @@ class BudgetTicket:
         )
 
 
+def _check_shape(
+    surface: Surface,
+    estimated_input_tokens: int,
+    prompt: Sequence[tuple[str, str]] | None,
+    texts: Sequence[str] | None,
+) -> None:
+    """A call's shape is its prompt (chat) or its texts (embedding), or a count, not two."""
+    if prompt is not None and surface != "chat":
+        raise ValueError("prompt is a chat call's shape; an embedding call gives texts")
+    if texts is not None and surface != "embedding":
+        raise ValueError("texts is an embedding call's shape; a chat call gives prompt")
+    if estimated_input_tokens and (prompt is not None or texts is not None):
+        raise ValueError(
+            "give estimated_input_tokens or the call's prompt/texts, not both: "
+            "the gate counts the prompt itself"
+        )
+
+
 def _check_surface(surface: object) -> None:
     if surface not in ("chat", "embedding"):
         raise ValueError(f"surface must be 'chat' or 'embedding', got {surface!r}")
-
-
-def _check_count(option: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{option} must be an int >= 0, got {value!r}")
-    _checks.count(option, value)
 
 
 def _serving_models(
@@ -695,6 +690,31 @@ def _serving_models(
     return [
         entry for entry in listed if entry.max_output_tokens is not None or entry.name not in capped
     ]
+
+
+#: Names a framework gives a model it cannot name (LlamaIndex's default ``model_name``).
+_PLACEHOLDER_NAMES = frozenset({"unknown"})
+
+
+def served_model(*candidates: object) -> str | None:
+    """The model a ledger entry names: the first candidate that is a model's name, else None.
+
+    The rule for every wrapper and surface: pass, most specific first, the name the
+    provider's response reports, then the fallback member that answered (when a chain
+    says), then the wrapped model's own name. A candidate is a name when it is non-empty
+    text other than a framework's placeholder (``"unknown"``, LlamaIndex's default). An
+    embedding entry names the embedding model the same way, and None when it has no name
+    (it is then priced at the surface prices).
+
+    >>> served_model(None, "", "gpt-4o-2024-08-06", "gpt-4o")
+    'gpt-4o-2024-08-06'
+    >>> served_model("unknown") is None
+    True
+    """
+    for candidate in candidates:
+        if isinstance(candidate, str) and candidate and candidate not in _PLACEHOLDER_NAMES:
+            return candidate
+    return None
 
 
 def dearest_model(

@@ -1,8 +1,13 @@
-"""Probing a stack of wrappers layer by layer: the rule behind every ``find_layer``.
+"""Probing a stack of wrappers layer by layer: the layer contract, and every ``find_layer``.
 
-Each wrapper exposes what it wraps as ``.inner`` (one object) or, for a fallback chain,
-``.models``/``.llms`` (several). :func:`find_layer` walks that tree depth first, the
-wrapper itself first, and returns the first object of the asked type.
+The contract, once for every wrapper of every adapter: a layer answers
+``layers_below()`` with a tuple of the objects it wraps directly, in order (one
+``inner`` for a wrapper, the members for a fallback chain, nothing for a provider).
+:func:`find_layer` and :func:`leaves` walk that tree depth first, the layer itself first.
+
+An object without ``layers_below()`` (your own wrapper, following the SPEC's ``.inner``)
+is read through its ``inner`` attribute: one object, or a list or tuple of them. Nothing
+else is guessed from attribute names.
 
 >>> class Box:
 ...     def __init__(self, inner): self.inner = inner
@@ -12,33 +17,41 @@ wrapper itself first, and returns the first object of the asked type.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["find_layer", "layers_below", "leaves"]
+__all__ = ["Layer", "find_layer", "layers_below", "leaves"]
 
 LayerT = TypeVar("LayerT")
 
-_CHILD_ATTRIBUTES = ("models", "llms", "inner")
+
+@runtime_checkable
+class Layer(Protocol):
+    """A wrapper in a resilience stack: it names what it wraps directly."""
+
+    def layers_below(self) -> tuple[object, ...]:
+        """The objects this layer wraps directly, in order (members of a chain in the
+        order they are tried); empty for a provider."""
+        ...
 
 
-def layers_below(layer: object) -> Iterable[object]:
-    """The objects ``layer`` wraps directly, in order (members of a chain, or ``inner``)."""
-    for attribute in _CHILD_ATTRIBUTES:
-        try:
-            children: Any = getattr(layer, attribute, None)
-        except Exception:
-            continue
-        if children is None:
-            continue
-        if attribute == "inner":
-            if isinstance(children, (list, tuple)):
-                yield from children
-            else:
-                yield children
-        else:
-            yield from children
-        return
+def layers_below(layer: object) -> tuple[object, ...]:
+    """The objects ``layer`` wraps directly, in order: its ``layers_below()``, else its
+    ``inner`` (one object or a sequence), else nothing.
+
+    An attribute that fails to read (a property of a half-built object) counts as absent.
+    """
+    try:
+        method: Any = getattr(layer, "layers_below", None)
+        if callable(method) and not isinstance(layer, type):
+            return tuple(method())
+        inner: Any = getattr(layer, "inner", None)
+    except Exception:
+        return ()
+    if inner is None:
+        return ()
+    if isinstance(inner, (list, tuple)):
+        return tuple(inner)
+    return (inner,)
 
 
 def find_layer(layer: object, cls: type[LayerT]) -> LayerT | None:
@@ -52,7 +65,7 @@ def find_layer(layer: object, cls: type[LayerT]) -> LayerT | None:
         seen.add(id(current))
         if isinstance(current, cls):
             return current
-        pending[0:0] = list(layers_below(current))
+        pending[0:0] = layers_below(current)
     return None
 
 
@@ -70,7 +83,7 @@ def leaves(layer: object) -> list[object]:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        children = list(layers_below(current))
+        children = layers_below(current)
         if children:
             pending[0:0] = children
         else:

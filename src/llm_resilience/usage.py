@@ -15,7 +15,8 @@ Usage(input_tokens=12, output_tokens=30, estimated=False)
   what it consumed, as reported so far or estimated over the prompt and the delivered
   text; nothing when no chunk was delivered.
 * Embeddings: always estimated over the input texts; output is 0.
-* Money: ``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``.
+* Money: ``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``
+  (:func:`~llm_resilience.money.cost_of`, re-exported here).
 
 ``cl100k_base`` is an OpenAI tokenizer, so estimates for other providers' models can be
 systematically off: treat estimated entries as close approximations, not invoices.
@@ -23,38 +24,27 @@ systematically off: treat estimated entries as close approximations, not invoice
 
 from __future__ import annotations
 
-import decimal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import TYPE_CHECKING, Literal
+from typing import TypeGuard
 
+from llm_resilience import _checks
+
+# Re-exported: money has its own module, these names were first published here.
+from llm_resilience.money import TOKENS_PER_MTOK, cost_of
 from llm_resilience.tokens import count_message_tokens, count_tokens
-
-if TYPE_CHECKING:
-    from llm_resilience.budget import ModelPrice
 
 __all__ = [
     "TOKENS_PER_MTOK",
+    "StreamUsage",
     "Usage",
     "chat_usage",
     "cost_of",
     "embedding_usage",
     "estimate_request_tokens",
     "partial_stream_usage",
+    "reported_usage",
 ]
-
-#: Prices are quoted per million tokens.
-TOKENS_PER_MTOK = Decimal(1_000_000)
-
-# Money never rounds: tokens x price and the division by a million are exact at any
-# number of digits (the default context would round past 28), and Inexact is trapped.
-_EXACT = decimal.Context(
-    prec=decimal.MAX_PREC,
-    Emax=decimal.MAX_EMAX,
-    Emin=decimal.MIN_EMIN,
-    traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Overflow],
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +60,51 @@ class Usage:
 
     def __post_init__(self) -> None:
         for name in ("input_tokens", "output_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Usage.{name} must be an int >= 0, got {value!r}")
+            _checks.count(f"Usage.{name}", getattr(self, name))
+
+
+class StreamUsage:
+    """How a stream's reported usage adds up, chunk by chunk: one rule for every adapter.
+
+    Each :meth:`add` takes the counts one chunk (or one point of a stream) reports, as
+    running totals; each direction keeps the **largest** total reported. Providers report
+    usage in pieces: Anthropic gives input at the start and output at the end (and may
+    repeat the opening output count), OpenAI one final usage-only chunk, others repeat a
+    cumulative count on every chunk; the largest total is right for all of them, where
+    adding the chunks up would count a repeated total twice.
+
+    An adapter whose framework defines chunk usage as increments (LangChain's
+    ``usage_metadata``: chunks add up when merged) passes the merged running total,
+    which is that framework's own definition of the total so far.
+
+    >>> usage = StreamUsage()
+    >>> usage.add(25, 1)      # message_start: input, and an opening output count
+    >>> usage.add(None, 40)   # message_delta: the final output count
+    >>> usage.input_tokens, usage.output_tokens
+    (25, 40)
+    """
+
+    __slots__ = ("input_tokens", "output_tokens")
+
+    def __init__(self) -> None:
+        #: Largest input count reported so far, or None.
+        self.input_tokens: int | None = None
+        #: Largest output count reported so far, or None.
+        self.output_tokens: int | None = None
+
+    def __repr__(self) -> str:
+        return f"StreamUsage(input_tokens={self.input_tokens}, output_tokens={self.output_tokens})"
+
+    def add(self, reported_input: int | None, reported_output: int | None) -> None:
+        """Take one report; a count that is None, negative or not an int is ignored."""
+        self.input_tokens = _largest(self.input_tokens, reported_input)
+        self.output_tokens = _largest(self.output_tokens, reported_output)
+
+
+def _largest(current: int | None, reported: int | None) -> int | None:
+    if not _is_count(reported):
+        return current
+    return reported if current is None else max(current, reported)
 
 
 def chat_usage(
@@ -92,15 +124,39 @@ def chat_usage(
     >>> chat_usage(None, 5, prompt=[("user", "hello world")], response_text="hi").estimated
     True
     """
-    if (
-        reported_input is not None
-        and reported_output is not None
-        and reported_input >= 0
-        and reported_output >= 0
-        and not (reported_input == 0 and len(prompt) > 0)
-    ):
-        return Usage(reported_input, reported_output, estimated=False)
+    reported = reported_usage(reported_input, reported_output, prompt=prompt)
+    if reported is not None:
+        return reported
     return Usage(count_message_tokens(prompt), count_tokens(response_text), estimated=True)
+
+
+def reported_usage(
+    reported_input: int | None,
+    reported_output: int | None,
+    *,
+    prompt: Sequence[tuple[str, str]],
+) -> Usage | None:
+    """The provider's counts as a :class:`Usage`, or None when they are not a report.
+
+    A report has both counts, each an int >= 0, and an input above 0 unless ``prompt``
+    is empty: some integrations fill a missing count with 0. The one rule behind
+    :func:`chat_usage` and a limiter's reconciliation
+    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
+
+    >>> reported_usage(0, 12, prompt=[("user", "hi")]) is None
+    True
+    >>> reported_usage(7, 12, prompt=[("user", "hi")])
+    Usage(input_tokens=7, output_tokens=12, estimated=False)
+    """
+    if not (_is_count(reported_input) and _is_count(reported_output)):
+        return None
+    if reported_input == 0 and len(prompt) > 0:
+        return None
+    return Usage(reported_input, reported_output, estimated=False)
+
+
+def _is_count(value: int | None) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def partial_stream_usage(
@@ -174,29 +230,3 @@ def estimate_request_tokens(
     if max_output_tokens is not None and max_output_tokens < 0:
         raise ValueError(f"max_output_tokens must be >= 0 or None, got {max_output_tokens!r}")
     return count_message_tokens(prompt) + (max_output_tokens or 0)
-
-
-def cost_of(
-    usage: Usage, price: ModelPrice, *, surface: Literal["chat", "embedding"] = "chat"
-) -> Decimal:
-    """Exact cost of ``usage`` at ``price``: tokens x price per million / 1,000,000.
-
-    Chat bills input at ``input_per_mtok`` and output at ``output_per_mtok``. Embeddings
-    bill input at ``embedding_per_mtok``, or at ``input_per_mtok`` when the price has no
-    embedding rate (a ``prices`` entry for an embedding model usually sets only input).
-
-    >>> from llm_resilience.budget import ModelPrice
-    >>> cost_of(Usage(1000, 500, False), ModelPrice("3", "15"))
-    Decimal('0.0105')
-    """
-    if surface == "embedding":
-        rate = (
-            price.input_per_mtok if price.embedding_per_mtok is None else price.embedding_per_mtok
-        )
-        total = _EXACT.multiply(Decimal(usage.input_tokens), rate)
-    else:
-        total = _EXACT.add(
-            _EXACT.multiply(Decimal(usage.input_tokens), price.input_per_mtok),
-            _EXACT.multiply(Decimal(usage.output_tokens), price.output_per_mtok),
-        )
-    return _EXACT.divide(total, TOKENS_PER_MTOK)

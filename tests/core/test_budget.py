@@ -22,9 +22,11 @@ from llm_resilience.budget import (
     ModelPrice,
     ServingModel,
     dearest_model,
+    served_model,
 )
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import Usage
 
 NOON = datetime(2026, 3, 14, 12, tzinfo=UTC)
@@ -409,6 +411,57 @@ def test_strict_mode_holds_the_worst_case_with_4096_output_tokens_by_default() -
     held = gate.begin("embedding", estimated_input_tokens=1000, max_output_tokens=500).reservation
     assert held is not None
     assert held.amount == Decimal(0)  # embeddings have no output; surface embedding price is 0
+
+
+def test_strict_mode_counts_the_prompt_the_call_gives_and_holds_it_with_the_output_cap() -> None:
+    gate = gate_for(CostBudget(3, 15, daily_limit=10, strict=True))
+    prompt = [("system", "Be brief."), ("user", "What is the capital of France?")]
+    ticket = gate.begin("chat", prompt=prompt, max_output_tokens=100)
+    assert ticket.reservation is not None
+    prompt_tokens = count_message_tokens(prompt)
+    assert ticket.reservation.amount == (prompt_tokens * 3 + 100 * 15) / Decimal(1_000_000)
+
+
+async def test_strict_mode_counts_an_embedding_calls_texts() -> None:
+    gate = gate_for(CostBudget(0, 0, embedding_price_per_mtok=1, daily_limit=10, strict=True))
+    texts = ["hello world", "the quick brown fox"]
+    ticket = await gate.abegin("embedding", texts=texts)
+    assert ticket.reservation is not None
+    tokens = sum(count_tokens(text) for text in texts)
+    assert ticket.reservation.amount == tokens / Decimal(1_000_000)
+
+
+def test_default_mode_takes_the_calls_shape_without_holding_anything() -> None:
+    ledger = InMemoryCostLedger()
+    gate = gate_for(CostBudget(3, 15, daily_limit=10), ledger)
+    ticket = gate.begin("chat", prompt=[("user", "hi")], max_output_tokens=100)
+    assert ticket.reservation is None
+    assert ledger.spend("day", now=NOON) == 0
+
+
+@pytest.mark.parametrize(
+    ("surface", "shape", "named"),
+    [
+        ("chat", {"texts": ["hi"]}, "texts"),
+        ("embedding", {"prompt": [("user", "hi")]}, "prompt"),
+        ("chat", {"prompt": [("user", "hi")], "estimated_input_tokens": 5}, "not both"),
+    ],
+)
+def test_a_call_shape_that_does_not_fit_the_surface_is_refused(
+    surface: Any, shape: dict[str, Any], named: str
+) -> None:
+    gate = gate_for(CostBudget(3, 15, daily_limit=10, strict=True))
+    with pytest.raises(ValueError, match=named):
+        gate.begin(surface, **shape)
+
+
+def test_the_served_model_is_the_first_real_name_most_specific_first() -> None:
+    assert served_model("gpt-4o-2024-08-06", "secondary", "fallback") == "gpt-4o-2024-08-06"
+    assert served_model(None, "", "secondary", "fallback") == "secondary"
+    # A framework's placeholder is not a name: an unnamed model is recorded as None.
+    assert served_model(None, "unknown") is None
+    assert served_model(None, 42, "gpt-4o") == "gpt-4o"
+    assert served_model() is None
 
 
 def test_finishing_replaces_the_hold_with_the_real_cost() -> None:

@@ -50,7 +50,8 @@ def test_a_float_cost_is_refused_naming_cost() -> None:
         ("cost", Decimal("-0.01"), ValueError),
         ("cost", Decimal("NaN"), ValueError),
         ("kind", "", TypeError),
-        ("scope", "", TypeError),
+        ("scope", "", ValueError),  # one scope rule everywhere: empty is a bad value
+        ("scope", 7, TypeError),
         ("estimated", 1, TypeError),
     ],
 )

@@ -9,6 +9,7 @@ import pytest
 from llm_resilience.budget import ModelPrice
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import (
+    StreamUsage,
     Usage,
     chat_usage,
     cost_of,
@@ -122,3 +123,28 @@ def test_an_early_closed_stream_counts_the_delivered_text_it_is_given_over_its_d
 def test_a_partial_streams_zero_input_report_for_a_non_empty_prompt_is_estimated() -> None:
     usage = partial_stream_usage(0, 3, prompt=PROMPT, deltas=["Paris"])
     assert usage == Usage(count_message_tokens(PROMPT), count_tokens("Paris"), estimated=True)
+
+
+# -- how streamed usage adds up -----------------------------------------------------------
+
+
+def test_streamed_usage_keeps_the_largest_running_total_of_each_direction() -> None:
+    anthropic = StreamUsage()
+    anthropic.add(25, 1)  # message_start: input, and an opening output count
+    anthropic.add(None, 40)  # message_delta: the final output count
+    assert (anthropic.input_tokens, anthropic.output_tokens) == (25, 40)
+
+    repeated = StreamUsage()
+    for output in (3, 7, 12):  # a cumulative count repeated on every chunk
+        repeated.add(25, output)
+    assert (repeated.input_tokens, repeated.output_tokens) == (25, 12)
+
+
+def test_streamed_usage_ignores_what_is_not_a_count() -> None:
+    usage = StreamUsage()
+    usage.add(None, None)
+    assert (usage.input_tokens, usage.output_tokens) == (None, None)
+    usage.add(-1, True)  # type: ignore[arg-type]
+    assert (usage.input_tokens, usage.output_tokens) == (None, None)
+    usage.add(0, 5)
+    assert (usage.input_tokens, usage.output_tokens) == (0, 5)

@@ -239,6 +239,10 @@ class DelegatingChatModel(BaseChatModel):
         # member's credentials.
         return redacted_fields(super().__repr_args__())
 
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
+
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)

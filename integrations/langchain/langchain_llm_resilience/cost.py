@@ -20,6 +20,7 @@ from llm_resilience.budget import (
     CostBudget,
     ServingModel,
     dearest_model,
+    served_model,
 )
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
@@ -37,23 +38,17 @@ def _build_gate(budget: object, ledger: object) -> BudgetGate:
     return BudgetGate(budget, ledger)  # type: ignore[arg-type]
 
 
-def _check_scope(scope: object, option: str) -> str | None:
-    return _checks.scope(option, scope)
-
-
 def _model_name(model: object) -> str | None:
-    for attribute in ("model_name", "model", "model_id"):
-        value = getattr(model, attribute, None)
-        if isinstance(value, str) and value:
-            return value
-    return None
+    """The name a LangChain model gives itself (``model_name``, ``model`` or ``model_id``)."""
+    return served_model(
+        *(getattr(model, name, None) for name in ("model_name", "model", "model_id"))
+    )
 
 
 def _named_model(message: BaseMessage | None) -> str | None:
     """The model an answer's metadata names (``model_name``, or ``model``), if any."""
     metadata = message.response_metadata if message is not None else {}
-    named = metadata.get("model_name") or metadata.get("model")
-    return named if isinstance(named, str) and named else None
+    return served_model(metadata.get("model_name"), metadata.get("model"))
 
 
 def _first_count(*values: object) -> int | None:
@@ -113,7 +108,9 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     Before each call the budget's windows are checked (``BudgetExceededError`` and the
     inner model is not called); after it one ledger entry records the tokens and the
-    cost, priced for the model that actually served (a fallback leg, not the chain).
+    cost, priced for the model that actually served (a fallback leg, not the chain;
+    :func:`~llm_resilience.budget.served_model`). A stream's usage is its chunks'
+    ``usage_metadata`` merged as LangChain defines it (chunks carry increments).
     Usage is the provider's when it reports both counts, else estimated with
     ``cl100k_base`` and flagged ``estimated``. A stream is gated on its first iteration
     and recorded once it completes. One its consumer closes early (``break``,
@@ -141,7 +138,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
-        _check_scope(data.get("scope"), "scope")
+        _checks.scope("scope", data.get("scope"))
         gate = _build_gate(data.get("budget"), data.get("ledger"))
         if data.get("ledger") is None:
             data["ledger"] = gate.ledger
@@ -169,17 +166,12 @@ class CostTrackedChatModel(DelegatingChatModel):
         return call_kwargs
 
     def _ticket_args(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
-        scope = _check_scope(kwargs.pop(SCOPE_KWARG, self.scope), SCOPE_KWARG)
+        scope = _checks.scope(SCOPE_KWARG, kwargs.pop(SCOPE_KWARG, self.scope))
         # The call's own cap reaches every model below; each model's own is in _may_serve.
         max_tokens = _first_count(kwargs.get("max_tokens"), kwargs.get("max_completion_tokens"))
-        estimated = 0
-        if self.budget.strict:
-            from llm_resilience.tokens import count_message_tokens
-
-            estimated = count_message_tokens(_prompt(messages))
         return {
             "scope": scope,
-            "estimated_input_tokens": estimated,
+            "prompt": _prompt(messages),
             "max_output_tokens": max_tokens,
             "model": _model_name(self.inner),
             "may_serve": self._may_serve,
@@ -203,7 +195,7 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     def _served(self, message: BaseMessage | None) -> str | None:
         """The model the answer names, else the inner model's name."""
-        return _named_model(message) or _model_name(self.inner)
+        return served_model(_named_model(message), _model_name(self.inner))
 
     def _consumed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -291,18 +283,21 @@ class CostTrackedEmbeddings(Embeddings):
         #: The wrapped embeddings model.
         self.inner = inner
         #: Budget scope of every call.
-        self.scope = _check_scope(scope, "scope")
+        self.scope = _checks.scope("scope", scope)
         #: The budget gate this wrapper consults and records through.
         self.gate = _build_gate(budget, ledger)
         self._model = _model_name(inner)
+
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
 
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)
 
     def _ticket_args(self, texts: Sequence[str]) -> dict[str, Any]:
-        estimated = embedding_usage(texts).input_tokens if self.gate.budget.strict else 0
-        return {"scope": self.scope, "estimated_input_tokens": estimated, "model": self._model}
+        return {"scope": self.scope, "texts": texts, "model": self._model}
 
     def _embed(self, texts: list[str], call: Any) -> Any:
         ticket = self.gate.begin("embedding", **self._ticket_args(texts))

@@ -152,6 +152,10 @@ class FallbackChatModel(BaseChatModel):
         """The members, as the rest of the stack calls what a layer wraps."""
         return tuple(self.models)
 
+    def layers_below(self) -> tuple[BaseChatModel, ...]:
+        """What this layer wraps directly: its members, in the order they are tried."""
+        return tuple(self.models)
+
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)

@@ -20,17 +20,15 @@ from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
     limiter_for,
+    reconcile_with_usage,
+    request_weight,
+    weighs_tokens,
 )
-from llm_resilience.usage import embedding_usage, estimate_request_tokens
 
 __all__ = ["RateLimitedChatModel", "RateLimitedEmbeddings"]
 
 BaseRateLimiter.register(TokenBucketRateLimiter)
 BaseRateLimiter.register(RedisTokenBucketRateLimiter)
-
-
-def _weighted(limiter: Any) -> bool:
-    return getattr(limiter, "tokens_per_minute", None) is not None
 
 
 def _prompt(messages: list[BaseMessage]) -> list[tuple[str, str]]:
@@ -48,7 +46,10 @@ class RateLimitedChatModel(DelegatingChatModel):
     come first served; with ``max_queued_requests`` a caller finding the queue full gets
     ``RateLimitQueueFullError`` at once and the inner model is never called. With
     ``tokens_per_minute`` a call also needs its estimated prompt tokens plus its
-    ``max_tokens`` in token permits, reconciled with the reported usage afterwards.
+    ``max_tokens`` in token permits (:func:`~llm_resilience.ratelimit.request_weight`),
+    settled with the usage the provider reports afterwards by the core's rule
+    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`: only a real report
+    settles; a limiter that cannot settle logs a warning, the call still succeeds).
     ``limiter=`` shares one limiter (in-process or Redis) between wrappers instead.
     Tools, structured output and metadata pass through to ``inner``.
     """
@@ -84,11 +85,13 @@ class RateLimitedChatModel(DelegatingChatModel):
         return self._limiter
 
     def _weight(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
-        if not _weighted(self._limiter):
-            return 0
+        if not weighs_tokens(self._limiter):
+            return 0  # no token budget: nothing to tokenize
         max_tokens = kwargs.get("max_tokens", getattr(self.inner, "max_tokens", None))
-        return estimate_request_tokens(
-            _prompt(messages), max_tokens if isinstance(max_tokens, int) else None
+        return request_weight(
+            self._limiter,
+            prompt=_prompt(messages),
+            max_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
         )
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
@@ -102,13 +105,16 @@ class RateLimitedChatModel(DelegatingChatModel):
         return weight
 
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
-        if not context or message is None:
+        if message is None:
             return
-        usage = getattr(message, "usage_metadata", None)
-        if usage:
-            self._limiter.reconcile(
-                context, int(usage["input_tokens"]) + int(usage["output_tokens"])
-            )
+        usage = getattr(message, "usage_metadata", None) or {}
+        reconcile_with_usage(
+            self._limiter,
+            context,
+            usage.get("input_tokens"),
+            usage.get("output_tokens"),
+            prompt=_prompt(messages),
+        )
 
 
 class RateLimitedEmbeddings(Embeddings):
@@ -141,6 +147,10 @@ class RateLimitedEmbeddings(Embeddings):
             limiter=limiter,
         )
 
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
+
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         from llm_resilience.layers import find_layer
@@ -148,7 +158,7 @@ class RateLimitedEmbeddings(Embeddings):
         return find_layer(self, cls)
 
     def _weight(self, texts: Sequence[str]) -> int:
-        return embedding_usage(texts).input_tokens if _weighted(self.limiter) else 0
+        return request_weight(self.limiter, texts=texts)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         self.limiter.acquire(self._weight(texts), surface="embedding")

@@ -420,6 +420,7 @@ async def test_embeddings_are_estimated_recorded_per_batch_and_refused_when_spen
     embeddings.embed_documents(["hello world", "hello"])
     (entry,) = ledger.entries()
     assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (3, 0, True)
+    assert entry.model is None  # the fake embeddings have no name
     assert entry.cost == Decimal("0.00000006")
     await embeddings.aembed_query("hello world")
     assert len(ledger.entries()) == 2

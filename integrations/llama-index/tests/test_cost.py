@@ -773,6 +773,17 @@ async def test_every_embedding_request_is_recorded_once_as_an_estimate(
     assert [entry.cost for entry in recorded] == [Decimal(n) / 1000 for n in expected]
 
 
+def test_an_embedding_model_without_a_name_records_no_model_as_in_langchain() -> None:
+    inner = MockEmbedding(embed_dim=3)  # LlamaIndex names it "unknown"
+    model = CostTrackedEmbedding(
+        inner=inner, budget=CostBudget(daily_limit=10), ledger=InMemoryCostLedger()
+    )
+    model.get_text_embedding("hello")
+    [entry] = entries(model)
+    assert inner.model_name == "unknown"
+    assert entry.model is None
+
+
 class CountingEmbedding(MockEmbedding):
     _requests: int = PrivateAttr(default=0)
 

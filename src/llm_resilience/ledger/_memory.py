@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from llm_resilience._checks import duration
+from llm_resilience._checks import duration, whole
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     WINDOWS,
@@ -72,10 +72,8 @@ class InMemoryCostLedger:
         #: How long an unsettled hold counts toward spend.
         self.reservation_ttl = duration("reservation_ttl", reservation_ttl)
         self._lock = threading.Lock()
-        if max_entries is not None and (
-            isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1
-        ):
-            raise ValueError(f"max_entries must be an integer >= 1 or None, got {max_entries!r}")
+        if max_entries is not None:
+            whole("max_entries", max_entries, minimum=1)
         self._entries: deque[LedgerEntry] = deque(maxlen=max_entries)
         self._totals: dict[tuple[str, str | None], Decimal] = {}
         self._holds: dict[str, Reservation] = {}

@@ -11,9 +11,8 @@ without the default context's 28-digit rounding.
 
 from __future__ import annotations
 
-import decimal
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -21,6 +20,7 @@ from typing import Literal, Protocol, get_args, runtime_checkable
 
 from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
+from llm_resilience.money import exact_sum, money, recorded_cost
 
 __all__ = [
     "DEFAULT_RESERVATION_TTL",
@@ -45,41 +45,6 @@ WINDOWS: tuple[Window, ...] = get_args(Window)
 #: How long a strict-mode hold counts toward spend unless settled first: 15 minutes, so a
 #: worker that crashed between ``reserve`` and ``settle`` cannot block a budget forever.
 DEFAULT_RESERVATION_TTL = timedelta(minutes=15)
-
-# Additions of money never round: precision is the maximum the decimal module allows,
-# and Inexact is trapped so a rounding could never pass silently.
-_EXACT = decimal.Context(
-    prec=decimal.MAX_PREC,
-    Emax=decimal.MAX_EMAX,
-    Emin=decimal.MIN_EMIN,
-    traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Overflow],
-)
-
-
-def exact_sum(values: Iterable[Decimal]) -> Decimal:
-    """The exact sum of ``values`` (``Decimal(0)`` when empty), whatever their digits.
-
-    >>> exact_sum([Decimal("0.1"), Decimal("0.2")])
-    Decimal('0.3')
-    """
-    total = Decimal(0)
-    for value in values:
-        total = _EXACT.add(total, value)
-    return total
-
-
-def _money(option: str, value: object) -> Decimal:
-    """``value`` as finite, non-negative ``Decimal`` money (an ``int`` converts exactly)."""
-    if isinstance(value, float):
-        raise TypeError(
-            f"{option} must be a Decimal, not a float (got {value!r}): floats are inexact"
-        )
-    if isinstance(value, bool) or not isinstance(value, Decimal | int):
-        raise TypeError(f"{option} must be a Decimal >= 0, got {value!r}")
-    money = Decimal(value)
-    if not money.is_finite() or money < 0:
-        raise ValueError(f"{option} must be a finite Decimal >= 0, got {value!r}")
-    return money
 
 
 def _utc(option: str, value: object) -> datetime:
@@ -110,7 +75,8 @@ class LedgerEntry:
     Counts and money only, never prompt or response text. Validated on construction, so
     every entry can be stored by every ledger: a naive ``timestamp`` raises
     ``ValueError`` (an aware one is converted to UTC); a float ``cost`` raises
-    ``TypeError`` (an ``int`` becomes a ``Decimal``); counts are integers from 0 to
+    ``TypeError`` (an ``int`` or a string becomes a ``Decimal``, as everywhere money is
+    read: :mod:`llm_resilience.money`); counts are integers from 0 to
     2,147,483,647 (a PostgreSQL ``INTEGER``); ``cost`` is >= 0, below 10**30 and has at
     most 24 decimal places (so is any cost priced from valid prices and counts); ``kind``
     is non-empty text; ``scope`` is None or at most 256 characters of printable text (no
@@ -151,7 +117,7 @@ class LedgerEntry:
             raise TypeError(f"kind must be non-empty text, got {self.kind!r}")
         for option in ("input_tokens", "output_tokens", "pages"):
             _checks.count(option, getattr(self, option))
-        object.__setattr__(self, "cost", _checks.cost_in_range("cost", _money("cost", self.cost)))
+        object.__setattr__(self, "cost", recorded_cost("cost", self.cost))
         if not isinstance(self.estimated, bool):
             raise TypeError(f"estimated must be a bool, got {self.estimated!r}")
         for option in ("model", "surface"):
@@ -255,7 +221,7 @@ def check_now(now: datetime | None) -> datetime:
 def check_scope(scope: object) -> str | None:
     """A budget scope: None for the global total, or text every ledger can store and
     index (at most 256 characters, no control character or lone surrogate)."""
-    return _checks.scope("scope", _optional_text("scope", scope))
+    return _checks.scope("scope", scope)
 
 
 def _check_window(window: object) -> Window:
@@ -298,8 +264,9 @@ def window_bounds(window: Window, when: datetime) -> tuple[datetime, datetime]:
 
 
 def check_amount(amount: object) -> Decimal:
-    """A reservation's ``amount``: a finite ``Decimal`` >= 0 (float: ``TypeError``)."""
-    return _money("amount", amount)
+    """A reservation's ``amount``: money as :func:`~llm_resilience.money.money` reads it,
+    bounded like a recorded cost (float: ``TypeError``)."""
+    return recorded_cost("amount", amount)
 
 
 def check_limits(
@@ -308,7 +275,7 @@ def check_limits(
     """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order."""
     checked: list[tuple[Window, str | None, Decimal]] = []
     for (window, scope), limit in limits.items():
-        checked.append((_check_window(window), check_scope(scope), _money("limit", limit)))
+        checked.append((_check_window(window), check_scope(scope), money("limit", limit)))
     return checked
 
 

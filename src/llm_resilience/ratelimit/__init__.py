@@ -19,7 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience.ratelimit._bucket import TokenBucketRateLimiter
-from llm_resilience.ratelimit._protocol import PERIOD_SECONDS, RateLimiter
+from llm_resilience.ratelimit._protocol import (
+    PERIOD_SECONDS,
+    RateLimiter,
+    reconcile_with_usage,
+    request_weight,
+    weighs_tokens,
+)
 
 if TYPE_CHECKING:
     from llm_resilience.ratelimit._redis import RedisTokenBucketRateLimiter
@@ -30,6 +36,9 @@ __all__ = [
     "RedisTokenBucketRateLimiter",
     "TokenBucketRateLimiter",
     "limiter_for",
+    "reconcile_with_usage",
+    "request_weight",
+    "weighs_tokens",
 ]
 
 

@@ -16,10 +16,15 @@ The same derivation applies to ``tokens_per_minute`` when a limiter weighs calls
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
+from llm_resilience import _checks
 from llm_resilience.errors import RequestExceedsCapacityError
+from llm_resilience.tokens import count_tokens
+from llm_resilience.usage import estimate_request_tokens, reported_usage
 
 __all__ = [
     "PERIOD_SECONDS",
@@ -29,7 +34,12 @@ __all__ = [
     "optional_positive_int",
     "per_period",
     "positive_int",
+    "reconcile_with_usage",
+    "request_weight",
+    "weighs_tokens",
 ]
+
+logger = logging.getLogger("llm_resilience.ratelimit")
 
 #: Length of one replenishment step, in seconds.
 PERIOD_SECONDS = 1.0
@@ -47,11 +57,7 @@ def per_period(per_minute: int) -> int:
 def positive_int(option: str, value: object) -> int:
     """``value`` if it is an ``int`` >= 1; else ``TypeError`` (not an int, or a bool) or
     ``ValueError`` (< 1), both naming ``option`` and the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{option} must be an integer >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{option} must be an integer >= 1, got {value!r}")
-    return value
+    return _checks.whole(option, value, minimum=1)
 
 
 def optional_positive_int(option: str, value: object) -> int | None:
@@ -61,11 +67,7 @@ def optional_positive_int(option: str, value: object) -> int | None:
 
 def non_negative_int(option: str, value: object) -> int:
     """``value`` if it is an ``int`` >= 0, else ``TypeError``/``ValueError`` naming ``option``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{option} must be an integer >= 0, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{option} must be an integer >= 0, got {value!r}")
-    return value
+    return _checks.whole(option, value)
 
 
 def check_token_weight(num_tokens: object, token_capacity: int | None) -> int:
@@ -243,3 +245,83 @@ class PermitContext:
         traceback: TracebackType | None,
     ) -> None:
         return None
+
+
+def weighs_tokens(limiter: object) -> bool:
+    """Whether ``limiter`` weighs calls by tokens (it has a ``tokens_per_minute`` budget)."""
+    return getattr(limiter, "tokens_per_minute", None) is not None
+
+
+def request_weight(
+    limiter: object,
+    *,
+    prompt: Sequence[tuple[str, str]] | None = None,
+    texts: Sequence[str] | None = None,
+    max_output_tokens: int | None = None,
+) -> int:
+    """The token weight one call takes from ``limiter``, before it is sent.
+
+    0 when the limiter has no token budget (nothing is tokenized then). A chat call
+    weighs its estimated ``prompt`` (``cl100k_base``, with chat framing) plus
+    ``max_output_tokens``, its output cap (the call's own, else the model's; None counts
+    as 0 here, since :func:`reconcile_with_usage` settles the difference afterwards). An
+    embedding call weighs its input ``texts``.
+
+    >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
+    >>> limiter = TokenBucketRateLimiter(60, tokens_per_minute=10_000)
+    >>> request_weight(limiter, prompt=[("user", "hello world")], max_output_tokens=100)
+    109
+    >>> request_weight(TokenBucketRateLimiter(60), prompt=[("user", "hello world")])
+    0
+    """
+    if not weighs_tokens(limiter):
+        return 0
+    if texts is not None:
+        return sum(count_tokens(text) for text in texts)
+    return estimate_request_tokens(prompt or (), max_output_tokens)
+
+
+def reconcile_with_usage(
+    limiter: object,
+    estimated_tokens: int,
+    reported_input: int | None,
+    reported_output: int | None,
+    *,
+    prompt: Sequence[tuple[str, str]],
+) -> bool:
+    """Settle a weighed call's permits with the usage its provider reported; True if settled.
+
+    The one rule every wrapper follows after a successful chat call (or completed stream):
+
+    * a limiter without ``tokens_per_minute`` weighs nothing, so has nothing to settle;
+    * only a report settles (:func:`~llm_resilience.usage.reported_usage`: both counts,
+      and an input above 0 for a non-empty ``prompt``); an estimate would only replace
+      one guess with another, so the hold stands as taken;
+    * a limiter that cannot settle (Redis down) logs a WARNING on
+      ``llm_resilience.ratelimit`` naming the error type and returns False: the call has
+      succeeded and must not fail for its bookkeeping.
+
+    >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
+    >>> limiter = TokenBucketRateLimiter(60, tokens_per_minute=10_000)
+    >>> reconcile_with_usage(limiter, 500, 0, 20, prompt=[("user", "hi")])  # 0 in: no report
+    False
+    >>> reconcile_with_usage(limiter, 500, 9, 20, prompt=[("user", "hi")])
+    True
+    """
+    if getattr(limiter, "tokens_per_minute", None) is None:
+        return False
+    usage = reported_usage(reported_input, reported_output, prompt=prompt)
+    if usage is None:
+        return False
+    try:
+        limiter.reconcile(  # type: ignore[attr-defined]
+            estimated_tokens, usage.input_tokens + usage.output_tokens
+        )
+    except Exception as exc:
+        logger.warning(
+            "Rate limiter could not reconcile a call's token weight (%s); the call succeeded "
+            "and its estimated weight stands.",
+            type(exc).__name__,
+        )
+        return False
+    return True

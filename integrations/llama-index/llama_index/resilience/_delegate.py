@@ -179,6 +179,10 @@ class DelegatingLLM(FunctionCallingLLM):
         """The inner LLM's metadata."""
         return self.inner.metadata
 
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
+
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)
@@ -472,6 +476,10 @@ class DelegatingEmbedding(BaseEmbedding):
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
         # repr(), str() and rich output are built from these: no member's credentials.
         return redacted_fields(super().__repr_args__())
+
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
 
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""

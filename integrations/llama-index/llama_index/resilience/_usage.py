@@ -22,6 +22,8 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
 from llama_index.core.llms.llm import LLM
 
+from llm_resilience.usage import StreamUsage
+
 __all__ = [
     "StreamTally",
     "asked_output_tokens",
@@ -123,20 +125,28 @@ def output_cap(llm: LLM) -> int | None:
 class StreamTally:
     """What a stream reported, chunk by chunk: text deltas, usage, the serving model.
 
-    Usage may come in pieces (Anthropic: input in the first event, output in the last;
-    OpenAI: both in a final usage-only chunk), so each count is the largest reported.
+    A LlamaIndex chunk's usage is what its provider put in ``raw`` (a running total, or
+    one piece of the usage); the core's :class:`~llm_resilience.usage.StreamUsage` adds
+    them up.
     """
 
-    __slots__ = ("_deltas", "input_tokens", "model", "output_tokens")
+    __slots__ = ("_deltas", "_usage", "model")
 
     def __init__(self) -> None:
         self._deltas: list[str] = []
-        #: Largest input count any chunk reported, or None.
-        self.input_tokens: int | None = None
-        #: Largest output count any chunk reported, or None.
-        self.output_tokens: int | None = None
+        self._usage = StreamUsage()
         #: The last model a chunk's ``raw`` named, or None.
         self.model: str | None = None
+
+    @property
+    def input_tokens(self) -> int | None:
+        """The stream's input count so far (:class:`StreamUsage`), or None."""
+        return self._usage.input_tokens
+
+    @property
+    def output_tokens(self) -> int | None:
+        """The stream's output count so far (:class:`StreamUsage`), or None."""
+        return self._usage.output_tokens
 
     @property
     def started(self) -> bool:
@@ -150,9 +160,7 @@ class StreamTally:
 
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")
-        reported_in, reported_out = reported_tokens(chunk)
-        self.input_tokens = _largest(self.input_tokens, reported_in)
-        self.output_tokens = _largest(self.output_tokens, reported_out)
+        self._usage.add(*reported_tokens(chunk))
         self.model = raw_model(chunk) or self.model
 
     def text(self, last: ChatResponse | CompletionResponse) -> str:
@@ -193,12 +201,6 @@ def _counts(place: Any) -> tuple[int | None, int | None] | None:
     if found_in is None and found_out is None:
         return None
     return found_in, found_out
-
-
-def _largest(current: int | None, new: int | None) -> int | None:
-    if new is None:
-        return current
-    return new if current is None else max(current, new)
 
 
 def _json(value: Any) -> str:

@@ -20,9 +20,13 @@ model is never called) and records one ledger entry after it:
   not seen here);
 * embeddings: always estimated over the input texts.
 
-Every entry names the model that served: the provider's ``raw.model``, else the member
-of a :class:`~llama_index.resilience.FallbackLLM` below that answered, else the inner
-LLM's ``metadata.model_name``. A failed call records nothing.
+Every entry names the model that served, by the core's rule
+(:func:`~llm_resilience.budget.served_model`): the provider's ``raw.model``, else the
+member of a :class:`~llama_index.resilience.FallbackLLM` below that answered, else the
+inner LLM's ``metadata.model_name``; LlamaIndex's placeholder ``"unknown"`` is no name,
+so an unnamed model (embedding models included) records None. A stream closed early
+before naming its model records the dearest that may have served. A failed call
+records nothing.
 """
 
 from __future__ import annotations
@@ -53,10 +57,16 @@ from llama_index.resilience._usage import (
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 
 from llm_resilience import _checks
-from llm_resilience.budget import BudgetGate, BudgetTicket, CostBudget, ServingModel
+from llm_resilience.budget import (
+    BudgetGate,
+    BudgetTicket,
+    CostBudget,
+    ServingModel,
+    dearest_model,
+    served_model,
+)
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.ledger import CostLedger
-from llm_resilience.tokens import count_message_tokens
 from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
 
 __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
@@ -124,7 +134,7 @@ class CostTrackedLLM(DelegatingLLM):
         self._gate = gate
         # Strict holds cover every model that may answer (any fallback leg) up to its cap.
         self._may_serve = tuple(
-            ServingModel(leaf.metadata.model_name or None, output_cap(leaf))
+            ServingModel(served_model(leaf.metadata.model_name), output_cap(leaf))
             for leaf in leaves(inner)
             if isinstance(leaf, LLM)
         )
@@ -141,16 +151,14 @@ class CostTrackedLLM(DelegatingLLM):
     # -- hooks ----------------------------------------------------------------------------
 
     def _admit(self, request: Request, kwargs: dict[str, Any]) -> tuple[dict[str, Any], _Call]:
-        scope = _check_scope(kwargs.pop(BUDGET_SCOPE_KWARG, self.scope), BUDGET_SCOPE_KWARG)
+        scope = _checks.scope(BUDGET_SCOPE_KWARG, kwargs.pop(BUDGET_SCOPE_KWARG, self.scope))
         prompt = prompt_pairs(request)
-        # Only strict mode prices the prompt at the gate; tokenizing it otherwise is waste.
-        estimated = count_message_tokens(prompt) if self._gate.budget.strict else 0
         gate_kwargs = {
             "scope": scope,
-            "estimated_input_tokens": estimated,
+            "prompt": prompt,
             # The call's own cap reaches every model below; each model's own is in _may_serve.
             "max_output_tokens": asked_output_tokens(kwargs),
-            "model": self.inner.metadata.model_name,
+            "model": served_model(self.inner.metadata.model_name),
             "may_serve": self._may_serve,
         }
         return gate_kwargs, _Call(prompt)
@@ -207,7 +215,7 @@ class CostTrackedLLM(DelegatingLLM):
         else:
             await call.ticket.afinish(usage, model=model)
 
-    def _consumed(self, call: _Call, last: AnyResponse | None) -> tuple[Usage | None, str]:
+    def _consumed(self, call: _Call, last: AnyResponse | None) -> tuple[Usage | None, str | None]:
         """What a stream closed early consumed (None: nothing to record), and who served."""
         tally = call.tally
         usage = partial_stream_usage(
@@ -217,10 +225,15 @@ class CostTrackedLLM(DelegatingLLM):
             deltas=tally.deltas,
             delivered_text=tally.text(last) if last is not None else None,
         )
-        served = self._served_by(last) if last is not None else self.inner.metadata.model_name
-        return usage, tally.model or served
+        member = self._member_named(last) if last is not None else None
+        served = served_model(tally.model, member)
+        # Closed before the stream named who served: the dearest that may have (the
+        # inner LLM itself when it is the only one), so the entry is never under-priced.
+        if served is None and usage is not None:
+            served = dearest_model(self._gate.budget, usage, self._may_serve)
+        return usage, served
 
-    def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str]:
+    def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str | None]:
         """The usage to record and the model that served."""
         tally = call.tally
         if tally.started:
@@ -230,17 +243,18 @@ class CostTrackedLLM(DelegatingLLM):
             reported_in, reported_out = reported_tokens(response)
             text, model = response_text(response), raw_model(response)
         usage = chat_usage(reported_in, reported_out, prompt=call.prompt, response_text=text)
-        return usage, model or self._served_by(response)
+        member = self._member_named(response)
+        return usage, served_model(model, member, self.inner.metadata.model_name)
 
-    def _served_by(self, response: AnyResponse) -> str:
-        """The fallback member that answered (by its path mark), else the inner LLM."""
+    def _member_named(self, response: AnyResponse) -> str | None:
+        """The name of the fallback member that answered (by its path mark), if marked."""
         path = response.additional_kwargs.get(SERVED_BY_KEY)
         chain = find_layer(self.inner, FallbackLLM)
         if chain is not None and isinstance(path, list) and path:
             member = _member_at(chain, path)
             if member is not None:
                 return member.metadata.model_name
-        return self.inner.metadata.model_name
+        return None
 
 
 class CostTrackedEmbedding(DelegatingEmbedding):
@@ -290,15 +304,12 @@ class CostTrackedEmbedding(DelegatingEmbedding):
         """The budget gate every call of this layer passes."""
         return self._gate
 
-    def _estimated(self, texts: list[str]) -> int:
-        return embedding_usage(texts).input_tokens if self._gate.budget.strict else 0
-
     def _begin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[BudgetTicket, list[str]]:
         ticket = self._gate.begin(
             "embedding",
             scope=self.scope,
-            estimated_input_tokens=self._estimated(texts),
-            model=self.inner.model_name,
+            texts=texts,
+            model=served_model(self.inner.model_name),
         )
         return ticket, texts
 
@@ -308,8 +319,8 @@ class CostTrackedEmbedding(DelegatingEmbedding):
         ticket = await self._gate.abegin(
             "embedding",
             scope=self.scope,
-            estimated_input_tokens=self._estimated(texts),
-            model=self.inner.model_name,
+            texts=texts,
+            model=served_model(self.inner.model_name),
         )
         return ticket, texts
 
@@ -318,14 +329,14 @@ class CostTrackedEmbedding(DelegatingEmbedding):
         if embeddings is None:
             ticket.abandon()
         else:
-            ticket.finish(embedding_usage(texts), model=self.inner.model_name)
+            ticket.finish(embedding_usage(texts), model=served_model(self.inner.model_name))
 
     async def _aend(self, context: Any, embeddings: list[list[float]] | None) -> None:
         ticket, texts = context
         if embeddings is None:
             await ticket.aabandon()
         else:
-            await ticket.afinish(embedding_usage(texts), model=self.inner.model_name)
+            await ticket.afinish(embedding_usage(texts), model=served_model(self.inner.model_name))
 
 
 @dataclass(slots=True)
@@ -340,12 +351,8 @@ class _Call:
 def _gate(budget: object, ledger: CostLedger | None, scope: object) -> BudgetGate:
     if not isinstance(budget, CostBudget):
         raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
-    _check_scope(scope, "scope")
+    _checks.scope("scope", scope)
     return BudgetGate(budget, ledger)
-
-
-def _check_scope(scope: object, option: str) -> str | None:
-    return _checks.scope(option, scope)
 
 
 def _member_at(chain: FallbackLLM, path: list[Any]) -> LLM | None:

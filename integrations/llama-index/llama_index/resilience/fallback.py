@@ -80,6 +80,7 @@ from llm_resilience.fallback import (
     StreamRestart,
     warn_if_self_retrying,
 )
+from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 
 if TYPE_CHECKING:
@@ -206,25 +207,17 @@ class FallbackLLM(FunctionCallingLLM):
         """The wrapped LLMs, in the order they are tried (same as ``llms``)."""
         return self.llms
 
-    def find_layer(self, cls: type[_LayerT]) -> _LayerT | None:
-        """The first layer of type ``cls`` in the stack below this one (itself included).
+    def layers_below(self) -> tuple[LLM, ...]:
+        """What this layer wraps directly: its members, in the order they are tried."""
+        return tuple(self.llms)
 
-        Looks at itself, then at each member in order; a member that answers
-        ``find_layer`` is asked in turn. Returns None when no layer matches.
+    def find_layer(self, cls: type[_LayerT]) -> _LayerT | None:
+        """The first layer of type ``cls`` in the stack below (itself included), or None.
+
+        Looks at itself, then at each member in order, depth first
+        (:func:`llm_resilience.layers.find_layer`).
         """
-        if isinstance(self, cls):
-            return self
-        for member in self.llms:
-            finder = getattr(member, "find_layer", None)
-            if callable(finder):
-                found = finder(cls)
-            elif isinstance(member, cls):
-                found = member
-            else:
-                found = None
-            if found is not None:
-                return found  # type: ignore[no-any-return]
-        return None
+        return find_layer(self, cls)
 
     @property
     def metadata(self) -> LLMMetadata:

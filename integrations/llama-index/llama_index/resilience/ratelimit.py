@@ -12,7 +12,6 @@ Importing this module also registers the core limiters as LlamaIndex
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field
@@ -38,12 +37,12 @@ from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
     limiter_for,
+    reconcile_with_usage,
+    request_weight,
+    weighs_tokens,
 )
-from llm_resilience.usage import chat_usage, embedding_usage, estimate_request_tokens
 
 __all__ = ["RateLimitedEmbedding", "RateLimitedLLM"]
-
-logger = logging.getLogger(__name__)
 
 # The core limiters implement LlamaIndex's acquire/async_acquire signatures.
 BaseRateLimiter.register(TokenBucketRateLimiter)
@@ -71,8 +70,9 @@ class RateLimitedLLM(DelegatingLLM):
 
     When the limiter has ``tokens_per_minute``, a call also weighs its estimated prompt
     tokens plus its output cap (the call's ``max_tokens``, else the LLM's
-    ``metadata.num_output``), and the weight is reconciled with the usage the provider
-    reports afterwards.
+    ``metadata.num_output``), and the weight is settled with the usage the provider
+    reports afterwards by the core's rule
+    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
 
     Raises ``ValueError`` when neither or both of ``requests_per_minute`` and
     ``limiter`` are given, ``TypeError`` for a limiter without ``acquire``/``aacquire``
@@ -106,11 +106,11 @@ class RateLimitedLLM(DelegatingLLM):
         return "RateLimitedLLM"
 
     def _weight(self, request: Request, kwargs: dict[str, Any]) -> _Permit:
-        if getattr(self.limiter, "tokens_per_minute", None) is None:
-            return _Permit(0, None)
+        if not weighs_tokens(self.limiter):
+            return _Permit(0, None)  # no token budget: nothing to tokenize or reconcile
         prompt = prompt_pairs(request)
-        weight = estimate_request_tokens(prompt, max_output_tokens(self.inner, kwargs))
-        return _Permit(weight, prompt)
+        cap = max_output_tokens(self.inner, kwargs)
+        return _Permit(request_weight(self.limiter, prompt=prompt, max_output_tokens=cap), prompt)
 
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Permit:
         permit = self._weight(request, kwargs)
@@ -135,22 +135,9 @@ class RateLimitedLLM(DelegatingLLM):
             reported_in, reported_out = permit.tally.input_tokens, permit.tally.output_tokens
         else:
             reported_in, reported_out = reported_tokens(response)
-        if reported_in is None or reported_out is None:
-            return
-        # The core's rule decides whether the counts are a report (an input of 0 for a
-        # non-empty prompt is not); only a report settles the estimate.
-        usage = chat_usage(reported_in, reported_out, prompt=permit.prompt, response_text="")
-        if usage.estimated:
-            return
-        try:
-            self.limiter.reconcile(permit.weight, usage.input_tokens + usage.output_tokens)
-        except Exception as exc:
-            # The call has succeeded; a limiter that cannot settle must not fail it.
-            logger.warning(
-                "Rate limiter could not reconcile a call's token weight (%s).",
-                type(exc).__name__,
-                exc_info=exc,
-            )
+        reconcile_with_usage(
+            self.limiter, permit.weight, reported_in, reported_out, prompt=permit.prompt
+        )
 
 
 class RateLimitedEmbedding(DelegatingEmbedding):
@@ -198,9 +185,7 @@ class RateLimitedEmbedding(DelegatingEmbedding):
         return "RateLimitedEmbedding"
 
     def _weight(self, texts: list[str]) -> int:
-        if getattr(self.limiter, "tokens_per_minute", None) is None:
-            return 0
-        return embedding_usage(texts).input_tokens
+        return request_weight(self.limiter, texts=texts)
 
     def _begin(self, kind: EmbeddingKind, texts: list[str]) -> None:
         self.limiter.acquire(self._weight(texts), surface="embedding")

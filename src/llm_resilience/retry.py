@@ -1,0 +1,443 @@
+"""Retrying a failed call: the policy behind every ``Retrying*`` wrapper.
+
+A :class:`RetryPolicy` runs a call up to ``attempts`` times (4 by default: the first
+try and 3 retries), waiting between tries ``base_delay * 2**n`` seconds (1, 2, 4, ...)
+plus up to ``jitter`` seconds at random, never more than ``max_delay``. A provider's
+``Retry-After`` (or ``retry-after-ms``) replaces that wait when it is at most
+``max_delay``. When the attempts run out, the last attempt's own exception is raised.
+
+What is retried is decided by :func:`is_retryable`: every ``Exception`` except
+
+* :class:`~llm_resilience.errors.BudgetExceededError` and the limiter's refusals
+  (:class:`~llm_resilience.errors.RateLimitQueueFullError`,
+  :class:`~llm_resilience.errors.RateLimitBackendError`,
+  :class:`~llm_resilience.errors.RequestExceedsCapacityError`): asking again cannot
+  change their answer, and a retry would spend a queue slot or a budget check;
+* ``NotImplementedError``: the method does not exist on the wrapped object;
+* errors that carry a status that is certainly permanent (400, 401, 403, 404 and 422 by
+  default, found as :func:`~llm_resilience.transient.status_code_of` finds statuses):
+  retrying a bad request or a bad key only delays the failure.
+
+Cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt``, ``SystemExit`` and
+other non-``Exception`` errors are never retried. The error's explicit causes
+(``raise ... from ...``) are looked at too, so a wrapped refusal stays a refusal.
+
+>>> policy = RetryPolicy(attempts=3, base_delay=0.5, jitter=0)
+>>> policy.delays()
+(0.5, 1.0)
+>>> calls = []
+>>> def flaky():
+...     calls.append(1)
+...     if len(calls) < 3:
+...         raise ConnectionError("reset")
+...     return "ok"
+>>> RetryPolicy(jitter=0, sleep=lambda seconds: None).call(flaky)
+'ok'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import tenacity
+
+from llm_resilience import _checks
+from llm_resilience.errors import (
+    BudgetExceededError,
+    RateLimitBackendError,
+    RateLimitQueueFullError,
+    RequestExceedsCapacityError,
+)
+from llm_resilience.transient import retry_after_of, status_code_of
+
+__all__ = [
+    "DEFAULT_PERMANENT_STATUS_CODES",
+    "RetryPolicy",
+    "is_retryable",
+    "materialise_once",
+    "policy_option",
+    "warn_of_multiplied_retries",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Statuses that no retry can fix: bad request, unauthorised, forbidden, not found,
+#: unprocessable content.
+DEFAULT_PERMANENT_STATUS_CODES: frozenset[int] = frozenset({400, 401, 403, 404, 422})
+
+_NEVER_RETRIED: tuple[type[BaseException], ...] = (
+    BudgetExceededError,
+    RateLimitQueueFullError,
+    RateLimitBackendError,
+    RequestExceedsCapacityError,
+    NotImplementedError,
+)
+
+_MAX_CAUSE_DEPTH = 8
+#: The most attempts a policy may make; more is a loop, not a policy.
+MAX_ATTEMPTS = 100
+
+
+def is_retryable(
+    exc: BaseException,
+    *,
+    permanent_status_codes: frozenset[int] = DEFAULT_PERMANENT_STATUS_CODES,
+) -> bool:
+    """Whether :class:`RetryPolicy` tries again after ``exc`` (see the module docstring).
+
+    >>> is_retryable(ConnectionError())
+    True
+    >>> is_retryable(KeyboardInterrupt())
+    False
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < _MAX_CAUSE_DEPTH:
+        seen.add(id(current))
+        if not isinstance(current, Exception) or isinstance(current, _NEVER_RETRIED):
+            return False
+        if status_code_of(current) in permanent_status_codes:
+            return False
+        current = current.__cause__
+    return True
+
+
+def materialise_once(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """``(args, kwargs)`` with every one-shot iterator (a generator, ``iter(...)``) read
+    into a list, so each attempt of a call sees the same input; other values untouched."""
+    return (
+        tuple(list(value) if isinstance(value, Iterator) else value for value in args),
+        {
+            key: list(value) if isinstance(value, Iterator) else value
+            for key, value in kwargs.items()
+        },
+    )
+
+
+def _attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _checks.OptionTypeError(
+            f"RetryPolicy.attempts must be an integer from 1 to {MAX_ATTEMPTS}; got {value!r}"
+        )
+    if not 1 <= value <= MAX_ATTEMPTS:
+        raise ValueError(
+            f"RetryPolicy.attempts must be an integer from 1 to {MAX_ATTEMPTS} (the first try "
+            f"included); got {value!r}"
+        )
+    return value
+
+
+def _jitter(value: object) -> float:
+    zero = value == timedelta(0) if isinstance(value, timedelta) else value == 0
+    if zero and not isinstance(value, bool):
+        return 0.0
+    try:
+        amount = _checks.seconds("RetryPolicy.jitter", value)
+    except _checks.OptionTypeError:  # a wrong type keeps the shared message
+        raise
+    except ValueError:
+        raise ValueError(
+            f"RetryPolicy.jitter must be 0 (no jitter) or more seconds, at most 365 days; "
+            f"got {value!r}"
+        ) from None
+    assert amount is not None
+    return amount
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class RetryPolicy:
+    """How often and how patiently to retry a call; see the module docstring for what.
+
+    >>> from llm_resilience import RetryPolicy
+    >>> RetryPolicy()
+    RetryPolicy(attempts=4, base_delay=1.0, max_delay=30.0, jitter=1.0)
+    >>> RetryPolicy(attempts=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: RetryPolicy.attempts must be an integer from 1 to 100 ...; got 0
+
+    Durations are seconds (int or float) or a ``timedelta``. ``sleep``/``asleep`` and
+    ``now`` (the wall clock, for ``Retry-After`` given as an HTTP date) are
+    injectable so tests prove the schedule without waiting. :meth:`from_tenacity`
+    builds a policy from your own tenacity arguments instead.
+    """
+
+    #: Tries in all, the first included (1 means never retry).
+    attempts: int = 4
+    #: Seconds before the first retry; each later wait doubles it.
+    base_delay: float = 1.0
+    #: The longest wait between two tries, and the longest ``Retry-After`` honoured.
+    max_delay: float = 30.0
+    #: Up to this many seconds added at random to each backoff wait (0 for none), so
+    #: many callers failing together do not retry together.
+    jitter: float = 1.0
+    #: Statuses that are never retried.
+    permanent_status_codes: frozenset[int] = field(
+        default=DEFAULT_PERMANENT_STATUS_CODES, repr=False
+    )
+    #: Waits between sync tries.
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    #: Waits between async tries.
+    asleep: Callable[[float], Awaitable[None]] = field(
+        default=asyncio.sleep, repr=False, compare=False
+    )
+    #: The wall clock (seconds since the epoch), to read a ``Retry-After`` date.
+    now: Callable[[], float] = field(default=time.time, repr=False, compare=False)
+    _tenacity: Mapping[str, Any] | None = field(
+        default=None, repr=False, compare=True, hash=False, init=False
+    )
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "attempts", _attempts(self.attempts))
+        set_(self, "base_delay", _checks.seconds("RetryPolicy.base_delay", self.base_delay))
+        set_(self, "max_delay", _checks.seconds("RetryPolicy.max_delay", self.max_delay))
+        set_(self, "jitter", _jitter(self.jitter))
+        codes = self.permanent_status_codes
+        if isinstance(codes, (str, bytes)) or not isinstance(codes, Iterable):
+            raise _checks.OptionTypeError(
+                "RetryPolicy.permanent_status_codes must be a collection of HTTP status "
+                f"integers between 400 and 599; got {codes!r}"
+            )
+        normalised = frozenset(codes)
+        for code in normalised:
+            if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
+                raise ValueError(
+                    "RetryPolicy.permanent_status_codes must hold HTTP status integers "
+                    f"between 400 and 599; got {code!r}"
+                )
+        set_(self, "permanent_status_codes", normalised)
+        for name in ("sleep", "asleep", "now"):
+            if not callable(getattr(self, name)):
+                raise _checks.OptionTypeError(
+                    f"RetryPolicy.{name} must be callable; got {getattr(self, name)!r}"
+                )
+
+    def __repr__(self) -> str:
+        if self._tenacity is not None:
+            given = ", ".join(f"{key}={value!r}" for key, value in self._tenacity.items())
+            return f"RetryPolicy.from_tenacity({given})"
+        return (
+            f"RetryPolicy(attempts={self.attempts}, base_delay={self.base_delay}, "
+            f"max_delay={self.max_delay}, jitter={self.jitter})"
+        )
+
+    @classmethod
+    def from_tenacity(cls, **tenacity_kwargs: Any) -> RetryPolicy:
+        """A policy that is your tenacity configuration, whole.
+
+        The keywords are ``tenacity.Retrying``'s (``stop``, ``wait``, ``retry``,
+        ``reraise``, ``before_sleep``, ``sleep``, ...); each call builds a fresh
+        ``Retrying`` (or ``AsyncRetrying`` for async calls) from them. None of this
+        policy's rules apply: your ``retry`` predicate must itself refuse cancellation,
+        :class:`~llm_resilience.errors.BudgetExceededError` and the limiter's refusals
+        (:func:`is_retryable` does all of that), and without ``reraise=True`` tenacity
+        raises its own ``RetryError`` when the attempts run out.
+
+        >>> import tenacity
+        >>> policy = RetryPolicy.from_tenacity(
+        ...     stop=tenacity.stop_after_attempt(2),
+        ...     retry=tenacity.retry_if_exception(is_retryable),
+        ...     reraise=True,
+        ... )
+        """
+        try:
+            tenacity.Retrying(**tenacity_kwargs)
+        except TypeError as error:
+            raise _checks.OptionTypeError(
+                f"RetryPolicy.from_tenacity takes tenacity.Retrying's keywords: {error}"
+            ) from None
+        policy = cls()
+        object.__setattr__(policy, "_tenacity", dict(tenacity_kwargs))
+        return policy
+
+    @property
+    def is_custom(self) -> bool:
+        """Whether this policy is a tenacity configuration of your own."""
+        return self._tenacity is not None
+
+    @property
+    def max_attempts(self) -> int | None:
+        """Tries in all, or None when a custom configuration decides (unknown here)."""
+        return None if self._tenacity is not None else self.attempts
+
+    def delays(self) -> tuple[float, ...]:
+        """The backoff waits between tries, without jitter or ``Retry-After``."""
+        return tuple(self._backoff(retry) for retry in range(1, self.attempts))
+
+    def _backoff(self, retry: int) -> float:
+        # ``retry`` counts from 1: the wait before the first retry is ``base_delay``.
+        exponent = min(retry - 1, 64)
+        return min(self.max_delay, self.base_delay * 2.0**exponent)
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        if error is not None:
+            asked = retry_after_of(error, now=self.now)
+            if asked is not None and asked <= self.max_delay:
+                return asked
+        delay = self._backoff(state.attempt_number)
+        if self.jitter:
+            delay += random.uniform(0, self.jitter)  # spreads retries; not a secret
+        return min(delay, self.max_delay)
+
+    def _retry(self, state: tenacity.RetryCallState) -> bool:
+        outcome = state.outcome
+        if outcome is None or not outcome.failed:
+            return False
+        error = outcome.exception()
+        assert error is not None
+        return is_retryable(error, permanent_status_codes=self.permanent_status_codes)
+
+    def _log(self, state: tenacity.RetryCallState) -> None:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        logger.warning(
+            "Attempt %d of %d failed (%s); retrying in %.2f s.",
+            state.attempt_number,
+            self.attempts,
+            type(error).__name__,
+            wait,
+        )
+
+    def _kwargs(self, sleep: Any) -> dict[str, Any]:
+        if self._tenacity is not None:
+            return dict(self._tenacity)
+        return {
+            "stop": tenacity.stop_after_attempt(self.attempts),
+            "wait": self._wait,
+            "retry": self._retry,
+            "reraise": True,
+            "sleep": sleep,
+            "before_sleep": self._log,
+        }
+
+    def call(self, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``function(*args, **kwargs)`` under this policy; one-shot iterators among the
+        arguments are read once (:func:`materialise_once`) so every try sees them."""
+        args, kwargs = materialise_once(args, kwargs)
+        retrying = tenacity.Retrying(**self._kwargs(self.sleep))
+        return retrying(function, *args, **kwargs)
+
+    async def acall(self, function: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Async :meth:`call`: awaits ``function(*args, **kwargs)`` under this policy."""
+        args, kwargs = materialise_once(args, kwargs)
+        retrying = tenacity.AsyncRetrying(**self._kwargs(self.asleep))
+        result: T = await retrying(function, *args, **kwargs)
+        return result
+
+
+def policy_option(value: object) -> RetryPolicy:
+    """The ``policy=`` option of a retrying wrapper: a :class:`RetryPolicy`, or None for
+    the default one."""
+    if value is None:
+        return RetryPolicy()
+    if not isinstance(value, RetryPolicy):
+        raise TypeError(
+            f"policy must be an llm_resilience.RetryPolicy or None; got {type(value).__name__}"
+        )
+    return value
+
+
+# -- wrapped objects that retry by themselves ----------------------------------------------
+
+# Objects already warned about, by id, each with a weak reference whose callback forgets
+# the id once the object is gone (so a process that wraps a model per request neither
+# grows this table nor stays silent about a new object that reuses an old address).
+_warned: dict[int, weakref.ref[Any] | None] = {}
+_warned_lock = threading.RLock()
+
+
+def _first_time(candidate: object) -> bool:
+    key = id(candidate)
+    with _warned_lock:
+        if key in _warned:
+            return False
+        try:
+            _warned[key] = weakref.ref(candidate, lambda _: _forget(key))
+        except TypeError:  # not weakly referenceable: remembered for the process's life
+            _warned[key] = None
+        return True
+
+
+def _forget(key: int) -> None:
+    with _warned_lock:
+        _warned.pop(key, None)
+
+
+def warn_of_multiplied_retries(wrapped: object, policy: RetryPolicy, *, wrapper: str) -> None:
+    """Warn once per object when something under ``wrapper`` retries by itself, naming
+    the worst-case number of provider calls one call may make.
+
+    Looks at ``wrapped``, at every layer below it (``inner``, a chain's members) and at
+    the embeddings model a vector store holds, for a ``max_retries`` of their own or of
+    the SDK client they hold. With a policy of 4 attempts around a client with
+    ``max_retries=2``, one failing call reaches the provider up to 4 x (1 + 2) = 12 times.
+    """
+    from llm_resilience.fallback import self_retry_setting
+
+    for candidate in _stack(wrapped):
+        setting = self_retry_setting(candidate)
+        if setting is None:
+            continue
+        if not _first_time(candidate):
+            continue
+        name, retries = setting
+        attempts = policy.max_attempts
+        if attempts is None:
+            worst = f"{1 + retries} times per attempt of the custom retry configuration"
+        else:
+            worst = f"{attempts} x (1 + {retries}) = {attempts * (1 + retries)} times"
+        where = "" if candidate is wrapped else f" (under the wrapped {type(wrapped).__name__})"
+        logger.warning(
+            "%s wraps %s%s, which retries by itself (%s=%d): one failing call may reach "
+            "the provider up to %s. Build it with max_retries=0.",
+            wrapper,
+            type(candidate).__name__,
+            where,
+            name,
+            retries,
+            worst,
+        )
+
+
+_HELD_MODELS = ("embeddings", "embedding", "embed_model")
+_MAX_STACK = 64
+
+
+def _stack(top: object) -> list[object]:
+    """``top``, the layers below it and the embeddings models they hold, each once."""
+    from llm_resilience.layers import layers_below
+
+    found: list[object] = []
+    pending: list[object] = [top]
+    seen: set[int] = set()
+    while pending and len(found) < _MAX_STACK:
+        current = pending.pop(0)
+        if id(current) in seen or isinstance(current, (str, bytes, int, float)):
+            continue
+        seen.add(id(current))
+        found.append(current)
+        below = list(layers_below(current))
+        for attribute in _HELD_MODELS:
+            try:
+                held = getattr(current, attribute, None)
+            except Exception:
+                continue
+            if held is not None:
+                below.append(held)
+        pending[0:0] = below
+    return found

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llm_resilience.budget import BudgetGate, CostBudget, ModelPrice, ServingModel
+    from llm_resilience.builder import ResiliencePlan, ResilienceStack
     from llm_resilience.errors import (
         BudgetExceededError,
         LedgerTimeoutError,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart
     from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
     from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
+    from llm_resilience.retry import RetryPolicy
     from llm_resilience.tokens import count_tokens
     from llm_resilience.transient import TransientClassifier, is_transient
 
@@ -49,6 +51,9 @@ __all__ = [
     "RedisTokenBucketRateLimiter",
     "RateLimitBackendError",
     "RequestExceedsCapacityError",
+    "ResiliencePlan",
+    "ResilienceStack",
+    "RetryPolicy",
     "SqlCostLedger",
     "StreamRestart",
     "TokenBucketRateLimiter",
@@ -63,6 +68,8 @@ _LOCATIONS = {
     "CostBudget": "llm_resilience.budget",
     "ModelPrice": "llm_resilience.budget",
     "ServingModel": "llm_resilience.budget",
+    "ResiliencePlan": "llm_resilience.builder",
+    "ResilienceStack": "llm_resilience.builder",
     "BudgetExceededError": "llm_resilience.errors",
     "LLMResilienceError": "llm_resilience.errors",
     "LedgerTimeoutError": "llm_resilience.errors",
@@ -78,6 +85,7 @@ _LOCATIONS = {
     "SqlCostLedger": "llm_resilience.ledger",
     "RedisTokenBucketRateLimiter": "llm_resilience.ratelimit",
     "TokenBucketRateLimiter": "llm_resilience.ratelimit",
+    "RetryPolicy": "llm_resilience.retry",
     "count_tokens": "llm_resilience.tokens",
     "TransientClassifier": "llm_resilience.transient",
     "is_transient": "llm_resilience.transient",

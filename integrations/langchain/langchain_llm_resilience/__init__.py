@@ -3,9 +3,11 @@
 >>> from langchain_llm_resilience import FallbackChatModel, RateLimitedChatModel
 """
 
+from langchain_llm_resilience.builder import ResilienceBuilder
 from langchain_llm_resilience.cost import SCOPE_KWARG, CostTrackedChatModel, CostTrackedEmbeddings
 from langchain_llm_resilience.fallback import STREAM_RESTART_EVENT, FallbackChatModel
 from langchain_llm_resilience.ratelimit import RateLimitedChatModel, RateLimitedEmbeddings
+from langchain_llm_resilience.retry import RetryingEmbeddings, RetryingVectorStore
 
 __all__ = [
     "SCOPE_KWARG",
@@ -15,4 +17,7 @@ __all__ = [
     "FallbackChatModel",
     "RateLimitedChatModel",
     "RateLimitedEmbeddings",
+    "ResilienceBuilder",
+    "RetryingEmbeddings",
+    "RetryingVectorStore",
 ]

@@ -1,0 +1,393 @@
+"""Per-call overhead of the whole stack against the closest LangChain-only equivalent.
+
+Five contenders answer the same offline request from a fake model that replies at once
+with usage (no network), in one process, interleaved:
+
+* ``bare``: the fake model on its own (the floor);
+* ``langchain``: LangChain alone, as close as it gets: ``primary.with_fallbacks([secondary])``,
+  each model with an ``InMemoryRateLimiter`` (``rate_limiter=``), and a
+  ``UsageMetadataCallbackHandler`` passed with every call to add usage up;
+* ``ours_memory``: ``CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel([primary,
+  secondary])))`` with an ``InMemoryCostLedger``;
+* ``ours_sqlite``: the same with a ``SqlCostLedger`` on a SQLite file (one row per call);
+* ``ours_strict``: ``ours_memory`` with ``strict=True`` (a hold reserved and settled per call).
+
+Ours does strictly more per call: a spend gate read before the call (and a refusal once a
+limit is reached), a ledger entry priced for the member that served, a token bucket that
+is reconciled with real usage, failover on a classifier that tells transient errors from
+permanent ones. The limits are set so high that no contender ever waits or refuses.
+
+Method (as ``bench_fallback.py``): rounds of one batch per contender, the order rotating
+every round; a cell is the median over rounds of the per-call batch mean; a ratio is the
+median of per-round ratios, with the interquartile range. ``gc`` stays enabled.
+
+    python benchmarks/bench_stack.py            # ~6 s on 2 cores
+    python benchmarks/bench_stack.py --quick    # ~2 s, for a smoke run
+    python benchmarks/bench_stack.py --profile  # cProfile of ours (memory ledger) instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import logging
+import os
+import platform
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import langchain_core
+from langchain_core.callbacks import UsageMetadataCallbackHandler
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.rate_limiters import InMemoryRateLimiter
+from langchain_core.runnables import Runnable, RunnableConfig
+
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, RateLimitedChatModel
+from llm_resilience import CostBudget
+from llm_resilience.ledger import InMemoryCostLedger, SqlCostLedger
+
+MESSAGES: list[BaseMessage] = [HumanMessage(content="Say ok.")]
+STREAM_TOKENS = ("o", "k", ",", " fine", ".")
+CONTENDERS = ("bare", "langchain", "ours_memory", "ours_sqlite", "ours_strict")
+#: Far above any rate a benchmark reaches: nobody waits, nobody is refused.
+REQUESTS_PER_MINUTE = 600_000_000
+DAILY_LIMIT = 10**12
+
+
+def _usage() -> UsageMetadata:
+    return {"input_tokens": 12, "output_tokens": 5, "total_tokens": 17}
+
+
+class FakeChat(BaseChatModel):
+    """Answers a fixed reply with usage and a model name, at once; streams 5 chunks."""
+
+    model_name: str = "gpt-4o-mini"
+
+    @property
+    def _llm_type(self) -> str:
+        return "bench-fake"
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        message = AIMessage(
+            content="ok, fine.",
+            usage_metadata=_usage(),
+            response_metadata={"model_name": self.model_name},
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        return self._generate(messages, stop, run_manager, **kw)
+
+    def _chunks(self) -> Iterator[ChatGenerationChunk]:
+        last = len(STREAM_TOKENS) - 1
+        for position, token in enumerate(STREAM_TOKENS):
+            done = position == last
+            message = AIMessageChunk(
+                content=token,
+                usage_metadata=_usage() if done else None,
+                response_metadata={"model_name": self.model_name} if done else {},
+            )
+            yield ChatGenerationChunk(message=message)
+
+    def _stream(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> Iterator[ChatGenerationChunk]:
+        yield from self._chunks()
+
+    async def _astream(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        for chunk in self._chunks():
+            yield chunk
+
+
+# -- contenders --------------------------------------------------------------------------
+
+
+@dataclass
+class Contender:
+    runnable: Runnable[Any, Any]
+    config: RunnableConfig | None = None
+
+
+def _ours(ledger: object, *, strict: bool = False) -> CostTrackedChatModel:
+    chain = FallbackChatModel(models=[FakeChat(), FakeChat(model_name="gpt-4.1-mini")])
+    return CostTrackedChatModel(
+        inner=RateLimitedChatModel(inner=chain, requests_per_minute=REQUESTS_PER_MINUTE),
+        budget=CostBudget(3, 15, daily_limit=DAILY_LIMIT, strict=strict),
+        ledger=ledger,
+    )
+
+
+def contenders(sqlite_path: Path) -> dict[str, Contender]:
+    limiter = InMemoryRateLimiter(
+        requests_per_second=REQUESTS_PER_MINUTE / 60, max_bucket_size=REQUESTS_PER_MINUTE / 60
+    )
+    primary = FakeChat(rate_limiter=limiter)
+    secondary = FakeChat(model_name="gpt-4.1-mini", rate_limiter=limiter)
+    usage = UsageMetadataCallbackHandler()
+    return {
+        "bare": Contender(FakeChat()),
+        "langchain": Contender(primary.with_fallbacks([secondary]), {"callbacks": [usage]}),
+        "ours_memory": Contender(_ours(InMemoryCostLedger())),
+        "ours_sqlite": Contender(_ours(SqlCostLedger(f"sqlite:///{sqlite_path}"))),
+        "ours_strict": Contender(_ours(InMemoryCostLedger(), strict=True)),
+    }
+
+
+def sync_call(contender: Contender, shape: str) -> Callable[[], object]:
+    runnable, config = contender.runnable, contender.config
+    if shape == "invoke":
+        return lambda: runnable.invoke(MESSAGES, config)
+    return lambda: deque(runnable.stream(MESSAGES, config), maxlen=0)
+
+
+def async_call(contender: Contender, shape: str) -> Callable[[], Awaitable[object]]:
+    runnable, config = contender.runnable, contender.config
+    if shape == "invoke":
+        return lambda: runnable.ainvoke(MESSAGES, config)
+
+    async def consume() -> None:
+        async for _ in runnable.astream(MESSAGES, config):
+            pass
+
+    return consume
+
+
+# -- timing ------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    rounds: int  # measured rounds, at most
+    warmup: int  # rounds run first and thrown away
+    batch_ns: int  # target wall time of one batch of one contender
+    budget_s: float  # a scenario stops after this many seconds (at least min_rounds)
+    min_rounds: int = 20
+
+
+#: Per-call batch means in ns, one per measured round, by contender.
+Samples = dict[str, list[float]]
+
+
+def _batch_size(per_call_ns: float, settings: Settings) -> int:
+    return max(3, int(settings.batch_ns / per_call_ns))
+
+
+def _order(names: list[str], round_: int) -> list[str]:
+    shift = round_ % len(names)
+    return names[shift:] + names[:shift]
+
+
+def _done(s: Settings, round_: int, started: float) -> bool:
+    measured = round_ - s.warmup
+    if measured >= s.rounds:
+        return True
+    return measured >= s.min_rounds and time.perf_counter() - started > s.budget_s
+
+
+def run_sync(calls: dict[str, Callable[[], object]], s: Settings) -> Samples:
+    def timed(call: Callable[[], object], n: int) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            call()
+        return (time.perf_counter_ns() - start) / n
+
+    started = time.perf_counter()
+    batch = _batch_size(max(timed(call, 20) for call in calls.values()), s)
+    samples: Samples = {name: [] for name in calls}
+    round_ = 0
+    while not _done(s, round_, started):
+        for name in _order(list(calls), round_):
+            mean = timed(calls[name], batch)
+            if round_ >= s.warmup:
+                samples[name].append(mean)
+        round_ += 1
+    return samples
+
+
+def run_async(calls: dict[str, Callable[[], Awaitable[object]]], s: Settings) -> Samples:
+    async def timed(call: Callable[[], Awaitable[object]], n: int) -> float:
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            await call()
+        return (time.perf_counter_ns() - start) / n
+
+    async def main() -> Samples:
+        started = time.perf_counter()
+        batch = _batch_size(max([await timed(call, 20) for call in calls.values()]), s)
+        samples: Samples = {name: [] for name in calls}
+        round_ = 0
+        while not _done(s, round_, started):
+            for name in _order(list(calls), round_):
+                mean = await timed(calls[name], batch)
+                if round_ >= s.warmup:
+                    samples[name].append(mean)
+            round_ += 1
+        return samples
+
+    return asyncio.run(main())
+
+
+# -- reporting ---------------------------------------------------------------------------
+
+
+def _us(values: list[float]) -> float:
+    return statistics.median(values) / 1000
+
+
+def _ratio(samples: Samples, top: str, bottom: str) -> str:
+    """Median over rounds of ``top``'s batch mean over ``bottom``'s, with the IQR."""
+    ratios = [a / b for a, b in zip(samples[top], samples[bottom], strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return f"**{median:.2f}** ({q1:.2f}-{q3:.2f})"
+
+
+def _overhead(samples: Samples, name: str) -> float:
+    """Median over rounds of ``name``'s per-call time minus the bare model's, in µs."""
+    return (
+        statistics.median(a - b for a, b in zip(samples[name], samples["bare"], strict=True)) / 1000
+    )
+
+
+def table(title: str, results: dict[str, Samples]) -> str:
+    lines = [
+        f"### {title}",
+        "",
+        "| path | rounds | bare µs | LangChain-only µs | ours, memory µs | ours, SQLite µs "
+        "| ours, strict µs | memory / LangChain | SQLite / LangChain | strict / LangChain |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for path, samples in results.items():
+        medians = " | ".join(f"{_us(samples[name]):.0f}" for name in CONTENDERS)
+        ratios = " | ".join(
+            _ratio(samples, name, "langchain")
+            for name in ("ours_memory", "ours_sqlite", "ours_strict")
+        )
+        lines.append(f"| {path} | {len(samples['bare'])} | {medians} | {ratios} |")
+    lines += [
+        "",
+        "Overhead over the bare model (µs per call): "
+        + "; ".join(
+            f"{path}: LangChain-only {_overhead(s, 'langchain'):.0f}, "
+            f"ours memory {_overhead(s, 'ours_memory'):.0f}, "
+            f"SQLite {_overhead(s, 'ours_sqlite'):.0f}, strict {_overhead(s, 'ours_strict'):.0f}"
+            for path, s in results.items()
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def configure_logging() -> None:
+    """A production-style root handler (WARNING) that discards text."""
+
+    class NullStream:
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    handler = logging.StreamHandler(NullStream())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+
+
+def machine() -> str:
+    load = " ".join(f"{value:.1f}" for value in os.getloadavg())
+    return (
+        f"Python {platform.python_version()}, langchain-core {langchain_core.__version__}, "
+        f"{os.cpu_count()} CPU(s), {platform.machine()} {platform.system()}; load average {load}"
+    )
+
+
+def benchmark(settings: Settings, shapes: tuple[str, ...]) -> str:
+    out = [f"Machine: {machine()}", ""]
+    with tempfile.TemporaryDirectory() as folder:
+        for shape in shapes:
+            models = contenders(Path(folder) / f"{shape}.db")
+            results: dict[str, Samples] = {}
+            sync = {name: sync_call(model, shape) for name, model in models.items()}
+            results["sync"] = run_sync(sync, settings)
+            aio = {name: async_call(model, shape) for name, model in models.items()}
+            results["async"] = run_async(aio, settings)
+            title = "invoke / ainvoke" if shape == "invoke" else "stream / astream (5 chunks)"
+            out += [table(f"Median per-call wall time, {title}", results), ""]
+            ledger = models["ours_sqlite"].runnable.ledger  # type: ignore[attr-defined]
+            ledger.close()
+    return "\n".join(out)
+
+
+def profile(shape: str, calls: int) -> str:
+    """cProfile of ``calls`` sync and ``calls`` async calls of ours (memory ledger)."""
+    with tempfile.TemporaryDirectory() as folder:
+        models = contenders(Path(folder) / "profile.db")
+        sync = sync_call(models["ours_memory"], shape)
+        aio = async_call(models["ours_memory"], shape)
+
+        async def many() -> None:
+            for _ in range(calls):
+                await aio()
+
+        for _ in range(50):  # warm caches before profiling
+            sync()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            sync()
+        asyncio.run(many())
+        profiler.disable()
+        models["ours_sqlite"].runnable.ledger.close()  # type: ignore[attr-defined]
+    lines: list[str] = []
+
+    class Sink:
+        def write(self, text: str) -> int:
+            lines.append(text)
+            return len(text)
+
+    stats = pstats.Stats(profiler, stream=Sink())  # type: ignore[arg-type]
+    stats.strip_dirs().sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    return "".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--profile", action="store_true", help="cProfile of ours instead")
+    parser.add_argument("--no-stream", action="store_true", help="invoke / ainvoke only")
+    args = parser.parse_args(argv)
+    configure_logging()
+    if args.profile:
+        print(profile("invoke", 2_000))
+        return 0
+    settings = (
+        Settings(rounds=10, warmup=2, batch_ns=3_000_000, budget_s=1.5, min_rounds=6)
+        if args.quick
+        else Settings(rounds=150, warmup=5, batch_ns=5_000_000, budget_s=8.0)
+    )
+    shapes = ("invoke",) if args.no_stream else ("invoke", "stream")
+    print(benchmark(settings, shapes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

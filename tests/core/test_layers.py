@@ -76,3 +76,11 @@ def test_a_stack_that_loops_back_on_itself_ends() -> None:
     chain = Chain()
     chain.members = (Wrapper(chain),)
     assert find_layer(chain, Provider) is None
+
+
+def test_a_core_fallback_chain_answers_its_clients_as_the_layers_below_it() -> None:
+    from llm_resilience.fallback import FallbackChain
+
+    chain = FallbackChain(["primary", "secondary"])
+    assert layers_below(chain) == ("primary", "secondary")
+    assert leaves(chain) == ["primary", "secondary"]

@@ -46,6 +46,10 @@ class RetryingEmbeddings(Embeddings):
         self.policy = policy_option(policy)
         warn_of_multiplied_retries(inner, self.policy, wrapper=type(self).__name__)
 
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
+
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)
@@ -89,6 +93,10 @@ class RetryingVectorStore(VectorStore):
         #: The policy every call runs under.
         self.policy = policy_option(policy)
         warn_of_multiplied_retries(inner, self.policy, wrapper=type(self).__name__)
+
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
 
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""

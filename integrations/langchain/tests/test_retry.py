@@ -507,3 +507,13 @@ class TestRetryingVectorStoreStandard(VectorStoreIntegrationTests):
     @pytest.fixture
     def vectorstore(self) -> RetryingVectorStore:  # type: ignore[override]
         return RetryingVectorStore(inner=InMemoryVectorStore(embedding=self.get_embeddings()))
+
+
+def test_retrying_wrappers_name_what_they_wrap_under_the_core_layer_contract() -> None:
+    from llm_resilience.layers import leaves
+
+    embeddings = DeterministicFakeEmbedding(size=4)
+    store = InMemoryVectorStore(embeddings)
+    assert RetryingEmbeddings(inner=embeddings).layers_below() == (embeddings,)
+    assert RetryingVectorStore(inner=store).layers_below() == (store,)
+    assert leaves(RetryingVectorStore(inner=store)) == [store]

@@ -118,6 +118,10 @@ class FallbackChain(Generic[ClientT]):
         self._breaker = _Breaker(cooldown, len(self.clients), clock) if cooldown else None
         self._on_restart = on_restart
 
+    def layers_below(self) -> tuple[ClientT, ...]:
+        """The clients, in the order they are tried (the core's layer contract)."""
+        return self.clients
+
     # -- bookkeeping shared by every call shape ------------------------------------
 
     def _order(self) -> list[int]:

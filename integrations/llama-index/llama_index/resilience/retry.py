@@ -124,6 +124,10 @@ class RetryingVectorStore(BasePydanticVectorStore):
     def __repr_args__(self) -> Any:
         return redacted_fields(super().__repr_args__())
 
+    def layers_below(self) -> tuple[Any, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
+        return (self.inner,)
+
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)

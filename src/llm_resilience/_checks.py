@@ -129,19 +129,20 @@ def scope(option: str, value: object) -> str | None:
     return value
 
 
-def whole(option: str, value: object, *, minimum: int = 0) -> int:
-    """An integer option (a bool is not one) of at least ``minimum``: a budget per minute,
-    a queue bound, a token weight.
+def whole(option: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer option (a bool is not one) from ``minimum`` to ``maximum`` (if any): a
+    budget per minute, a queue bound, a number of attempts, a token weight.
 
     >>> whole("requests_per_minute", 0, minimum=1)
     Traceback (most recent call last):
     ...
     ValueError: requests_per_minute must be an integer >= 1, got 0
     """
+    allowed = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise OptionTypeError(f"{option} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{option} must be an integer >= {minimum}, got {value!r}")
+        raise OptionTypeError(f"{option} must be an integer {allowed}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{option} must be an integer {allowed}, got {value!r}")
     return value
 
 

@@ -126,16 +126,8 @@ def materialise_once(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
 
 
 def _attempts(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _checks.OptionTypeError(
-            f"RetryPolicy.attempts must be an integer from 1 to {MAX_ATTEMPTS}; got {value!r}"
-        )
-    if not 1 <= value <= MAX_ATTEMPTS:
-        raise ValueError(
-            f"RetryPolicy.attempts must be an integer from 1 to {MAX_ATTEMPTS} (the first try "
-            f"included); got {value!r}"
-        )
-    return value
+    # The first try included: 1 means no retry at all.
+    return _checks.whole("RetryPolicy.attempts", value, minimum=1, maximum=MAX_ATTEMPTS)
 
 
 def _jitter(value: object) -> float:
@@ -165,7 +157,7 @@ class RetryPolicy:
     >>> RetryPolicy(attempts=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: RetryPolicy.attempts must be an integer from 1 to 100 ...; got 0
+    ValueError: RetryPolicy.attempts must be an integer from 1 to 100, got 0
 
     Durations are seconds (int or float) or a ``timedelta``. ``sleep``/``asleep`` and
     ``now`` (the wall clock, for ``Retry-After`` given as an HTTP date) are

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm_resilience._checks import OptionTypeError, seconds
+from llm_resilience._checks import OptionTypeError, seconds, whole
 
 __all__ = ["Classifier", "Cooldown", "RestartHook", "StreamRestart"]
 
@@ -44,13 +44,7 @@ class Cooldown:
     max_retry_after: float = 300.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.failures, bool) or not isinstance(self.failures, int):
-            raise _OptionTypeError(
-                f"Cooldown.failures must be an integer >= 1; got {self.failures!r} "
-                f"({type(self.failures).__name__})"
-            )
-        if self.failures < 1:
-            raise ValueError(f"Cooldown.failures must be an integer >= 1; got {self.failures}")
+        whole("Cooldown.failures", self.failures, minimum=1)
         for name in ("window", "duration", "max_retry_after"):
             seconds = _seconds(f"Cooldown.{name}", getattr(self, name), allow_none=False)
             object.__setattr__(self, name, seconds)

@@ -245,14 +245,7 @@ class SqlCostLedger:
         )
         #: How long an unsettled hold counts toward spend.
         self.reservation_ttl = _checks.duration("reservation_ttl", reservation_ttl)
-        if isinstance(max_pending, bool) or not isinstance(max_pending, int):
-            raise _checks.OptionTypeError(
-                f"max_pending must be an integer >= 1, got {type(max_pending).__name__}"
-            )
-        if not 1 <= max_pending <= _checks.MAX_COUNT:
-            raise ValueError(
-                f"max_pending must be an integer from 1 to {_checks.MAX_COUNT}, got {max_pending}"
-            )
+        _checks.whole("max_pending", max_pending, minimum=1, maximum=_checks.MAX_COUNT)
         if not isinstance(echo, bool):
             raise _checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
         self._timeout = self.operation_timeout.total_seconds()

@@ -9,7 +9,7 @@ decided here, once.
 
 >>> is_secret_field("openai_api_key"), is_secret_field("max_tokens")
 (True, False)
->>> redacted({"api_key": "sk-live-1234567890abcdef", "model": "gpt-4o"})
+>>> redacted({"api_key": "sk-FAKE-0000000000000000", "model": "gpt-4o"})
 {'api_key': '**********', 'model': 'gpt-4o'}
 >>> redacted("https://user:hunter2@proxy.example/v1?key=abc&region=eu")
 'https://user:**********@proxy.example/v1?key=**********&region=eu'
@@ -185,7 +185,7 @@ def redacted(value: object, name: str | None = None) -> object:
 
     >>> redacted({"Authorization": "Bearer abc"}, "default_headers")
     {'Authorization': '**********'}
-    >>> redacted("sk-ant-api03-abcdefghijklmnop", "api_key")
+    >>> redacted("sk-ant-FAKE-000000000000", "api_key")
     '**********'
     """
     if _is_secret_like(value):

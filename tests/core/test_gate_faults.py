@@ -191,7 +191,7 @@ class _LeakyLedger(InMemoryCostLedger):
 def test_ledger_failure_warnings_name_the_error_and_the_ledger_never_the_scope(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    secret_scope = "key:sk-live-4f9a8b7c6d5e"
+    secret_scope = "key:sk-FAKE-scope-0000"
     gate = BudgetGate(CostBudget(3, 15, daily_limit=10), _LeakyLedger())
     with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
         ticket = gate.begin("chat", scope=secret_scope)
@@ -204,7 +204,7 @@ def test_ledger_failure_warnings_name_the_error_and_the_ledger_never_the_scope(
     )
     assert "_LeakyLedger unreadable (OSError)" in text
     assert "_LeakyLedger unwritable (OSError)" in text
-    assert "sk-live" not in text
+    assert "sk-FAKE" not in text
 
 
 def test_reservation_ttl_of_timedelta_max_is_refused_naming_the_option() -> None:

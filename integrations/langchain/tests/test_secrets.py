@@ -30,9 +30,9 @@ from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
 
-OPENAI_KEY = "sk-proj-OPENAIKEYabc123def456"
-ANTHROPIC_KEY = "sk-ant-api03-ANTHROPICKEYxyz789"
-EMBEDDINGS_KEY = "sk-proj-EMBEDDINGSKEY000111"
+OPENAI_KEY = "sk-proj-FAKE-OPENAI-KEY-0000"
+ANTHROPIC_KEY = "sk-ant-FAKE-ANTHROPIC-KEY-0000"
+EMBEDDINGS_KEY = "sk-proj-FAKE-EMBEDDINGS-KEY-0000"
 HEADER_TOKEN = "HEADERTOKENqwerty"
 QUERY_KEY = "QUERYKEYzxcvb"
 URL_PASSWORD = "URLPASSWORDhunter2"

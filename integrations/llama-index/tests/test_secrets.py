@@ -36,9 +36,9 @@ from pydantic import Field
 from llm_resilience import CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
 
-OPENAI_KEY = "sk-proj-OPENAIKEYabc123def456"
-ANTHROPIC_KEY = "sk-ant-api03-ANTHROPICKEYxyz789"
-EMBEDDING_KEY = "sk-proj-EMBEDDINGKEY000111"
+OPENAI_KEY = "sk-proj-FAKE-OPENAI-KEY-0000"
+ANTHROPIC_KEY = "sk-ant-FAKE-ANTHROPIC-KEY-0000"
+EMBEDDING_KEY = "sk-proj-FAKE-EMBEDDING-KEY-0000"
 HEADER_TOKEN = "HEADERTOKENqwerty"
 EXTRA_HEADER_KEY = "EXTRAHEADERKEYasdf"
 URL_PASSWORD = "URLPASSWORDhunter2"

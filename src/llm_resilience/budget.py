@@ -587,15 +587,16 @@ class BudgetTicket:
         if entry is None:
             return None
         ledger = self._gate.ledger
-        try:
-            # Shielded: a caller cancelled now (a stream closed in a ``finally``) must not
-            # lose what was already spent, nor leave its hold behind.
-            if self.reservation is None:
-                await _shielded(ledger.arecord(entry))
-            else:
-                await _shielded(ledger.asettle(self.reservation, entry))
-        except Exception as exc:
-            _unwritable(exc, self.surface, ledger)
+        surface = self.surface
+        # Shielded: a caller cancelled now (a stream closed in a ``finally``) must not lose
+        # what was already spent, nor leave its hold behind; a failure is warned about
+        # even when nobody is left waiting for the write.
+        write = (
+            ledger.arecord(entry)
+            if self.reservation is None
+            else ledger.asettle(self.reservation, entry)
+        )
+        await _shielded(write, lambda exc: _unwritable(exc, surface, ledger))
         return entry
 
     def abandon(self) -> None:
@@ -612,10 +613,10 @@ class BudgetTicket:
             return
         self._done = True
         if self.reservation is not None:
-            try:
-                await _shielded(self._gate.ledger.asettle(self.reservation, None))
-            except Exception as exc:
-                _unreleased(exc, self._gate.ledger)
+            ledger = self._gate.ledger
+            await _shielded(
+                ledger.asettle(self.reservation, None), lambda exc: _unreleased(exc, ledger)
+            )
 
     def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
         if self._done:
@@ -789,9 +790,17 @@ def _keep(future: asyncio.Future[Any]) -> None:
     future.add_done_callback(_background.discard)
 
 
-async def _shielded(write: Awaitable[None]) -> None:
-    """Await ``write`` to its end even if the caller is cancelled meanwhile."""
-    task = asyncio.ensure_future(write)
+async def _shielded(write: Awaitable[None], on_error: Callable[[Exception], None]) -> None:
+    """Await ``write`` to its end even if the caller is cancelled meanwhile; a write that
+    fails calls ``on_error`` (also when the caller has gone, so nothing fails unseen)."""
+
+    async def guarded() -> None:
+        try:
+            await write
+        except Exception as exc:
+            on_error(exc)
+
+    task = asyncio.ensure_future(guarded())
     _keep(task)
     await asyncio.shield(task)
 

@@ -225,3 +225,34 @@ def test_a_ledger_url_string_with_a_password_is_refused_without_showing_it() -> 
         BudgetGate(STRICT, "postgresql+psycopg://app:hunter2-secret@db/spend")  # type: ignore[arg-type]
     assert "hunter2" not in str(caught.value)
     assert "SqlCostLedger(" in str(caught.value)
+
+
+class _SlowFailingLedger(InMemoryCostLedger):
+    """An async ledger whose write fails after a while (no worker thread to finish it)."""
+
+    async def arecord(self, entry: Any) -> None:
+        await asyncio.sleep(0.05)
+        raise OSError("write failed")
+
+
+async def test_a_write_that_fails_after_its_caller_was_cancelled_is_still_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = BudgetGate(CostBudget(3, 15, daily_limit=10), _SlowFailingLedger())
+    ticket = await gate.abegin("chat")
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
+        writer = asyncio.create_task(ticket.afinish(Usage(10, 5, estimated=False)))
+        await asyncio.sleep(0.01)
+        writer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        await asyncio.sleep(0.1)  # the shielded write goes on and fails
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Cost ledger")]
+    assert warned == [
+        "Cost ledger _SlowFailingLedger unwritable (OSError); "
+        "the chat call succeeded but its cost was not recorded."
+    ]
+    assert unhandled == []

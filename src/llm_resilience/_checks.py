@@ -118,6 +118,8 @@ def scope(option: str, value: object) -> str | None:
         raise ValueError(
             f"{option} must be at most {MAX_SCOPE_LENGTH} characters; got {len(value)}"
         )
+    if value.isprintable():  # C-speed: no Cc or Cs (nor other unprintables) at all
+        return value
     for character in value:
         category = unicodedata.category(character)
         if category in ("Cc", "Cs"):
@@ -166,6 +168,8 @@ def money_in_range(
         raise ValueError(f"{option} must be below {maximum:,}; got {value}")
     _, digits, exponent = value.as_tuple()
     assert isinstance(exponent, int)  # finite: checked by the caller
+    if exponent >= -places:
+        return value
     trailing_zeros = len(digits) - len("".join(map(str, digits)).rstrip("0"))
     if digits != (0,) and exponent + trailing_zeros < -places:
         raise ValueError(f"{option} must have at most {places} decimal places; got {value}")

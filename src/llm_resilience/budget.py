@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeAlias
 from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.ledger._protocol import checked_entry
 from llm_resilience.money import ModelPrice, Money, cost_of, money, optional_money
 from llm_resilience.redact import scrubbed
 from llm_resilience.telemetry import record_llm_usage
@@ -144,6 +145,8 @@ class CostBudget:
     global_monthly_limit: Decimal | None
     #: Reserve worst-case cost at the gate so concurrency cannot overshoot.
     strict: bool
+    #: The three surface prices as one ``ModelPrice``, built once (every call prices).
+    _surface_price: ModelPrice = field(init=False, repr=False, compare=False)
 
     def __init__(
         self,
@@ -192,6 +195,15 @@ class CostBudget:
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be True or False, got {strict!r}")
         assign(self, "strict", strict)
+        assign(
+            self,
+            "_surface_price",
+            ModelPrice(
+                self.input_price_per_mtok,
+                self.output_price_per_mtok,
+                self.embedding_price_per_mtok,
+            ),
+        )
 
     def price_for(self, model: str | None) -> ModelPrice:
         """The price of ``model``: exact name, else longest matching prefix, else surface prices.
@@ -207,9 +219,7 @@ class CostBudget:
             prefixes = [name for name in self.prices if model.startswith(name)]
             if prefixes:
                 return self.prices[max(prefixes, key=len)]
-        return ModelPrice(
-            self.input_price_per_mtok, self.output_price_per_mtok, self.embedding_price_per_mtok
-        )
+        return self._surface_price
 
     def limits_for(self, scope: str | None) -> list[tuple[Window, str | None, Decimal]]:
         """The limits gating a call of ``scope``, day first: ``(window, spend scope, limit)``.
@@ -631,7 +641,7 @@ class BudgetTicket:
             output_tokens=usage.output_tokens,
             cost=cost,
         )
-        return LedgerEntry(
+        return checked_entry(
             timestamp=self._gate.now(),
             kind=self.surface,
             input_tokens=usage.input_tokens,
@@ -639,7 +649,6 @@ class BudgetTicket:
             cost=cost,
             model=served,
             estimated=usage.estimated,
-            surface=self.surface,
             scope=self.scope,
         )
 

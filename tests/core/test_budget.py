@@ -780,3 +780,47 @@ def test_an_entry_of_an_unknown_model_is_priced_at_the_dearest_that_may_have_ser
     assert dearest_model(budget, Usage(0, 100_000, estimated=True), candidates) == "dear"
     assert dearest_model(budget, Usage(0, 1000, estimated=True), ["cheap", "long"]) == "long"
     assert dearest_model(budget, usage, []) is None  # the surface prices
+
+
+# -- the gate's entries: built unchecked from checked values, equal to checked ones ----------
+
+
+@pytest.mark.parametrize("scope", [None, "tenant-1", "équipe\u00a0nord"])
+def test_the_gates_entry_equals_a_ledger_entry_validated_from_the_same_values(
+    scope: str | None,
+) -> None:
+    budget = CostBudget(3, 15, daily_limit=25, prices={"gpt-4o": ModelPrice("2.5", 10)})
+    gate = BudgetGate(budget, InMemoryCostLedger(), now=Clock())
+
+    entry = gate.begin("chat", scope=scope, estimated_input_tokens=12).finish(
+        Usage(1200, 345, estimated=True), model="gpt-4o-2024-08-06"
+    )
+
+    assert entry is not None
+    values = {f.name: getattr(entry, f.name) for f in dataclasses.fields(LedgerEntry)}
+    validated = LedgerEntry(**values)
+    assert validated == entry
+    assert validated.entry_id == entry.entry_id
+    assert len(entry.entry_id or "") == 32
+    assert (entry.kind, entry.surface, entry.pages, entry.scope) == ("chat", "chat", 0, scope)
+    assert entry.cost == Decimal("0.00645")  # 1200 x 2.5 + 345 x 10, per million
+
+
+@pytest.mark.parametrize(
+    ("model", "estimated", "error"),
+    [
+        ("", False, "model must be non-empty text"),
+        (42, False, "model must be non-empty text"),
+        ("gpt-4o", "yes", "estimated must be a bool"),
+    ],
+)
+def test_finish_refuses_a_served_model_or_flag_no_ledger_entry_could_hold(
+    model: Any, estimated: Any, error: str
+) -> None:
+    ledger = InMemoryCostLedger()
+    ticket = BudgetGate(CostBudget(3, 15, daily_limit=25), ledger, now=Clock()).begin("chat")
+
+    with pytest.raises(TypeError, match=error):
+        ticket.finish(Usage(10, 5, estimated=estimated), model=model)
+
+    assert ledger.entries() == []

@@ -12,7 +12,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
 from pydantic import Field, PrivateAttr
 
-from langchain_llm_resilience._delegate import DelegatingChatModel
+from langchain_llm_resilience._delegate import DelegatingChatModel, private_state
 from llm_resilience import _checks
 from llm_resilience.budget import (
     BudgetGate,
@@ -136,6 +136,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     _gate: BudgetGate = PrivateAttr()
     _stream_usage: bool = PrivateAttr(default=False)
     _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
+    _inner_model: str | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
         _checks.scope("scope", data.get("scope"))
@@ -145,6 +146,8 @@ class CostTrackedChatModel(DelegatingChatModel):
         super().__init__(**data)
         self._gate = gate
         self._stream_usage = _asks_stream_usage(self.inner)
+        # Read once: pydantic's attribute probing costs ~10 µs a call on a hot path.
+        self._inner_model = _model_name(self.inner)
         # Strict holds cover every model that may answer (any fallback leg) up to its cap.
         self._may_serve = tuple(
             ServingModel(_model_name(leaf), _output_cap(leaf)) for leaf in leaves(self.inner)
@@ -157,7 +160,8 @@ class CostTrackedChatModel(DelegatingChatModel):
     @property
     def gate(self) -> BudgetGate:
         """The budget gate this wrapper consults and records through."""
-        return self._gate
+        gate: BudgetGate = private_state(self)["_gate"]
+        return gate
 
     def _stream_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         call_kwargs = super()._stream_kwargs(kwargs)
@@ -169,19 +173,20 @@ class CostTrackedChatModel(DelegatingChatModel):
         scope = _checks.scope(SCOPE_KWARG, kwargs.pop(SCOPE_KWARG, self.scope))
         # The call's own cap reaches every model below; each model's own is in _may_serve.
         max_tokens = _first_count(kwargs.get("max_tokens"), kwargs.get("max_completion_tokens"))
+        state = private_state(self)
         return {
             "scope": scope,
             "prompt": _prompt(messages),
             "max_output_tokens": max_tokens,
-            "model": _model_name(self.inner),
-            "may_serve": self._may_serve,
+            "model": state["_inner_model"],
+            "may_serve": state["_may_serve"],
         }
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:
-        return self._gate.begin("chat", **self._ticket_args(messages, kwargs))
+        return self.gate.begin("chat", **self._ticket_args(messages, kwargs))
 
     async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:
-        return await self._gate.abegin("chat", **self._ticket_args(messages, kwargs))
+        return await self.gate.abegin("chat", **self._ticket_args(messages, kwargs))
 
     def _usage(self, messages: list[BaseMessage], message: BaseMessage) -> tuple[Any, str | None]:
         reported = getattr(message, "usage_metadata", None) or {}
@@ -195,7 +200,7 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     def _served(self, message: BaseMessage | None) -> str | None:
         """The model the answer names, else the inner model's name."""
-        return served_model(_named_model(message), _model_name(self.inner))
+        return served_model(_named_model(message), private_state(self)["_inner_model"])
 
     def _consumed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]

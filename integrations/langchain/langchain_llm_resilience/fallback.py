@@ -12,7 +12,7 @@ import builtins
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from operator import itemgetter
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID, uuid4
 
 from langchain_core.callbacks import (
@@ -38,7 +38,10 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import (
     TRACING_ONLY_KWARGS,
+    agenerate_inner,
     as_chunk,
+    generate_inner,
+    private_state,
     signature_precomputed,
     split_structured,
     streams,
@@ -89,6 +92,9 @@ class FallbackChatModel(BaseChatModel):
     Raises ``ValueError``/``TypeError`` naming the option for fewer than 2 models, a
     member that is not a ``BaseChatModel``, or a bad ``per_client_timeout``/``cooldown``.
     """
+
+    resilience_layer: ClassVar[bool] = True
+    """Marks our layers: an outer layer calls this one's ``_generate`` directly."""
 
     models: list[BaseChatModel]
     """The members, in the order they are tried (at least 2)."""
@@ -226,12 +232,10 @@ class FallbackChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         def attempt(index: int, model: BaseChatModel) -> tuple[int, ChatResult]:
-            result = model._generate_with_cache(
-                messages, stop=stop, run_manager=run_manager, **self._kwargs_for(index, kwargs)
-            )
-            return index, result
+            member_kwargs = self._kwargs_for(index, kwargs)
+            return index, generate_inner(model, messages, stop, run_manager, member_kwargs)
 
-        index, result = self._chain.invoke(attempt)
+        index, result = private_state(self)["_chain"].invoke(attempt)
         return _tagged(result, index)
 
     @signature_precomputed
@@ -243,12 +247,10 @@ class FallbackChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         async def attempt(index: int, model: BaseChatModel) -> tuple[int, ChatResult]:
-            result = await model._agenerate_with_cache(
-                messages, stop=stop, run_manager=run_manager, **self._kwargs_for(index, kwargs)
-            )
-            return index, result
+            member_kwargs = self._kwargs_for(index, kwargs)
+            return index, await agenerate_inner(model, messages, stop, run_manager, member_kwargs)
 
-        index, result = await self._chain.ainvoke(attempt)
+        index, result = await private_state(self)["_chain"].ainvoke(attempt)
         return _tagged(result, index)
 
     def _stream(
@@ -267,10 +269,7 @@ class FallbackChatModel(BaseChatModel):
                     messages, stop=stop, run_manager=run_manager, **member_kwargs
                 )
             else:
-                result = model._generate_with_cache(
-                    messages, stop=stop, run_manager=run_manager, **member_kwargs
-                )
-                yield as_chunk(result)
+                yield as_chunk(generate_inner(model, messages, stop, run_manager, member_kwargs))
             yield _served_by_chunk(index)
 
         sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
@@ -290,7 +289,9 @@ class FallbackChatModel(BaseChatModel):
                     metadata=run_manager.metadata,
                 )
 
-        yield from self._chain.stream(attempt, is_content=_has_content, on_restart=restarted)
+        yield from private_state(self)["_chain"].stream(
+            attempt, is_content=_has_content, on_restart=restarted
+        )
 
     async def _astream(
         self,
@@ -309,9 +310,7 @@ class FallbackChatModel(BaseChatModel):
                 ):
                     yield chunk
             else:
-                result = await model._agenerate_with_cache(
-                    messages, stop=stop, run_manager=run_manager, **member_kwargs
-                )
+                result = await agenerate_inner(model, messages, stop, run_manager, member_kwargs)
                 yield as_chunk(result)
             yield _served_by_chunk(index)
 
@@ -332,7 +331,7 @@ class FallbackChatModel(BaseChatModel):
                     metadata=run_manager.metadata,
                 )
 
-        async for chunk in self._chain.astream(
+        async for chunk in private_state(self)["_chain"].astream(
             attempt, is_content=_has_content, on_restart=restarted
         ):
             yield chunk

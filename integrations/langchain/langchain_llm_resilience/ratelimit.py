@@ -15,7 +15,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.rate_limiters import BaseRateLimiter
 from pydantic import Field, PrivateAttr
 
-from langchain_llm_resilience._delegate import DelegatingChatModel
+from langchain_llm_resilience._delegate import DelegatingChatModel, private_state
 from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
@@ -82,26 +82,27 @@ class RateLimitedChatModel(DelegatingChatModel):
     @property
     def rate_limiter_in_use(self) -> Any:
         """The limiter this wrapper takes its permits from."""
-        return self._limiter
+        return private_state(self)["_limiter"]
 
     def _weight(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
-        if not weighs_tokens(self._limiter):
+        limiter = self.rate_limiter_in_use
+        if not weighs_tokens(limiter):
             return 0  # no token budget: nothing to tokenize
         max_tokens = kwargs.get("max_tokens", getattr(self.inner, "max_tokens", None))
         return request_weight(
-            self._limiter,
+            limiter,
             prompt=_prompt(messages),
             max_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
         )
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
         weight = self._weight(messages, kwargs)
-        self._limiter.acquire(weight, surface="chat")
+        self.rate_limiter_in_use.acquire(weight, surface="chat")
         return weight
 
     async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
         weight = self._weight(messages, kwargs)
-        await self._limiter.aacquire(weight, surface="chat")
+        await self.rate_limiter_in_use.aacquire(weight, surface="chat")
         return weight
 
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
@@ -109,7 +110,7 @@ class RateLimitedChatModel(DelegatingChatModel):
             return
         usage = getattr(message, "usage_metadata", None) or {}
         reconcile_with_usage(
-            self._limiter,
+            self.rate_limiter_in_use,
             context,
             usage.get("input_tokens"),
             usage.get("output_tokens"),

@@ -12,7 +12,6 @@ from decimal import Decimal
 from llm_resilience._checks import duration, whole
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
-    WINDOWS,
     LedgerEntry,
     Reservation,
     Window,
@@ -30,8 +29,10 @@ __all__ = ["InMemoryCostLedger"]
 
 def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str | None]]:
     """The running totals an entry or hold at ``when`` counts toward."""
-    scopes: tuple[str | None, ...] = (None,) if scope is None else (None, scope)
-    return [(window_key(window, when), each) for window in WINDOWS for each in scopes]
+    day, month = window_key("day", when), window_key("month", when)
+    if scope is None:
+        return [(day, None), (month, None)]
+    return [(day, None), (day, scope), (month, None), (month, scope)]
 
 
 class InMemoryCostLedger:

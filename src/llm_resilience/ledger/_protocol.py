@@ -33,6 +33,7 @@ __all__ = [
     "check_limits",
     "check_now",
     "check_scope",
+    "checked_entry",
     "exact_sum",
     "refusal",
     "window_bounds",
@@ -124,6 +125,45 @@ class LedgerEntry:
             _optional_text(option, getattr(self, option))
         check_scope(self.scope)
         _checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
+
+
+def checked_entry(
+    *,
+    timestamp: datetime,
+    kind: str,
+    input_tokens: int,
+    output_tokens: int,
+    cost: Decimal,
+    model: str | None,
+    estimated: bool,
+    scope: str | None,
+) -> LedgerEntry:
+    """A call's entry from values its budget gate already checked, built unchecked.
+
+    The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
+    the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
+    validated prices and counts (so within :func:`~llm_resilience._checks.cost_in_range`)
+    and ``scope`` checked when the call was admitted. Only ``model`` and ``estimated``,
+    which a caller of ``BudgetTicket.finish`` passes, are checked here. The result equals
+    ``LedgerEntry(...)`` of the same values (a core test holds the two to that).
+    """
+    _optional_text("model", model)
+    if not isinstance(estimated, bool):
+        raise TypeError(f"estimated must be a bool, got {estimated!r}")
+    entry = object.__new__(LedgerEntry)
+    assign = object.__setattr__
+    assign(entry, "timestamp", timestamp)
+    assign(entry, "kind", kind)
+    assign(entry, "input_tokens", input_tokens)
+    assign(entry, "output_tokens", output_tokens)
+    assign(entry, "cost", cost)
+    assign(entry, "pages", 0)
+    assign(entry, "model", model)
+    assign(entry, "estimated", estimated)
+    assign(entry, "surface", kind)
+    assign(entry, "scope", scope)
+    assign(entry, "entry_id", uuid.uuid4().hex)
+    return entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +280,8 @@ def window_key(window: Window, when: datetime) -> str:
     ('day:2026-11-29', 'month:2026-11')
     """
     if _check_window(window) == "day":
-        return f"day:{when:%Y-%m-%d}"
-    return f"month:{when:%Y-%m}"
+        return f"day:{when.year:04d}-{when.month:02d}-{when.day:02d}"
+    return f"month:{when.year:04d}-{when.month:02d}"
 
 
 def window_bounds(window: Window, when: datetime) -> tuple[datetime, datetime]:

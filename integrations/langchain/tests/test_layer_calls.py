@@ -1,0 +1,139 @@
+"""How a stack of our layers calls down: LangChain's per-call machinery runs once, outermost.
+
+Each layer is a ``BaseChatModel``, so ``invoke`` on the outermost one runs LangChain's
+``generate``/``_generate_with_cache`` (callbacks, cache lookup, stream detection). Inner
+layers of ours are then called at their ``_generate`` directly; the provider model at the
+bottom (and any layer with its own cache or ``rate_limiter``) still goes through its own
+``_generate_with_cache``, so its cache and limiter apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from langchain_core.caches import InMemoryCache
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import BaseChatModel
+from langchain_core.rate_limiters import InMemoryRateLimiter
+
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, RateLimitedChatModel
+from langchain_llm_resilience.testing import ScriptedChatModel
+from llm_resilience import CostBudget
+from llm_resilience.ledger import InMemoryCostLedger
+
+BUDGET = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25)
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The class name of every model LangChain's ``_generate_with_cache`` runs for."""
+    seen: list[str] = []
+    original = BaseChatModel._generate_with_cache
+    original_async = BaseChatModel._agenerate_with_cache
+
+    def spy(self: BaseChatModel, *args: Any, **kwargs: Any) -> Any:
+        seen.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    async def aspy(self: BaseChatModel, *args: Any, **kwargs: Any) -> Any:
+        seen.append(type(self).__name__)
+        return await original_async(self, *args, **kwargs)
+
+    monkeypatch.setattr(BaseChatModel, "_generate_with_cache", spy)
+    monkeypatch.setattr(BaseChatModel, "_agenerate_with_cache", aspy)
+    return seen
+
+
+def _stack(**member: Any) -> tuple[CostTrackedChatModel, InMemoryCostLedger]:
+    ledger = InMemoryCostLedger()
+    chain = FallbackChatModel(
+        models=[ScriptedChatModel(responses=["ok"], **member), ScriptedChatModel(responses=["b"])]
+    )
+    model = CostTrackedChatModel(
+        inner=RateLimitedChatModel(inner=chain, requests_per_minute=6000),
+        budget=BUDGET,
+        ledger=ledger,
+    )
+    return model, ledger
+
+
+class _Starts(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        self.starts += 1
+
+
+def test_a_three_layer_stack_runs_langchains_call_machinery_for_outermost_and_provider_only(
+    passes: list[str],
+) -> None:
+    model, ledger = _stack()
+    starts = _Starts()
+
+    answer = model.invoke("hi", {"callbacks": [starts]})
+
+    assert answer.text == "ok"
+    assert passes == ["CostTrackedChatModel", "ScriptedChatModel"]
+    assert starts.starts == 1  # still one LLM run for the whole stack
+    assert len(ledger.entries()) == 1
+
+
+def test_async_calls_skip_the_machinery_of_inner_layers_too(passes: list[str]) -> None:
+    model, ledger = _stack()
+
+    answer = asyncio.run(model.ainvoke("hi"))
+
+    assert answer.text == "ok"
+    assert passes == ["CostTrackedChatModel", "ScriptedChatModel"]
+    assert len(ledger.entries()) == 1
+
+
+def test_an_inner_layer_with_its_own_cache_still_answers_from_it(passes: list[str]) -> None:
+    provider = ScriptedChatModel(responses=["cached answer", "fresh answer"])
+    inner = RateLimitedChatModel(inner=provider, requests_per_minute=6000, cache=InMemoryCache())
+    model = CostTrackedChatModel(inner=inner, budget=BUDGET, ledger=InMemoryCostLedger())
+
+    first = model.invoke("same prompt")
+    second = model.invoke("same prompt")
+
+    assert (first.text, second.text) == ("cached answer", "cached answer")
+    assert provider.calls == 1
+    assert passes.count("RateLimitedChatModel") == 2  # its cache lookup ran both times
+
+
+def test_an_inner_layer_with_its_own_rate_limiter_still_waits_on_it(passes: list[str]) -> None:
+    acquired: list[bool] = []
+
+    class CountingLimiter(InMemoryRateLimiter):
+        def acquire(self, *, blocking: bool = True) -> bool:
+            acquired.append(blocking)
+            return super().acquire(blocking=blocking)
+
+    limiter = CountingLimiter(requests_per_second=1000, max_bucket_size=10)
+    inner = RateLimitedChatModel(
+        inner=ScriptedChatModel(responses=["ok"]), requests_per_minute=6000, rate_limiter=limiter
+    )
+    model = CostTrackedChatModel(inner=inner, budget=BUDGET, ledger=InMemoryCostLedger())
+
+    model.invoke("hi")
+
+    assert acquired == [True]
+    assert passes == ["CostTrackedChatModel", "RateLimitedChatModel", "ScriptedChatModel"]
+
+
+def test_a_provider_models_own_cache_still_applies_below_our_layers(passes: list[str]) -> None:
+    provider = ScriptedChatModel(responses=["first", "second"], cache=InMemoryCache())
+    model, ledger = _stack()
+    model = CostTrackedChatModel(
+        inner=FallbackChatModel(models=[provider, ScriptedChatModel(responses=["b"])]),
+        budget=BUDGET,
+        ledger=ledger,
+    )
+
+    texts = [model.invoke("same prompt").text for _ in range(2)]
+
+    assert texts == ["first", "first"]
+    assert provider.calls == 1

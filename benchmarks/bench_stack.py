@@ -7,6 +7,10 @@ with usage (no network), in one process, interleaved:
 * ``langchain``: LangChain alone, as close as it gets: ``primary.with_fallbacks([secondary])``,
   each model with an ``InMemoryRateLimiter`` (``rate_limiter=``), and a
   ``UsageMetadataCallbackHandler`` passed with every call to add usage up;
+* ``langchain_sqlite``: ``langchain`` plus what a LangChain user writes to keep usage
+  across restarts: a callback handler that inserts one row per call into a SQLite file
+  (``sqlite3``, WAL, ``synchronous=NORMAL``, one commit per call), the anchor for our
+  SQLite ledger;
 * ``ours_memory``: ``CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel([primary,
   secondary])))`` with an ``InMemoryCostLedger``;
 * ``ours_sqlite``: the same with a ``SqlCostLedger`` on a SQLite file (one row per call);
@@ -35,9 +39,12 @@ import logging
 import os
 import platform
 import pstats
+import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -46,11 +53,11 @@ from typing import Any
 
 import langchain_core
 from _timing import Samples, Settings, run_async, run_sync
-from langchain_core.callbacks import UsageMetadataCallbackHandler
+from langchain_core.callbacks import BaseCallbackHandler, UsageMetadataCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.rate_limiters import InMemoryRateLimiter
 from langchain_core.runnables import Runnable, RunnableConfig
 
@@ -60,7 +67,7 @@ from llm_resilience.ledger import InMemoryCostLedger, SqlCostLedger
 
 MESSAGES: list[BaseMessage] = [HumanMessage(content="Say ok.")]
 STREAM_TOKENS = ("o", "k", ",", " fine", ".")
-CONTENDERS = ("bare", "langchain", "ours_memory", "ours_sqlite", "ours_strict")
+CONTENDERS = ("bare", "langchain", "langchain_sqlite", "ours_memory", "ours_sqlite", "ours_strict")
 #: Far above any rate a benchmark reaches: nobody waits, nobody is refused.
 REQUESTS_PER_MINUTE = 600_000_000
 DAILY_LIMIT = 10**12
@@ -120,6 +127,29 @@ class FakeChat(BaseChatModel):
 # -- contenders --------------------------------------------------------------------------
 
 
+class SqliteUsageHandler(BaseCallbackHandler):
+    """Keeps each call's model and token counts in a SQLite file, one commit per call."""
+
+    def __init__(self, path: Path) -> None:
+        self.connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.connection.execute("PRAGMA journal_mode = WAL")
+        self.connection.execute("PRAGMA synchronous = NORMAL")
+        self.connection.execute(
+            "CREATE TABLE IF NOT EXISTS usage (ts REAL, model TEXT, input INTEGER, output INTEGER)"
+        )
+        self.lock = threading.Lock()
+
+    def on_llm_end(self, response: LLMResult, **kwargs: Any) -> None:
+        message = getattr(response.generations[0][0], "message", None)
+        usage = getattr(message, "usage_metadata", None) or {}
+        model = message.response_metadata.get("model_name") if message is not None else None
+        with self.lock:
+            self.connection.execute(
+                "INSERT INTO usage VALUES (?, ?, ?, ?)",
+                (time.time(), model, usage.get("input_tokens"), usage.get("output_tokens")),
+            )
+
+
 @dataclass
 class Contender:
     runnable: Runnable[Any, Any]
@@ -135,7 +165,7 @@ def _ours(ledger: object, *, strict: bool = False) -> CostTrackedChatModel:
     )
 
 
-def contenders(sqlite_path: Path) -> dict[str, Contender]:
+def contenders(sqlite_path: Path, anchor_path: Path) -> dict[str, Contender]:
     limiter = InMemoryRateLimiter(
         requests_per_second=REQUESTS_PER_MINUTE / 60, max_bucket_size=REQUESTS_PER_MINUTE / 60
     )
@@ -145,6 +175,10 @@ def contenders(sqlite_path: Path) -> dict[str, Contender]:
     return {
         "bare": Contender(FakeChat()),
         "langchain": Contender(primary.with_fallbacks([secondary]), {"callbacks": [usage]}),
+        "langchain_sqlite": Contender(
+            primary.with_fallbacks([secondary]),
+            {"callbacks": [usage, SqliteUsageHandler(anchor_path)]},
+        ),
         "ours_memory": Contender(_ours(InMemoryCostLedger())),
         "ours_sqlite": Contender(_ours(SqlCostLedger(f"sqlite:///{sqlite_path}"))),
         "ours_strict": Contender(_ours(InMemoryCostLedger(), strict=True)),
@@ -195,15 +229,19 @@ def table(title: str, results: dict[str, Samples]) -> str:
     lines = [
         f"### {title}",
         "",
-        "| path | rounds | bare µs | LangChain-only µs | ours, memory µs | ours, SQLite µs "
-        "| ours, strict µs | memory / LangChain | SQLite / LangChain | strict / LangChain |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| path | rounds | bare µs | LangChain-only µs | LangChain-only + SQLite µs "
+        "| ours, memory µs | ours, SQLite µs | ours, strict µs | memory / LangChain "
+        "| strict / LangChain | SQLite / LangChain + SQLite |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for path, samples in results.items():
         medians = " | ".join(f"{_us(samples[name]):.0f}" for name in CONTENDERS)
         ratios = " | ".join(
-            _ratio(samples, name, "langchain")
-            for name in ("ours_memory", "ours_sqlite", "ours_strict")
+            (
+                _ratio(samples, "ours_memory", "langchain"),
+                _ratio(samples, "ours_strict", "langchain"),
+                _ratio(samples, "ours_sqlite", "langchain_sqlite"),
+            )
         )
         lines.append(f"| {path} | {len(samples['bare'])} | {medians} | {ratios} |")
     lines += [
@@ -211,6 +249,7 @@ def table(title: str, results: dict[str, Samples]) -> str:
         "Overhead over the bare model (µs per call): "
         + "; ".join(
             f"{path}: LangChain-only {_overhead(s, 'langchain'):.0f}, "
+            f"LangChain-only + SQLite {_overhead(s, 'langchain_sqlite'):.0f}, "
             f"ours memory {_overhead(s, 'ours_memory'):.0f}, "
             f"SQLite {_overhead(s, 'ours_sqlite'):.0f}, strict {_overhead(s, 'ours_strict'):.0f}"
             for path, s in results.items()
@@ -248,7 +287,7 @@ def benchmark(settings: Settings, shapes: tuple[str, ...]) -> str:
     out = [f"Machine: {machine()}", ""]
     with tempfile.TemporaryDirectory() as folder:
         for shape in shapes:
-            models = contenders(Path(folder) / f"{shape}.db")
+            models = contenders(Path(folder) / f"{shape}.db", Path(folder) / f"{shape}-lc.db")
             results: dict[str, Samples] = {}
             sync = {name: sync_call(model, shape) for name, model in models.items()}
             results["sync"] = run_sync(sync, settings)
@@ -264,7 +303,7 @@ def benchmark(settings: Settings, shapes: tuple[str, ...]) -> str:
 def profile(shape: str, calls: int) -> str:
     """cProfile of ``calls`` sync and ``calls`` async calls of ours (memory ledger)."""
     with tempfile.TemporaryDirectory() as folder:
-        models = contenders(Path(folder) / "profile.db")
+        models = contenders(Path(folder) / "profile.db", Path(folder) / "profile-lc.db")
         sync = sync_call(models["ours_memory"], shape)
         aio = async_call(models["ours_memory"], shape)
 

@@ -67,6 +67,7 @@ from llm_resilience.ledger._schema import (
     migrate,
     read_entries,
     read_spend,
+    sqlite_run,
 )
 from llm_resilience.ledger._watchdog import Operation, Watchdog
 
@@ -163,7 +164,7 @@ def _unavailable(error: BaseException) -> bool:
 def _sqlite_begin(connection: Connection) -> None:
     statement = connection.get_execution_options().get(_BEGIN, "BEGIN")
     if statement is not None:
-        connection.exec_driver_sql(statement)
+        sqlite_run(connection, statement, ())
 
 
 def _milliseconds(seconds: float) -> int:

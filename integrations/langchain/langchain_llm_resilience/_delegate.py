@@ -31,9 +31,10 @@ from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
-from langchain_core.runnables import Runnable, RunnableBinding, RunnableSequence
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, RunnableSequence
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 
@@ -100,6 +101,17 @@ def as_chunk(result: ChatResult) -> ChatGenerationChunk:
         usage_metadata=getattr(message, "usage_metadata", None),
     )
     return ChatGenerationChunk(message=chunk, generation_info=generation.generation_info)
+
+
+def _restarts_below(layer: DelegatingChatModel) -> bool:
+    """Whether a stream through ``layer`` reaches a fallback chain (which may restart it)
+    through layers of ours only: the chain then sends its restart event to the sink."""
+    current: BaseChatModel = layer.inner
+    while not getattr(type(current), "restarts_streams", False):
+        if not isinstance(current, DelegatingChatModel):
+            return False
+        current = current.inner
+    return True
 
 
 def _is_bare_layer(model: BaseChatModel) -> bool:
@@ -300,7 +312,14 @@ class DelegatingChatModel(BaseChatModel):
     def _resolve_model_profile(self) -> ModelProfile | None:
         return self.inner.profile
 
+    def _get_invocation_params(
+        self, stop: list[str] | None = None, **kwargs: Any
+    ) -> builtins.dict[str, Any]:
+        kwargs.pop(SINK_KWARG, None)
+        return super()._get_invocation_params(stop=stop, **kwargs)
+
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        kwargs.pop(SINK_KWARG, None)
         return self.inner._get_ls_params(stop=stop, **kwargs)
 
     def _kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -313,6 +332,35 @@ class DelegatingChatModel(BaseChatModel):
         return self._kwargs(kwargs)
 
     # -- calls ----------------------------------------------------------------------------
+
+    # A fallback chain below restarts streams: LangChain does not hand ``_stream`` the run
+    # manager, so the outermost layer names the run and passes the event's sink down.
+    def stream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        if _restarts_below(self) and SINK_KWARG not in kwargs:
+            config, sink = RestartSink.attach(self, config)
+            kwargs[SINK_KWARG] = sink
+        yield from super().stream(input, config, stop=stop, **kwargs)
+
+    async def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        if _restarts_below(self) and SINK_KWARG not in kwargs:
+            config, sink = RestartSink.attach(self, config)
+            kwargs[SINK_KWARG] = sink
+        async for chunk in super().astream(input, config, stop=stop, **kwargs):
+            yield chunk
 
     @signature_precomputed
     def _generate(

@@ -13,12 +13,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from datetime import timedelta
 from operator import itemgetter
 from typing import Any, ClassVar
-from uuid import UUID, uuid4
 
 from langchain_core.callbacks import (
-    AsyncCallbackManager,
     AsyncCallbackManagerForLLMRun,
-    CallbackManager,
     CallbackManagerForLLMRun,
 )
 from langchain_core.callbacks.manager import ahandle_event, handle_event
@@ -32,7 +29,6 @@ from langchain_core.runnables import (
     RunnableLambda,
     RunnableMap,
     RunnablePassthrough,
-    ensure_config,
 )
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -49,16 +45,13 @@ from langchain_llm_resilience._delegate import (
     unbind,
     without_tracing,
 )
+from langchain_llm_resilience._restart import SINK_KWARG, STREAM_RESTART_EVENT, RestartSink
 from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart, warn_if_self_retrying
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 
 __all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
 
-#: Name of the custom callback event sent when a stream restarts on the next model.
-#: Its data is ``{"failed_client": int, "next_client": int, "chunks": int,
-#: "error_type": str}``; a consumer should drop what it accumulated so far.
-STREAM_RESTART_EVENT = "llm_resilience.stream_restart"
 
 #: ``response_metadata`` key naming the index of the member that served a response.
 SERVED_BY_KEY = "fallback_client"
@@ -95,6 +88,8 @@ class FallbackChatModel(BaseChatModel):
 
     resilience_layer: ClassVar[bool] = True
     """Marks our layers: an outer layer calls this one's ``_generate`` directly."""
+    restarts_streams: ClassVar[bool] = True
+    """Sends the restart event to a sink an outer layer's ``stream`` passes down."""
 
     models: list[BaseChatModel]
     """The members, in the order they are tried (at least 2)."""
@@ -182,8 +177,8 @@ class FallbackChatModel(BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
-        config, sink = _RestartSink.attach(self, config)
-        yield from super().stream(input, config, stop=stop, **{_SINK_KWARG: sink}, **kwargs)
+        config, sink = RestartSink.attach(self, config)
+        yield from super().stream(input, config, stop=stop, **{SINK_KWARG: sink}, **kwargs)
 
     async def astream(
         self,
@@ -193,20 +188,20 @@ class FallbackChatModel(BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
-        config, sink = _RestartSink.attach(self, config)
+        config, sink = RestartSink.attach(self, config)
         async for chunk in super().astream(
-            input, config, stop=stop, **{_SINK_KWARG: sink}, **kwargs
+            input, config, stop=stop, **{SINK_KWARG: sink}, **kwargs
         ):
             yield chunk
 
     def _get_invocation_params(
         self, stop: list[str] | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        kwargs.pop(_SINK_KWARG, None)
+        kwargs.pop(SINK_KWARG, None)
         return super()._get_invocation_params(stop=stop, **kwargs)
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        kwargs.pop(_SINK_KWARG, None)
+        kwargs.pop(SINK_KWARG, None)
         # Traces name the primary, the model every call tries first (a per-call
         # ``model=`` override included); the member that served is in the response's
         # ``model_name`` and ``fallback_client``.
@@ -214,11 +209,11 @@ class FallbackChatModel(BaseChatModel):
 
     def _kwargs_for(self, index: int, kwargs: dict[str, Any]) -> dict[str, Any]:
         if not self.member_kwargs:
-            if _SINK_KWARG in kwargs:
-                return {key: value for key, value in kwargs.items() if key != _SINK_KWARG}
+            if SINK_KWARG in kwargs:
+                return {key: value for key, value in kwargs.items() if key != SINK_KWARG}
             return kwargs
         merged = {**self.member_kwargs[index], **kwargs}
-        merged.pop(_SINK_KWARG, None)
+        merged.pop(SINK_KWARG, None)
         for key in TRACING_ONLY_KWARGS:
             merged.pop(key, None)
         return merged
@@ -272,7 +267,7 @@ class FallbackChatModel(BaseChatModel):
                 yield as_chunk(generate_inner(model, messages, stop, run_manager, member_kwargs))
             yield _served_by_chunk(index)
 
-        sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
+        sink: RestartSink | None = kwargs.get(SINK_KWARG)
 
         def restarted(restart: StreamRestart) -> None:
             if sink is not None:
@@ -314,7 +309,7 @@ class FallbackChatModel(BaseChatModel):
                 yield as_chunk(result)
             yield _served_by_chunk(index)
 
-        sink: _RestartSink | None = kwargs.get(_SINK_KWARG)
+        sink: RestartSink | None = kwargs.get(SINK_KWARG)
 
         async def restarted(restart: StreamRestart) -> None:
             if sink is not None:
@@ -422,51 +417,6 @@ class FallbackChatModel(BaseChatModel):
 
 
 # -- helpers -------------------------------------------------------------------------
-
-_SINK_KWARG = "_llm_resilience_restart_sink"
-
-
-class _RestartSink:
-    """Sends the restart event to the callbacks of one stream call, under its run id."""
-
-    __slots__ = ("_config", "_model", "_run_id")
-
-    def __init__(self, model: BaseChatModel, config: RunnableConfig, run_id: UUID) -> None:
-        self._model = model
-        self._config = config
-        self._run_id = run_id
-
-    def __repr__(self) -> str:  # shown nowhere user-facing; keep it free of callbacks
-        return "_RestartSink()"
-
-    @classmethod
-    def attach(
-        cls, model: BaseChatModel, config: RunnableConfig | None
-    ) -> tuple[RunnableConfig, _RestartSink]:
-        config = ensure_config(config)
-        run_id = config.get("run_id") or uuid4()
-        config = {**config, "run_id": run_id}
-        return config, cls(model, config, run_id)
-
-    def _configure(self, manager_cls: Any) -> Any:
-        config, model = self._config, self._model
-        return manager_cls.configure(
-            config.get("callbacks"),
-            model.callbacks,
-            model.verbose,
-            config.get("tags"),
-            model.tags,
-            config.get("metadata"),
-            model.metadata,
-        )
-
-    def emit(self, data: dict[str, Any]) -> None:
-        manager = self._configure(CallbackManager)
-        manager.on_custom_event(STREAM_RESTART_EVENT, data, run_id=self._run_id)
-
-    async def aemit(self, data: dict[str, Any]) -> None:
-        manager = self._configure(AsyncCallbackManager)
-        await manager.on_custom_event(STREAM_RESTART_EVENT, data, run_id=self._run_id)
 
 
 def _check_members(models: object) -> None:

@@ -18,8 +18,13 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.rate_limiters import InMemoryRateLimiter
 
-from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, RateLimitedChatModel
-from langchain_llm_resilience.testing import ScriptedChatModel
+from langchain_llm_resilience import (
+    STREAM_RESTART_EVENT,
+    CostTrackedChatModel,
+    FallbackChatModel,
+    RateLimitedChatModel,
+)
+from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
 from llm_resilience import CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
 
@@ -137,3 +142,66 @@ def test_a_provider_models_own_cache_still_applies_below_our_layers(passes: list
 
     assert texts == ["first", "first"]
     assert provider.calls == 1
+
+
+class _Restarts(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.events.append((name, data))
+
+
+def _restarting_stack() -> CostTrackedChatModel:
+    chain = FallbackChatModel(
+        models=[FailingChatModel(chunks_before_error=2), ScriptedChatModel(responses=["a b c"])]
+    )
+    return CostTrackedChatModel(
+        inner=RateLimitedChatModel(inner=chain, requests_per_minute=6000),
+        budget=BUDGET,
+        ledger=InMemoryCostLedger(),
+    )
+
+
+def test_a_stream_restart_below_two_wrappers_reaches_the_callers_callbacks() -> None:
+    restarts = _Restarts()
+
+    chunks = list(_restarting_stack().stream("hi", {"callbacks": [restarts]}))
+
+    assert "".join(str(chunk.content) for chunk in chunks).endswith("a b c")
+    assert [name for name, _ in restarts.events] == [STREAM_RESTART_EVENT]
+    assert restarts.events[0][1]["failed_client"] == 0
+
+
+async def test_an_async_stream_restart_below_two_wrappers_reaches_callbacks_and_events() -> None:
+    model = _restarting_stack()
+    restarts = _Restarts()
+
+    chunks = [chunk async for chunk in model.astream("hi", {"callbacks": [restarts]})]
+    events = [event async for event in model.astream_events("hi", version="v2")]
+
+    assert "".join(str(chunk.content) for chunk in chunks).endswith("a b c")
+    assert [name for name, _ in restarts.events] == [STREAM_RESTART_EVENT]
+    custom = [event for event in events if event["event"] == "on_custom_event"]
+    assert [event["name"] for event in custom] == [STREAM_RESTART_EVENT]
+    start = next(event for event in events if event["event"] == "on_chat_model_start")
+    assert custom[0]["run_id"] == start["run_id"]  # the event belongs to the stack's one run
+
+
+def test_the_restart_sink_reaches_neither_traced_parameters_nor_the_provider() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Params(BaseCallbackHandler):
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            seen.append(kwargs.get("invocation_params") or {})
+
+    provider = ScriptedChatModel(responses=["fine"])
+    model = CostTrackedChatModel(
+        inner=FallbackChatModel(models=[provider, ScriptedChatModel()]),
+        budget=BUDGET,
+        ledger=InMemoryCostLedger(),
+    )
+
+    assert "".join(str(c.content) for c in model.stream("hi", {"callbacks": [Params()]})) == "fine"
+    assert seen
+    assert not any("restart_sink" in key for params in seen for key in params)

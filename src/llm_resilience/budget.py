@@ -280,7 +280,8 @@ class BudgetGate:
     an unreadable ledger lets the call through ungated (a limit of 0 still refuses, spend
     reported as 0); an unwritable one lets the call succeed unrecorded. With no ``ledger``
     an :class:`~llm_resilience.ledger.InMemoryCostLedger` is used, and one warning per gate
-    names ``SqlCostLedger``, since in-memory spend resets when the process restarts.
+    names ``SqlCostLedger``, since in-memory spend resets when the process restarts (an
+    ``InMemoryCostLedger`` passed on purpose is not warned about).
 
     ``now`` returns the current timezone-aware time (UTC by default); inject it in tests.
     """
@@ -301,7 +302,7 @@ class BudgetGate:
         #: Where spend is recorded and read back.
         self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else _ledger(ledger)
         self._now = now
-        if getattr(self.ledger, "persistent", None) is False:
+        if ledger is None:  # a ledger given by name, in memory or not, was a choice
             logger.warning(_IN_MEMORY_WARNING)
 
     def __repr__(self) -> str:

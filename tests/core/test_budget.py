@@ -569,6 +569,7 @@ def test_the_in_memory_default_warns_once_per_gate_naming_sql_cost_ledger(
         gate.begin("chat").finish(Usage(1, 1, estimated=False))
         gate.begin("chat").finish(Usage(1, 1, estimated=False))
         BudgetGate(CostBudget(daily_limit=1), BrokenLedger())  # persistent: no warning
+        BudgetGate(CostBudget(daily_limit=1), InMemoryCostLedger())  # chosen: no warning
     assert isinstance(gate.ledger, InMemoryCostLedger)
     assert len(caplog.records) == 1
     assert "SqlCostLedger" in caplog.records[0].getMessage()

@@ -27,8 +27,20 @@ ENTRY_POINT_GROUP = "llm_resilience.cli"
 
 #: Commands that other packages provide, and what to install to get each one.
 _PROVIDED_ELSEWHERE: dict[str, str] = {
-    "demo": "pip install langchain-llm-resilience langchain-openai langchain-anthropic",
+    "demo": 'pip install "langchain-llm-resilience[demo]"',
 }
+
+
+def _spend_command() -> Command:
+    from llm_resilience import _cli_spend
+
+    return Command(help=_cli_spend.HELP, run=_cli_spend.run, configure=_cli_spend.configure)
+
+
+#: Commands of the core itself (``spend``: see :mod:`llm_resilience._cli_spend`), loaded
+#: like entry points, only when run; an installed command of the same name does not
+#: replace them.
+_BUILT_IN: dict[str, Callable[[], object]] = {"spend": _spend_command}
 
 #: Exit code of a command that cannot run here (argparse uses 2 for usage errors too).
 _UNAVAILABLE = 2
@@ -75,7 +87,9 @@ def _load(name: str, loader: Callable[[], object]) -> Command | Callable[[argpar
     try:
         command = loader()
     except ImportError as error:
-        return _hint(name, f"cannot be loaded ({type(error).__name__}: {error})")
+        # One line, whatever the message: the hint is all the user sees.
+        reason = " ".join(str(error).split())
+        return _hint(name, f"cannot be loaded ({type(error).__name__}: {reason})")
     if not isinstance(command, Command):
         return _hint(name, f"is registered as {type(command).__name__}, not a Command")
     return command
@@ -116,7 +130,7 @@ def main(argv: Sequence[str] | None = None, *, commands: CommandTable | None = N
     Usage errors exit through ``SystemExit(2)``, as argparse does.
     """
     arguments_given = list(sys.argv[1:] if argv is None else argv)
-    table = _installed_commands() if commands is None else commands
+    table = {**(_installed_commands() if commands is None else commands), **_BUILT_IN}
     chosen = next((word for word in arguments_given if not word.startswith("-")), None)
     arguments = _parser(table, chosen).parse_args(arguments_given)
     code: int = arguments.run(arguments)

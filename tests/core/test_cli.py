@@ -32,7 +32,7 @@ def test_demo_without_the_adapter_prints_a_one_line_install_hint_and_exits_2(
     assert captured.out == ""
     lines = captured.err.splitlines()
     assert len(lines) == 1
-    assert "pip install langchain-llm-resilience" in lines[0]
+    assert 'pip install "langchain-llm-resilience[demo]"' in lines[0]
     assert "Traceback" not in captured.err
 
 
@@ -81,7 +81,7 @@ def test_a_command_whose_package_fails_to_import_prints_a_hint_and_exits_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "langchain_core" in err
-    assert "pip install langchain-llm-resilience" in err
+    assert 'pip install "langchain-llm-resilience[demo]"' in err
 
 
 def test_an_entry_point_that_is_not_a_command_is_refused_with_a_hint(

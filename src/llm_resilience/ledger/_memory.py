@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from llm_resilience._checks import duration, whole
 from llm_resilience.ledger._protocol import (
@@ -16,6 +17,7 @@ from llm_resilience.ledger._protocol import (
     Reservation,
     Window,
     check_amount,
+    check_entry_filters,
     check_limits,
     check_now,
     check_scope,
@@ -23,6 +25,10 @@ from llm_resilience.ledger._protocol import (
     refusal,
     window_key,
 )
+
+if TYPE_CHECKING:
+    from llm_resilience.budget import CostBudget
+    from llm_resilience.spend import Grouping, SpendReport, SpendRow
 
 __all__ = ["InMemoryCostLedger"]
 
@@ -33,6 +39,28 @@ def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str | Non
     if scope is None:
         return [(day, None), (month, None)]
     return [(day, None), (day, scope), (month, None), (month, scope)]
+
+
+def _entry_filter(
+    since: datetime | None,
+    until: datetime | None,
+    scope: str | None,
+    model: str | None,
+    kind: str | None,
+) -> tuple[datetime | None, datetime | None, Callable[..., bool]]:
+    """Checked bounds and a test ``wanted(entry, low, high)`` for the ``entries`` filters."""
+    low, high, scope, model, kind = check_entry_filters(since, until, scope, model, kind)
+
+    def wanted(entry: LedgerEntry, low: datetime | None, high: datetime | None) -> bool:
+        return (
+            (low is None or entry.timestamp >= low)
+            and (high is None or entry.timestamp < high)
+            and (scope is None or entry.scope == scope)
+            and (model is None or entry.model == model)
+            and (kind is None or entry.kind == kind)
+        )
+
+    return low, high, wanted
 
 
 class InMemoryCostLedger:
@@ -165,20 +193,77 @@ class InMemoryCostLedger:
         self.settle(reservation, entry)
 
     def entries(
-        self, since: datetime | None = None, until: datetime | None = None
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
     ) -> list[LedgerEntry]:
-        """Entries with ``since <= timestamp < until`` (either bound optional), oldest first."""
-        low = None if since is None else check_now(since)
-        high = None if until is None else check_now(until)
+        """Entries with ``since <= timestamp < until`` (either bound optional) and the
+        given ``scope``, ``model`` and ``kind`` (None: any), oldest first.
+
+        >>> InMemoryCostLedger().entries(kind="ocr")
+        []
+        """
+        low, high, wanted = _entry_filter(since, until, scope, model, kind)
         with self._lock:
-            chosen = [
-                entry
-                for entry in self._entries
-                if (low is None or entry.timestamp >= low)
-                and (high is None or entry.timestamp < high)
-            ]
+            chosen = [entry for entry in self._entries if wanted(entry, low, high)]
         chosen.sort(key=lambda entry: entry.timestamp)  # stable: ties keep recording order
         return chosen
+
+    async def aentries(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
+    ) -> list[LedgerEntry]:
+        """:meth:`entries`, for async callers."""
+        return self.entries(since, until, scope=scope, model=model, kind=kind)
+
+    def iter_entries(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
+    ) -> Iterator[LedgerEntry]:
+        """:meth:`entries` as an iterator (the entries are in memory already; this is
+        for code written against :meth:`SqlCostLedger.iter_entries`)."""
+        yield from self.entries(since, until, scope=scope, model=model, kind=kind)
+
+    def report(
+        self,
+        by: Grouping = "day",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        budget: CostBudget | None = None,
+        now: datetime | None = None,
+    ) -> SpendReport:
+        """:func:`~llm_resilience.spend.spend_report` of this ledger: exact sums per
+        ``by`` group of the kept entries (see ``max_entries``).
+
+        >>> InMemoryCostLedger().report(by="model").total.cost
+        Decimal('0')
+        """
+        from llm_resilience.spend import spend_report
+
+        return spend_report(self, by, since, until, scope=scope, budget=budget, now=now)
+
+    def _spend_rows(
+        self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
+    ) -> list[SpendRow]:
+        from llm_resilience.spend import group_entries
+
+        return group_entries(self.entries(low, high, scope=scope), by)
 
     def close(self) -> None:
         """Nothing to release; the entries stay readable."""

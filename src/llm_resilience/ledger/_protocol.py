@@ -192,6 +192,13 @@ class CostLedger(Protocol):
     ``spend`` includes outstanding holds, so concurrent strict-mode gates see each
     other; ``reserve`` checks and holds atomically. Failures are raised, never hidden:
     the budget gate decides what a failing ledger means for a call.
+
+    Optional extras, not part of the protocol (it is ``runtime_checkable``, so adding
+    them would make ``isinstance`` reject every ledger written before them): both of our
+    ledgers also answer ``entries(..., scope=, model=, kind=)``, ``aentries``,
+    ``iter_entries`` (streamed in pages) and ``report``.
+    :func:`llm_resilience.spend.spend_report` works on any ledger, reading one that has
+    only ``entries(since, until)`` through it.
     """
 
     def record(self, entry: LedgerEntry) -> None:
@@ -331,3 +338,18 @@ def refusal(
     if spend >= limit or exact_sum((spend, amount)) > limit:
         return BudgetExceededError(window, limit, spend, scope=limit_scope)
     return None
+
+
+def check_entry_filters(
+    since: object, until: object, scope: object, model: object, kind: object
+) -> tuple[datetime | None, datetime | None, str | None, str | None, str | None]:
+    """The filters of ``entries``/``iter_entries``, checked: aware bounds in UTC (naive:
+    ``ValueError``), a valid scope, and ``model``/``kind`` as non-empty text or None.
+
+    >>> check_entry_filters(None, None, "tenant-1", None, "chat")
+    (None, None, 'tenant-1', None, 'chat')
+    """
+    low = None if since is None else _utc("since", since)
+    high = None if until is None else _utc("until", until)
+    model, kind = _optional_text("model", model), _optional_text("kind", kind)
+    return low, high, check_scope(scope), model, kind

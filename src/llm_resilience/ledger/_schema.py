@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -71,7 +71,6 @@ __all__ = [
     "insert_entry",
     "is_current",
     "migrate",
-    "read_entries",
     "read_spend",
     "sqlite_run",
 ]
@@ -417,41 +416,6 @@ def _as_stored(**fields: Any) -> LedgerEntry:
     for name, value in fields.items():
         object.__setattr__(entry, name, value)
     return entry
-
-
-def read_entries(
-    connection: Connection, low: datetime | None, high: datetime | None, *, postgres: bool
-) -> list[LedgerEntry]:
-    """Stored entries with ``low <= timestamp < high`` (either bound optional), oldest first."""
-    # SQLite compares timestamps as text, exact for the format we write; a day of slack,
-    # then an exact filter and sort here, keeps rows an older writer stored in another
-    # ISO 8601 form ('T', an offset) in their true place.
-    slack = timedelta(0) if postgres else timedelta(days=1)
-    statement = select(_ledger).order_by(_ledger.c.timestamp, _ledger.c.id)
-    if low is not None:
-        statement = statement.where(_ledger.c.timestamp >= low - slack)
-    if high is not None:
-        statement = statement.where(_ledger.c.timestamp < high + slack)
-    rows = connection.execute(statement).all()
-    found = [
-        _as_stored(
-            timestamp=row.timestamp,
-            kind=row.kind or "unknown",
-            input_tokens=row.input_tokens or 0,
-            output_tokens=row.output_tokens or 0,
-            cost=row.cost,
-            pages=row.pages or 0,
-            model=row.model or None,
-            estimated=bool(row.estimated),
-            surface=row.surface or None,
-            scope=row.scope or None,
-            entry_id=row.entry_id or None,
-        )
-        for row in rows
-        if (low is None or row.timestamp >= low) and (high is None or row.timestamp < high)
-    ]
-    found.sort(key=lambda entry: entry.timestamp)  # stable: already sorted but for such rows
-    return found
 
 
 # -- schema -------------------------------------------------------------------------------

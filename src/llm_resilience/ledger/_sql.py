@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import create_engine, delete, event
 from sqlalchemy import exc as sa_exc
@@ -53,6 +53,7 @@ from llm_resilience.ledger._protocol import (
     Reservation,
     Window,
     check_amount,
+    check_entry_filters,
     check_limits,
     check_now,
     check_scope,
@@ -60,16 +61,20 @@ from llm_resilience.ledger._protocol import (
     refusal,
     window_key,
 )
+from llm_resilience.ledger._queries import Cursor, read_groups, read_page
 from llm_resilience.ledger._schema import (
     holds,
     insert_entry,
     is_current,
     migrate,
-    read_entries,
     read_spend,
     sqlite_run,
 )
 from llm_resilience.ledger._watchdog import Operation, Watchdog
+
+if TYPE_CHECKING:
+    from llm_resilience.budget import CostBudget
+    from llm_resilience.spend import Grouping, SpendReport, SpendRow
 
 __all__ = ["SqlCostLedger"]
 
@@ -85,6 +90,8 @@ MAX_OPERATION_TIMEOUT = _checks.MAX_OPERATION_TIMEOUT
 #: another process's migration included: building the totals of a first-release table
 #: takes about 7 s per million SQLite rows (2 s on PostgreSQL).
 MIGRATION_TIMEOUT = timedelta(minutes=10)
+#: Rows per page of :meth:`SqlCostLedger.iter_entries`.
+DEFAULT_PAGE_SIZE = 1000
 #: Pending writes stored per transaction when the database answers again.
 FLUSH_BATCH = 100
 #: Connections pooled per ledger, and the extra ones it may open under load: at most
@@ -760,24 +767,166 @@ class SqlCostLedger:
         return await asyncio.to_thread(self._reserve, amount, limits, scope, now, time.monotonic())
 
     def entries(
-        self, since: datetime | None = None, until: datetime | None = None
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
     ) -> list[LedgerEntry]:
-        """Stored entries with ``since <= timestamp < until`` (either bound optional),
-        oldest first. Writes still pending are not listed until they are stored.
+        """Stored entries with ``since <= timestamp < until`` (either bound optional) and
+        the given ``scope``, ``model`` and ``kind`` (None: any), oldest first, read in one
+        operation. Writes still pending are not listed until they are stored.
+
+        >>> ledger.entries(since, until, model="gpt-4o")  # doctest: +SKIP
 
         Bounded like every operation: a million SQLite rows take about 11 s here, of which
         the database's part (the bounded part) is under 5 s; for reads of several
-        million rows, pass narrower bounds or open the ledger with a larger
-        ``operation_timeout``.
+        million rows use :meth:`iter_entries`, pass narrower bounds, or open the ledger
+        with a larger ``operation_timeout``.
         """
-        low = None if since is None else check_now(since)
-        high = None if until is None else check_now(until)
+        return self._entries(since, until, scope, model, kind, None)
+
+    def _entries(
+        self,
+        since: datetime | None,
+        until: datetime | None,
+        scope: str | None,
+        model: str | None,
+        kind: str | None,
+        started: float | None,
+    ) -> list[LedgerEntry]:
+        low, high, scope, model, kind = check_entry_filters(since, until, scope, model, kind)
 
         def read(operation: Operation) -> list[LedgerEntry]:
             with self._connection(operation) as connection:
-                return read_entries(connection, low, high, postgres=self._postgres)
+                found, _ = read_page(
+                    connection,
+                    low,
+                    high,
+                    scope=scope,
+                    model=model,
+                    kind=kind,
+                    after=None,
+                    limit=None,
+                    postgres=self._postgres,
+                )
+            found.sort(key=lambda entry: entry.timestamp)  # stable: rows of older forms
+            return found
 
-        return self._read("entries", None, read)
+        return self._read("entries", started, read)
+
+    async def aentries(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
+    ) -> list[LedgerEntry]:
+        """:meth:`entries` in a worker thread, bounded from this call."""
+        return await asyncio.to_thread(
+            self._entries, since, until, scope, model, kind, time.monotonic()
+        )
+
+    def iter_entries(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> Iterator[LedgerEntry]:
+        """:meth:`entries`, streamed: ``page_size`` rows (default 1,000) per read, so a
+        month of entries never has to fit in memory.
+
+        >>> for entry in ledger.iter_entries(since, until, scope="tenant-1"):  # doctest: +SKIP
+        ...     print(entry.cost)
+
+        Pages follow ``(timestamp, id)`` (keyset pagination: each page is an index range
+        scan, however deep). Each page is one operation bounded by ``operation_timeout``,
+        and no connection is held between pages, so a slow consumer holds no lock or
+        snapshot. The pages are separate snapshots: an entry stored while the iteration
+        runs is listed if it sorts after the page being read. Filters are checked on the
+        call, before the first entry is asked for.
+        """
+        checked = check_entry_filters(since, until, scope, model, kind)
+        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        return self._pages(*checked, page_size)
+
+    def _pages(
+        self,
+        low: datetime | None,
+        high: datetime | None,
+        scope: str | None,
+        model: str | None,
+        kind: str | None,
+        page_size: int,
+    ) -> Iterator[LedgerEntry]:
+        cursor: Cursor | None = None
+        while True:
+
+            def read(
+                operation: Operation, after: Cursor | None = cursor
+            ) -> tuple[list[LedgerEntry], Cursor | None]:
+                with self._connection(operation) as connection:
+                    return read_page(
+                        connection,
+                        low,
+                        high,
+                        scope=scope,
+                        model=model,
+                        kind=kind,
+                        after=after,
+                        limit=page_size,
+                        postgres=self._postgres,
+                    )
+
+            page, cursor = self._read("entries", None, read)
+            yield from page
+            if cursor is None:
+                return
+
+    def report(
+        self,
+        by: Grouping = "day",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        budget: CostBudget | None = None,
+        now: datetime | None = None,
+    ) -> SpendReport:
+        """:func:`~llm_resilience.spend.spend_report` of this ledger, grouped by the
+        database in one bounded operation (``GROUP BY``; exact sums, see
+        :mod:`._queries`). Writes still pending are not in the rows (they are in
+        ``remaining``, which reads :meth:`spend`). Measured on 2 cores over a million
+        rows: 3.5-5.5 s on SQLite (each cost is added exactly in Python), so a report
+        of a month that large needs narrower bounds or a larger ``operation_timeout``.
+
+        >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
+        """
+        from llm_resilience.spend import spend_report
+
+        return spend_report(self, by, since, until, scope=scope, budget=budget, now=now)
+
+    def _spend_rows(
+        self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
+    ) -> list[SpendRow]:
+        from llm_resilience.spend import SpendRow
+
+        def read(operation: Operation) -> list[SpendRow]:
+            with self._connection(operation) as connection:
+                groups = read_groups(
+                    connection, by, low, high, scope=scope, postgres=self._postgres
+                )
+            return [SpendRow(*group) for group in groups]
+
+        return self._read("report", None, read)
 
     # -- closing ------------------------------------------------------------------------
 

@@ -1,0 +1,299 @@
+"""``llm-resilience spend``: the spend report of a ledger database, as a table, CSV or JSON.
+
+The core's one built-in command (:mod:`llm_resilience.cli` registers it). It only reads:
+a SQLite file is checked to exist and opened read-only (``mode=ro``), a PostgreSQL
+session is read-only (``default_transaction_read_only``), and a database that holds no
+current ledger is reported, not created or migrated. Every failure is one line on stderr
+naming the URL with its password masked, never a traceback.
+
+SQLAlchemy loads when the command runs, ``rich`` (the ``cli`` extra) only to draw the
+table, and without it the table is plain aligned text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from datetime import UTC, date, datetime, timedelta
+from typing import IO, Any
+
+from llm_resilience.redact import scrubbed
+from llm_resilience.spend import GROUPINGS, SpendReport, SpendRow
+
+__all__ = ["EXIT_DATABASE", "EXIT_OK", "EXIT_USAGE", "configure", "run"]
+
+#: The report was written.
+EXIT_OK = 0
+#: The database could not be read: missing or unreadable file, no ledger in it, a server
+#: that does not answer, a timeout.
+EXIT_DATABASE = 1
+#: The command was used wrongly: an unknown option or value, a bad date, a URL that is
+#: not a SQLite or PostgreSQL database URL (argparse exits 2 for its own errors too).
+EXIT_USAGE = 2
+FORMATS = ("table", "csv", "json")
+_COLUMNS = ("cost", "calls", "input_tokens", "output_tokens", "estimated_calls")
+_UNKNOWN = {"scope": "(unscoped)"}
+
+HELP = "report spend from a ledger database, by day, month, model, kind, surface or scope"
+EPILOG = """\
+Dates are UTC: YYYY-MM-DD, or an ISO 8601 time (without an offset it is UTC).
+--since is inclusive; --until is exclusive, except that a bare date includes that day
+(--since 2026-11-01 --until 2026-11-30 is all of November).
+Money is exact: csv and json carry it as decimal text. The database is only read:
+a missing SQLite file is not created.
+
+exit codes: 0 report written, 1 database problem (missing or unreadable file, not a
+ledger, server down, timeout), 2 usage error (bad option, date or URL)."""
+
+
+class _Problem(Exception):
+    """A failure to report as one line, with the exit code it means."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _moment(text: str, *, end_of_day: bool) -> datetime:
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+            return start + timedelta(days=1) if end_of_day else start
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a UTC date YYYY-MM-DD or an ISO 8601 time, got {text!r}"
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _since(text: str) -> datetime:
+    return _moment(text, end_of_day=False)
+
+
+def _until(text: str) -> datetime:
+    return _moment(text, end_of_day=True)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``spend``'s options to its subparser."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "--db",
+        required=True,
+        metavar="URL",
+        help="the ledger: sqlite:///spend.db or postgresql://user@host/db",
+    )
+    parser.add_argument("--by", choices=GROUPINGS, default="day", help="grouping (default: day)")
+    parser.add_argument("--since", type=_since, metavar="DATE", help="first UTC date or time")
+    parser.add_argument("--until", type=_until, metavar="DATE", help="last UTC date, or end time")
+    parser.add_argument("--scope", metavar="S", help="only this budget scope (default: all)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="default: table")
+
+
+def _read_only_url(url: str) -> str:
+    """``url`` rewritten to open the database read-only; a SQLite file must exist."""
+    from sqlalchemy import exc as sa_exc
+    from sqlalchemy.engine import URL, make_url
+
+    try:
+        parsed = make_url(url)
+    except (sa_exc.ArgumentError, ValueError):
+        raise _Problem("not a database URL", EXIT_USAGE) from None
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        options = parsed.query.get("options", "")
+        # Read-only sessions; the statement bound covers the schema check made before
+        # the ledger opens (the ledger then sets its own).
+        read_only = f"{options} -c default_transaction_read_only=on -c statement_timeout=5000"
+        read_only = read_only.strip()
+        return parsed.update_query_dict({"options": read_only}).render_as_string(
+            hide_password=False
+        )
+    if backend != "sqlite":
+        raise _Problem(
+            f"a {parsed.drivername!r} URL; expected sqlite:///path.db or postgresql://...",
+            EXIT_USAGE,
+        )
+    path = parsed.database
+    if not path or path == ":memory:" or "mode" in parsed.query or "uri" in parsed.query:
+        raise _Problem("expected the URL of a SQLite file, sqlite:///path/to/spend.db", EXIT_USAGE)
+    if not os.path.exists(path):
+        raise _Problem("no such file", EXIT_DATABASE)
+    if not os.path.isfile(path):
+        raise _Problem("not a file", EXIT_DATABASE)
+    if not os.access(path, os.R_OK):
+        raise _Problem("the file is not readable", EXIT_DATABASE)
+    from urllib.parse import quote
+
+    uri = f"file:{quote(os.path.abspath(path))}"
+    sqlite_url = URL.create("sqlite", database=uri, query={"mode": "ro", "uri": "true"})
+    return sqlite_url.render_as_string(hide_password=False)
+
+
+def _check_ledger(url: str) -> None:
+    """Refuse a database without a current ledger before the ledger would create one."""
+    from sqlalchemy import create_engine, inspect
+
+    from llm_resilience.ledger._schema import is_current
+
+    postgres = url.startswith("postgresql")
+    arguments: dict[str, Any] = {"connect_timeout": 5} if postgres else {"timeout": 5}
+    engine = create_engine(url, connect_args=arguments)
+    try:
+        with engine.connect() as connection:
+            if "cost_ledger" not in inspect(connection).get_table_names():
+                raise _Problem("not an llm-resilience ledger (no cost_ledger table)", EXIT_DATABASE)
+            if not is_current(connection):
+                raise _Problem(
+                    "a ledger of an older release: open it once with SqlCostLedger(url) "
+                    "to migrate it, then report",
+                    EXIT_DATABASE,
+                )
+    finally:
+        engine.dispose()
+
+
+def _reason(error: BaseException) -> str:
+    """One line saying what went wrong, without parameters or a password."""
+    cause = getattr(error, "orig", None) or error
+    lines = str(cause).strip().splitlines()
+    text = lines[0] if lines else ""
+    return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+
+
+def _report(url: str, arguments: argparse.Namespace) -> SpendReport:
+    from llm_resilience.ledger import SqlCostLedger
+
+    _check_ledger(url)
+    ledger = SqlCostLedger(url)
+    try:
+        return ledger.report(
+            by=arguments.by, since=arguments.since, until=arguments.until, scope=arguments.scope
+        )
+    finally:
+        ledger.close()
+
+
+def run(arguments: argparse.Namespace) -> int:
+    """Write the report of ``arguments.db``; the exit code (see the module's constants)."""
+    shown = scrubbed(arguments.db)
+    try:
+        url = _read_only_url(arguments.db)
+        report = _report(url, arguments)
+    except _Problem as problem:
+        print(f"llm-resilience spend: {shown}: {problem}", file=sys.stderr)
+        return problem.code
+    except Exception as error:  # any failure to read: one line, never a traceback
+        message = scrubbed(_reason(error))
+        print(f"llm-resilience spend: cannot read {shown}: {message}", file=sys.stderr)
+        return EXIT_DATABASE
+    write = {"csv": _write_csv, "json": _write_json}.get(arguments.format, _write_table)
+    write(report, sys.stdout)
+    return EXIT_OK
+
+
+def _row_fields(row: SpendRow) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "cost": format(row.cost, "f"),
+        "calls": row.calls,
+        "input_tokens": row.input_tokens,
+        "output_tokens": row.output_tokens,
+        "estimated_calls": row.estimated_calls,
+    }
+
+
+def _write_json(report: SpendReport, out: IO[str]) -> None:
+    """The report as one JSON object; money as decimal text, unknown keys as null."""
+    document = {
+        "by": report.by,
+        "since": None if report.since is None else report.since.isoformat(),
+        "until": None if report.until is None else report.until.isoformat(),
+        "scope": report.scope,
+        "rows": [_row_fields(row) for row in report.rows],
+        "total": _row_fields(report.total),
+    }
+    json.dump(document, out, indent=2)
+    out.write("\n")
+
+
+def _write_csv(report: SpendReport, out: IO[str]) -> None:
+    """One line per row, headed by the grouping's name; no total line (sum the rows)."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow((report.by, *_COLUMNS))
+    for row in report.rows:
+        fields = _row_fields(row)
+        writer.writerow(("" if row.key is None else row.key, *(fields[c] for c in _COLUMNS)))
+
+
+def _cells(report: SpendReport, row: SpendRow, total: bool) -> list[str]:
+    key = "total" if total else (row.key or _UNKNOWN.get(report.by, "(unknown)"))
+    return [
+        key,
+        format(row.cost, "f"),
+        f"{row.calls:,}",
+        f"{row.input_tokens:,}",
+        f"{row.output_tokens:,}",
+        f"{row.estimated_share:.0%}",
+    ]
+
+
+def _title(report: SpendReport) -> str:
+    parts = [f"Spend by {report.by}"]
+    if report.since is not None:
+        parts.append(f"since {report.since:%Y-%m-%d %H:%M} UTC")
+    if report.until is not None:
+        parts.append(f"until {report.until:%Y-%m-%d %H:%M} UTC")
+    if report.scope is not None:
+        parts.append(f"scope {report.scope}")
+    return ", ".join(parts)
+
+
+def _write_table(report: SpendReport, out: IO[str]) -> None:
+    """A table with a total line: drawn by ``rich`` when installed, else plain text."""
+    headers = [report.by, "cost", "calls", "input tokens", "output tokens", "estimated"]
+    body = [_cells(report, row, False) for row in report.rows]
+    total = _cells(report, report.total, True)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        _write_plain(_title(report), headers, body, total, out)
+        return
+    table = Table(title=_title(report), show_footer=True)
+    for index, header in enumerate(headers):
+        # Fold, never truncate: a cut cost would be a wrong number.
+        table.add_column(
+            header,
+            footer=total[index],
+            justify="left" if index == 0 else "right",
+            overflow="fold",
+        )
+    for cells in body:
+        table.add_row(*cells)
+    lines = [headers, *body, total]
+    needed = sum(max(len(line[index]) for line in lines) + 3 for index in range(len(headers)))
+    width = None if out.isatty() else max(80, needed + 1)
+    Console(file=out, width=width).print(table)
+
+
+def _write_plain(
+    title: str, headers: list[str], body: list[list[str]], total: list[str], out: IO[str]
+) -> None:
+    lines = [headers, *body, total]
+    widths = [max(len(line[index]) for line in lines) for index in range(len(headers))]
+
+    def render(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join((first, *rest)).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    out.write("\n".join((title, render(headers), rule, *map(render, body), rule, render(total))))
+    out.write("\n")

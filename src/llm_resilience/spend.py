@@ -1,0 +1,257 @@
+"""Spend reports: what a ledger's entries cost, summed per day, month, model, kind,
+surface or scope, with what a budget has left.
+
+>>> from datetime import UTC, datetime
+>>> from decimal import Decimal
+>>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+>>> ledger = InMemoryCostLedger()
+>>> noon = datetime(2026, 11, 29, 12, tzinfo=UTC)
+>>> ledger.record(LedgerEntry(noon, "chat", 1000, 200, Decimal("0.1"), model="gpt-4o"))
+>>> ledger.record(LedgerEntry(noon, "chat", 500, 100, Decimal("0.2"), model="gpt-4o"))
+>>> report = spend_report(ledger, by="model")
+>>> [(row.key, row.cost, row.calls) for row in report.rows]
+[('gpt-4o', Decimal('0.3'), 2)]
+
+Money is exact (``Decimal``) in every row and total, from every ledger. Reports hold
+counts and money only, never prompt or response text. This module imports nothing heavy;
+``to_dataframe`` and plots build on it elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from llm_resilience.ledger._protocol import (
+    LedgerEntry,
+    Window,
+    check_entry_filters,
+    check_now,
+    exact_sum,
+)
+
+if TYPE_CHECKING:
+    from llm_resilience.budget import CostBudget
+
+__all__ = [
+    "GROUPINGS",
+    "Grouping",
+    "SpendReport",
+    "SpendRow",
+    "check_grouping",
+    "entry_key",
+    "group_entries",
+    "spend_report",
+]
+
+Grouping = Literal["day", "month", "model", "kind", "surface", "scope"]
+#: Every grouping a report accepts, in the order the docs list them.
+GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
+# Groupings whose keys are times: rows sorted by key rather than by cost.
+_BY_TIME = ("day", "month")
+
+
+@dataclass(frozen=True, slots=True)
+class SpendRow:
+    """Sums over the entries of one group (or all of them, for a report's total).
+
+    >>> row = SpendRow("gpt-4o", Decimal("0.3"), calls=4, input_tokens=1500,
+    ...                output_tokens=300, estimated_calls=1)
+    >>> row.estimated_share
+    0.25
+    """
+
+    #: The group: ``'2026-11-29'`` (day), ``'2026-11'`` (month), a model, kind, surface or
+    #: scope; None for entries without one (unknown model, unscoped) and for a total.
+    key: str | None
+    #: Exact money of the group's entries.
+    cost: Decimal
+    #: Entries (calls, or other billed things such as OCR pages) in the group.
+    calls: int
+    #: Input (prompt) tokens of the group.
+    input_tokens: int
+    #: Output (completion) tokens of the group.
+    output_tokens: int
+    #: Entries whose token counts were estimated rather than reported by the provider.
+    estimated_calls: int
+
+    @property
+    def estimated_share(self) -> float:
+        """``estimated_calls / calls``: how much of the group rests on estimates (0.0
+        when the group has no calls)."""
+        return self.estimated_calls / self.calls if self.calls else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpendReport:
+    """Spend per group over ``[since, until)``, for ``scope`` or every scope.
+
+    >>> report = SpendReport("day", None, None, None, rows=(), total=_EMPTY)
+    >>> report.total.cost, dict(report.remaining)
+    (Decimal('0'), {})
+    """
+
+    #: What the rows are grouped by.
+    by: Grouping
+    #: Inclusive lower bound of the entries' timestamps (UTC), or None.
+    since: datetime | None
+    #: Exclusive upper bound (UTC), or None.
+    until: datetime | None
+    #: The scope reported on; None: every scope (unscoped entries included).
+    scope: str | None
+    #: One row per group: by key ascending for day and month, else by cost descending
+    #: (ties by key, unknown last).
+    rows: tuple[SpendRow, ...]
+    #: Sums over every row; its key is None.
+    total: SpendRow
+    #: Only with a budget: money left today (``"day"``) and this month (``"month"``) for
+    #: the scope, ``limit - spend`` but not below 0; a window without a limit is absent.
+    remaining: Mapping[str, Decimal] = field(default_factory=dict)
+
+
+_EMPTY = SpendRow(None, Decimal(0), 0, 0, 0, 0)
+
+
+def check_grouping(by: object) -> Grouping:
+    """``by`` if it is a grouping, else ``ValueError`` naming ``by`` and the choices."""
+    for grouping in GROUPINGS:
+        if by == grouping and isinstance(by, str):
+            return grouping
+    choices = ", ".join(repr(each) for each in GROUPINGS)
+    raise ValueError(f"by must be one of {choices}; got {by!r}")
+
+
+def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
+    """The group ``entry`` falls in: its UTC day or month, or its model, kind, surface or
+    scope (None when it has none).
+
+    >>> from datetime import UTC, datetime
+    >>> entry = LedgerEntry(datetime(2026, 11, 29, 23, tzinfo=UTC), "chat")
+    >>> entry_key(entry, "day"), entry_key(entry, "month"), entry_key(entry, "model")
+    ('2026-11-29', '2026-11', None)
+    """
+    if by == "day":
+        return f"{entry.timestamp:%Y-%m-%d}"
+    if by == "month":
+        return f"{entry.timestamp:%Y-%m}"
+    value: str | None = getattr(entry, by)
+    return value or None
+
+
+def group_entries(entries: Iterable[LedgerEntry], by: Grouping) -> list[SpendRow]:
+    """One unsorted row per group of ``entries``, summed exactly in Python: what the
+    in-memory ledger and any third-party ledger's report use."""
+    sums: dict[str | None, list[Any]] = {}
+    for entry in entries:
+        key = entry_key(entry, by)
+        group = sums.get(key)
+        if group is None:
+            group = sums[key] = [[], 0, 0, 0, 0]
+        group[0].append(entry.cost)
+        group[1] += 1
+        group[2] += entry.input_tokens
+        group[3] += entry.output_tokens
+        group[4] += entry.estimated
+    return [
+        SpendRow(key, exact_sum(costs), calls, tokens_in, tokens_out, estimated)
+        for key, (costs, calls, tokens_in, tokens_out, estimated) in sums.items()
+    ]
+
+
+def _sorted(rows: Iterable[SpendRow], by: Grouping) -> tuple[SpendRow, ...]:
+    if by in _BY_TIME:
+        return tuple(sorted(rows, key=lambda row: (row.key is None, row.key or "")))
+    return tuple(sorted(rows, key=lambda row: (-row.cost, row.key is None, row.key or "")))
+
+
+def _total(rows: Iterable[SpendRow]) -> SpendRow:
+    rows = list(rows)
+    return SpendRow(
+        None,
+        exact_sum(row.cost for row in rows),
+        sum(row.calls for row in rows),
+        sum(row.input_tokens for row in rows),
+        sum(row.output_tokens for row in rows),
+        sum(row.estimated_calls for row in rows),
+    )
+
+
+def _remaining(
+    ledger: Any, budget: CostBudget, scope: str | None, now: datetime
+) -> dict[str, Decimal]:
+    """Money left per window: the tightest of the limits that gate a call of ``scope``."""
+    left: dict[str, Decimal] = {}
+    windows: tuple[tuple[Window, Decimal | None, Decimal | None], ...] = (
+        ("day", budget.daily_limit, budget.global_daily_limit),
+        ("month", budget.monthly_limit, budget.global_monthly_limit),
+    )
+    for window, own_limit, global_limit in windows:
+        candidates: list[Decimal] = []
+        if own_limit is not None:
+            spent = ledger.spend(window, scope=scope, now=now)
+            candidates.append(own_limit - spent)
+        if global_limit is not None:
+            spent = ledger.spend(window, scope=None, now=now)
+            candidates.append(global_limit - spent)
+        if candidates:
+            left[window] = max(Decimal(0), min(candidates))
+    return left
+
+
+def spend_report(
+    ledger: Any,
+    by: Grouping = "day",
+    since: datetime | None = None,
+    until: datetime | None = None,
+    *,
+    scope: str | None = None,
+    budget: CostBudget | None = None,
+    now: datetime | None = None,
+) -> SpendReport:
+    """Spend of ``ledger`` per ``by`` group, over ``since <= timestamp < until``.
+
+    >>> from llm_resilience.ledger import InMemoryCostLedger
+    >>> spend_report(InMemoryCostLedger(), by="month").rows
+    ()
+
+    ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"`` or
+    ``"scope"`` (anything else: ``ValueError`` naming ``by`` and these). ``since`` and
+    ``until`` are timezone-aware (naive: ``ValueError``). ``scope`` limits the report to
+    one scope's entries (None: all). With a :class:`~llm_resilience.CostBudget`,
+    :attr:`SpendReport.remaining` says what is left of the day and month holding ``now``
+    (default: the current UTC time), read with the ledger's ``spend`` (holds included),
+    against the same limits the gate applies to a call of ``scope``.
+
+    A ledger with a ``_spend_rows(by, since, until, scope)`` method (both of ours) sums
+    where its data is: :class:`~llm_resilience.ledger.SqlCostLedger` groups in the
+    database. Any other ledger is read through ``entries(since, until)`` and summed here.
+    """
+    grouping = check_grouping(by)
+    low, high, scope, _, _ = check_entry_filters(since, until, scope, None, None)
+    if budget is not None:
+        from llm_resilience.budget import CostBudget
+
+        if not isinstance(budget, CostBudget):
+            raise TypeError(f"budget must be a CostBudget or None, got {type(budget).__name__}")
+    moment = check_now(now)
+    grouped = getattr(ledger, "_spend_rows", None)
+    if grouped is not None:
+        rows: list[SpendRow] = grouped(grouping, low, high, scope)
+    else:
+        chosen = (
+            entry for entry in ledger.entries(low, high) if scope is None or entry.scope == scope
+        )
+        rows = group_entries(chosen, grouping)
+    remaining = {} if budget is None else _remaining(ledger, budget, scope, moment)
+    return SpendReport(
+        by=grouping,
+        since=low,
+        until=high,
+        scope=scope,
+        rows=_sorted(rows, grouping),
+        total=_total(rows),
+        remaining=remaining,
+    )

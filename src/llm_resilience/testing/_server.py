@@ -65,6 +65,12 @@ class FaultInjectingServer:
     A following request whose last message is a tool result gets the text reply, so agent
     loops end.
 
+    Structured output: an OpenAI request with ``response_format`` of type ``json_schema``
+    (what ``ChatOpenAI(...).with_structured_output(Schema)`` sends by default) gets, instead
+    of ``reply``, JSON content that satisfies the schema: the required properties of each
+    object, one item per array (or ``minItems``), the first ``enum`` or ``anyOf`` choice,
+    numbers inside their bounds, ``"test"`` for strings.
+
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
     """

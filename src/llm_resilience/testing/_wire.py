@@ -142,6 +142,137 @@ def _minimal_arguments(schema: object) -> dict[str, Any]:
     return arguments
 
 
+# Structured output: ``response_format={"type": "json_schema", ...}`` (OpenAI) gets JSON
+# content that validates against the schema, so ``with_structured_output`` parses it.
+
+_SAMPLE_TEXT = "test"
+_STRING_FORMATS: dict[str, str] = {
+    "date-time": "2026-01-01T00:00:00Z",
+    "date": "2026-01-01",
+    "time": "00:00:00",
+    "email": "test@example.com",
+    "uri": "https://example.com",
+    "url": "https://example.com",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
+# Deep enough for any real schema; stops a recursive one that requires itself.
+_MAX_DEPTH = 16
+
+
+def _structured_content(provider: Provider, payload: Mapping[str, Any]) -> str | None:
+    """JSON text valid for the request's ``json_schema`` response format, or None."""
+    if provider != "openai":
+        return None
+    response_format = payload.get("response_format")
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return None
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        return "{}"
+    return json.dumps(_instance(schema, schema, 0))
+
+
+def _resolve(reference: str, root: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema a local ``$ref`` (``#/$defs/Name``, ``#/definitions/Name``) points to."""
+    if not reference.startswith("#"):
+        return {}
+    node: object = root
+    for part in reference[1:].split("/"):
+        if not part:
+            continue
+        key = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
+def _instance(schema: object, root: Mapping[str, Any], depth: int) -> Any:
+    """A small value that satisfies ``schema``: the first choice of every alternative."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return None if isinstance(schema, bool) and not schema else {}
+    if "$ref" in schema:
+        target = _resolve(str(schema["$ref"]), root)
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        return _instance({**target, **siblings} if siblings else target, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for keyword in ("anyOf", "oneOf"):
+        options = schema.get(keyword)
+        if isinstance(options, list) and options:
+            usable = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
+            return _instance((usable or options)[0], root, depth + 1)
+    if isinstance(schema.get("allOf"), list):
+        merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+        for part in schema["allOf"]:
+            if isinstance(part, dict) and "$ref" in part:
+                part = _resolve(str(part["$ref"]), root)
+            if isinstance(part, dict):
+                merged.setdefault("properties", {}).update(part.get("properties") or {})
+                merged["required"] = [*merged.get("required", []), *part.get("required", [])]
+                rest = {k: v for k, v in part.items() if k not in ("properties", "required")}
+                merged.update(rest)
+        return _instance(merged, root, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        if "properties" in schema:
+            kind = "object"
+        elif "items" in schema or "prefixItems" in schema:
+            kind = "array"
+        else:
+            kind = "string"
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {
+            name: _instance(properties.get(name, {}), root, depth + 1)
+            for name in schema.get("required") or []
+            if isinstance(name, str)
+        }
+    if kind == "array":
+        prefix = schema.get("prefixItems")
+        items: list[Any] = []
+        if isinstance(prefix, list):
+            items = [_instance(item, root, depth + 1) for item in prefix]
+        wanted = max(1, int(schema.get("minItems", 1)))
+        if isinstance(schema.get("maxItems"), int):
+            wanted = min(wanted, schema["maxItems"])
+        while len(items) < wanted:
+            items.append(_instance(schema.get("items", {}), root, depth + 1))
+        return items
+    if kind in ("integer", "number"):
+        return _number_within(schema, integer=kind == "integer")
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    text = _STRING_FORMATS.get(str(schema.get("format")), _SAMPLE_TEXT)
+    minimum, maximum = schema.get("minLength"), schema.get("maxLength")
+    if isinstance(minimum, int) and len(text) < minimum:
+        text += "x" * (minimum - len(text))
+    if isinstance(maximum, int) and len(text) > maximum:
+        text = text[:maximum]
+    return text
+
+
+def _number_within(schema: Mapping[str, Any], *, integer: bool) -> int | float:
+    """0, or 1 where 0 is excluded, moved into the bounds the schema sets."""
+    value: float = 0
+    if isinstance(schema.get("minimum"), int | float):
+        value = max(value, schema["minimum"])
+    if isinstance(schema.get("exclusiveMinimum"), int | float):
+        value = max(value, schema["exclusiveMinimum"] + 1)
+    if isinstance(schema.get("maximum"), int | float):
+        value = min(value, schema["maximum"])
+    if isinstance(schema.get("exclusiveMaximum"), int | float):
+        value = min(value, schema["exclusiveMaximum"] - 1)
+    if integer or float(value).is_integer():
+        return int(value)
+    return value
+
+
 def _word_chunks(text: str) -> list[str]:
     """Split ``text`` into words with their leading spaces; joined they give ``text`` back."""
     chunks: list[str] = re.findall(r"\s*\S+", text)
@@ -167,10 +298,9 @@ class _Answer:
         self.payload = payload
         self.tool = tool
         self.model = str(payload.get("model") or "fault-server-model")
-        self.text = reply
-        self.pieces = (
-            _word_chunks(json.dumps(tool.arguments)) if tool is not None else _word_chunks(reply)
-        )
+        structured = _structured_content(provider, payload) if tool is None else None
+        self.text = reply if structured is None else structured
+        self.pieces = _word_chunks(json.dumps(tool.arguments) if tool is not None else self.text)
         self.input_tokens = _prompt_words(provider, payload)
         self.output_tokens = max(1, len(self.pieces))
         self.created = int(time.time())

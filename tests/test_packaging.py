@@ -1,0 +1,276 @@
+"""The three distributions as a new user gets them: built, checked, installed, run.
+
+The module builds each distribution (sdist, then the wheel from the sdist, as PyPI users
+get them) once, checks the metadata PyPI shows, then installs the three wheels into a
+fresh ``python -m venv`` and runs the ``llm-resilience`` command there.
+
+It needs ``build`` (and ``twine`` for the check), which the ``dev`` dependency group
+installs; without them it skips, except under ``CI=true`` where it fails (deselect it with
+``-m 'not packaging'``). Dependencies come from PyPI through pip's cache;
+``LLM_RESILIENCE_WHEELHOUSE`` (default: a folder in the user's cache) keeps their wheels,
+so later runs install without asking an index.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+import zipfile
+from email.message import Message
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.packaging
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECTS = {
+    "llm-resilience": ROOT,
+    "langchain-llm-resilience": ROOT / "integrations" / "langchain",
+    "llama-index-resilience": ROOT / "integrations" / "llama-index",
+}
+URL = "https://github.com/llm-resilience/llm-resilience"
+# Installing into the fresh venv from a filled wheelhouse must stay well inside this.
+INSTALL_BUDGET_SECONDS = 90.0
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _require(distribution: str) -> None:
+    # By distribution, not module: the repository's own build/ folder is importable as "build".
+    if _installed(distribution):
+        return
+    reason = f"{distribution} is not installed (pip install --group dev)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason}, and CI=true requires the packaging checks")
+    pytest.skip(reason)
+
+
+def _run(
+    command: list[str], *, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _checked(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, (
+        f"{' '.join(result.args)} exited {result.returncode}\n"
+        f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}"
+    )
+    return result
+
+
+def _wheel_name(distribution: str) -> str:
+    return distribution.replace("-", "_")
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the sdist and wheel of each distribution, built in parallel."""
+    _require("build")
+    _require("setuptools")
+    out = tmp_path_factory.mktemp("dist")
+    started = time.monotonic()
+    builds = {
+        name: subprocess.Popen(
+            # The dev group's setuptools (the build-system requirement): no isolated
+            # environment to set up; `make dist` builds isolated, as a publisher would.
+            [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, path in PROJECTS.items()
+    }
+    for name, process in builds.items():
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, f"building {name} failed:\n{output[-4000:]}"
+        assert "cannot be found" not in output, f"building {name} warned:\n{output[-4000:]}"
+    print(f"\nbuilt 3 sdists and wheels in {time.monotonic() - started:.1f} s")
+    return out
+
+
+def _wheel(dist: Path, distribution: str) -> Path:
+    (wheel,) = dist.glob(f"{_wheel_name(distribution)}-*.whl")
+    return wheel
+
+
+def _metadata(wheel: Path) -> tuple[Message, set[str]]:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (path,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        text = archive.read(path).decode()
+    return email.parser.Parser(policy=email.policy.compat32).parsestr(text), names
+
+
+def test_each_adapter_ships_the_same_license_as_the_core() -> None:
+    license_text = (ROOT / "LICENSE").read_text()
+    assert license_text.startswith("MIT License")
+    assert "Copyright (c) 2026 The llm-resilience authors" in license_text
+    for path in PROJECTS.values():
+        assert (path / "LICENSE").read_text() == license_text, path
+        project = tomllib.loads((path / "pyproject.toml").read_text())["project"]
+        assert project["license"] == "MIT"
+        assert project["license-files"] == ["LICENSE"]
+        assert "dev" not in project.get("optional-dependencies", {}), "dev is published"
+
+
+@pytest.mark.parametrize("distribution", list(PROJECTS))
+def test_the_wheel_metadata_is_complete(dist: Path, distribution: str) -> None:
+    metadata, names = _metadata(_wheel(dist, distribution))
+    assert metadata["Name"] == distribution
+    assert metadata["License-Expression"] == "MIT"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+    assert metadata["Author"] == "The llm-resilience authors"
+    assert "llm" in (metadata["Keywords"] or "").split(",")
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL") or [])
+    assert set(urls) == {"Homepage", "Documentation", "Source", "Issues"}
+    assert all(url.startswith(URL) for url in urls.values())
+
+    classifiers = metadata.get_all("Classifier") or []
+    for wanted in (
+        "Development Status :: 3 - Alpha",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Typing :: Typed",
+    ):
+        assert wanted in classifiers
+    if _installed("trove-classifiers"):
+        from trove_classifiers import classifiers as known
+
+        assert set(classifiers) <= known, set(classifiers) - known
+
+    extras = set(metadata.get_all("Provides-Extra") or [])
+    assert "dev" not in extras
+    if distribution == "langchain-llm-resilience":
+        assert "demo" in extras
+    assert any(name.endswith("/py.typed") for name in names)
+
+    assert metadata["Description-Content-Type"] == "text/markdown"
+    description = metadata.get_payload()
+    assert isinstance(description, str)
+    assert len(description) > 500
+    # Relative links break on PyPI: every link in the long description is absolute.
+    links = re.findall(r"\]\(([^)]+)\)", description)
+    assert links
+    assert [link for link in links if not link.startswith("https://")] == []
+
+
+def test_twine_check_strict_passes(dist: Path) -> None:
+    _require("twine")
+    files = sorted(str(path) for path in dist.iterdir())
+    assert len(files) == 6
+    result = _checked(_run([sys.executable, "-m", "twine", "check", "--strict", *files]))
+    assert result.stdout.count("PASSED") == 6
+
+
+def _wheelhouse() -> Path:
+    configured = os.environ.get("LLM_RESILIENCE_WHEELHOUSE")
+    if configured:
+        return Path(configured)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "llm-resilience" / "wheelhouse"
+
+
+def _pip_install(venv_python: Path, requirements: list[str]) -> bool:
+    """Install into the fresh venv with this venv's pip; dependencies from the wheelhouse.
+
+    A wheelhouse missing something is refilled from PyPI (through pip's cache) once;
+    returns whether that was needed.
+    """
+    pip = [sys.executable, "-m", "pip", "--python", str(venv_python)]
+    wheelhouse = _wheelhouse()
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    offline = [*pip, "install", "--no-compile", "--quiet", "--no-index"]
+    result = _run([*offline, "--find-links", str(wheelhouse), *requirements])
+    if result.returncode == 0:
+        return False
+    download = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(wheelhouse)]
+    _checked(_run([*download, *requirements]))
+    for ours in PROJECTS:  # our own wheels always come from this build, never the cache
+        for stale in wheelhouse.glob(f"{_wheel_name(ours)}-*"):
+            stale.unlink()
+    _checked(_run([*offline, "--find-links", str(wheelhouse), *requirements]))
+    return True
+
+
+@pytest.mark.timeout(600)
+def test_the_built_wheels_install_into_a_fresh_venv_and_the_cli_runs(
+    dist: Path, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    venv = tmp_path / "venv"
+    _checked(_run([sys.executable, "-m", "venv", "--without-pip", str(venv)]))
+    python = venv / "bin" / "python"
+    core_extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get(
+        "optional-dependencies", {}
+    )
+    core = str(_wheel(dist, "llm-resilience")) + ("[cli]" if "cli" in core_extras else "")
+    requirements = [
+        core,
+        f"{_wheel(dist, 'langchain-llm-resilience')}[demo]",
+        str(_wheel(dist, "llama-index-resilience")),
+    ]
+    downloaded = _pip_install(python, requirements)
+    installed = time.monotonic() - started
+
+    probe = _checked(
+        _run(
+            [
+                str(python),
+                "-c",
+                "import llm_resilience, langchain_llm_resilience, llama_index.resilience as li;"
+                "print(llm_resilience.__file__, langchain_llm_resilience.__file__, li.__file__)",
+            ],
+            cwd=tmp_path,
+        )
+    )
+    assert all(path.startswith(str(venv)) for path in probe.stdout.split()), probe.stdout
+
+    cli = str(venv / "bin" / "llm-resilience")
+    usage = _checked(_run([cli, "--help"], cwd=tmp_path)).stdout
+    assert "demo" in usage
+    demo = _checked(_run([cli, "demo"], cwd=tmp_path, timeout=120))
+    assert "served by the secondary" in demo.stdout, demo.stdout[-4000:]
+    if re.search(r"^\s+spend\b", usage, re.MULTILINE):  # once the core registers it
+        spend = _checked(_run([cli, "spend", "--help"], cwd=tmp_path)).stdout
+        assert "--db" in spend
+    print(
+        f"\nfresh venv: installed in {installed:.1f} s, "
+        f"all checks in {time.monotonic() - started:.1f} s"
+    )
+    if not downloaded:  # a first run on a new machine also fills the wheelhouse from PyPI
+        assert installed < INSTALL_BUDGET_SECONDS
+
+
+@pytest.mark.timeout(600)
+def test_demo_without_the_demo_extra_prints_one_line_naming_it(dist: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    _checked(_run([sys.executable, "-m", "venv", "--without-pip", str(venv)]))
+    adapter = _wheel(dist, "langchain-llm-resilience")
+    _pip_install(venv / "bin" / "python", [str(_wheel(dist, "llm-resilience")), str(adapter)])
+    result = _run([str(venv / "bin" / "llm-resilience"), "demo"], cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert 'pip install "langchain-llm-resilience[demo]"' in lines[0]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit docs dist bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,9 +12,12 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml integrations/langchain/pyproject.toml integrations/llama-index/pyproject.toml
 	$(BIN)/python -m pip install --quiet \
-		-e ".[dev,redis,postgres]" \
-		-e "integrations/langchain[dev]" \
-		-e "integrations/llama-index[dev]"
+		-e ".[redis,postgres]" \
+		-e "integrations/langchain[demo]" \
+		-e "integrations/llama-index" \
+		--group dev \
+		--group integrations/langchain/pyproject.toml:dev \
+		--group integrations/llama-index/pyproject.toml:dev
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -32,7 +35,19 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit
+test: lint typecheck unit docs dist
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
+
+# The three distributions (each sdist, then its wheel built from the sdist) in build/dist,
+# checked as PyPI will: long description renders, metadata complete.
+dist: $(STAMP)
+	rm -rf build/dist
+	$(BIN)/python -m build --quiet --outdir build/dist .
+	$(BIN)/python -m build --quiet --outdir build/dist integrations/langchain
+	$(BIN)/python -m build --quiet --outdir build/dist integrations/llama-index
+	$(BIN)/twine check --strict build/dist/*
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

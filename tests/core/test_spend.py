@@ -172,15 +172,43 @@ async def test_aentries_answers_like_entries(ledger: Any) -> None:
 def test_iter_entries_streams_every_entry_once_in_order_across_page_boundaries(
     ledger: Any, page_size: int
 ) -> None:
-    if isinstance(ledger, InMemoryCostLedger):
-        streamed = list(ledger.iter_entries())
-    else:
-        streamed = list(ledger.iter_entries(page_size=page_size))
+    streamed = list(ledger.iter_entries(page_size=page_size))
     # Three entries share the first timestamp: a page boundary between them loses none.
     assert streamed == ENTRIES
     assert [e.entry_id for e in streamed] == [e.entry_id for e in ENTRIES]
     filtered = ledger.iter_entries(datetime(2026, 11, 1, tzinfo=UTC), kind="chat")
     assert list(filtered) == ENTRIES[4:7]
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 100])
+async def test_aiter_entries_streams_like_iter_entries_without_blocking_the_loop(
+    ledger: Any, page_size: int
+) -> None:
+    streamed = [entry async for entry in ledger.aiter_entries(page_size=page_size)]
+    filtered = ledger.aiter_entries(datetime(2026, 11, 1, tzinfo=UTC), kind="chat")
+
+    assert streamed == ENTRIES
+    assert [entry async for entry in filtered] == ENTRIES[4:7]
+
+
+async def test_aiter_entries_holds_no_connection_between_pages(tmp_path: Path) -> None:
+    ledger = SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}")
+    for entry in ENTRIES:
+        ledger.record(entry)
+    stream = ledger.aiter_entries(page_size=2)
+    assert await anext(stream) == ENTRIES[0]
+    assert ledger._engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    later = LedgerEntry(T0 + timedelta(days=5), "chat", cost=Decimal("9"))
+    await ledger.arecord(later)
+    assert [entry async for entry in stream] == [*ENTRIES[1:], later]
+    ledger.close()
+
+
+def test_both_ledgers_refuse_a_page_size_below_one_on_the_call(ledger: Any) -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        ledger.iter_entries(page_size=0)
+    with pytest.raises(ValueError, match="page_size"):
+        ledger.aiter_entries(page_size=0)
 
 
 def test_iter_entries_holds_no_connection_between_pages(tmp_path: Path) -> None:

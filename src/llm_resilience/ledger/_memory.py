@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from llm_resilience import _checks
 from llm_resilience._checks import duration, whole
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
@@ -233,10 +234,33 @@ class InMemoryCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        page_size: int = 1000,
     ) -> Iterator[LedgerEntry]:
-        """:meth:`entries` as an iterator (the entries are in memory already; this is
-        for code written against :meth:`SqlCostLedger.iter_entries`)."""
-        yield from self.entries(since, until, scope=scope, model=model, kind=kind)
+        """:meth:`entries` as an iterator (the entries are in memory already; this and
+        ``page_size`` are for code written against :meth:`SqlCostLedger.iter_entries`)."""
+        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        return iter(self.entries(since, until, scope=scope, model=model, kind=kind))
+
+    def aiter_entries(
+        self,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+        model: str | None = None,
+        kind: str | None = None,
+        page_size: int = 1000,
+    ) -> AsyncIterator[LedgerEntry]:
+        """:meth:`iter_entries` for async callers (as :meth:`SqlCostLedger.aiter_entries`)."""
+        chosen = self.iter_entries(
+            since, until, scope=scope, model=model, kind=kind, page_size=page_size
+        )
+
+        async def entries() -> AsyncIterator[LedgerEntry]:
+            for entry in chosen:
+                yield entry
+
+        return entries()
 
     def report(
         self,

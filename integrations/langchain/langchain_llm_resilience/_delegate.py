@@ -271,6 +271,11 @@ class DelegatingChatModel(BaseChatModel):
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
         """After the call: ``message`` is the answer, or None if there is none to account."""
 
+    def _reads_answer(self, context: Any) -> bool:
+        """Whether :meth:`_end` reads a completed stream's answer; if not, the stream's
+        chunks are not merged for it (a merge of five chunks costs about 25 µs)."""
+        return True
+
     async def _aend(
         self, context: Any, messages: list[BaseMessage], message: BaseMessage | None
     ) -> None:
@@ -420,7 +425,8 @@ class DelegatingChatModel(BaseChatModel):
             raise
         finally:
             if outcome == "completed":
-                self._end(context, messages, _merged(chunks))
+                if self._reads_answer(context):
+                    self._end(context, messages, _merged(chunks))
             elif outcome == "closed":
                 self._end_early(context, messages, chunks)
             else:
@@ -449,7 +455,8 @@ class DelegatingChatModel(BaseChatModel):
             raise
         finally:
             if outcome == "completed":
-                await self._aend(context, messages, _merged(chunks))
+                if self._reads_answer(context):
+                    await self._aend(context, messages, _merged(chunks))
             elif outcome == "closed":
                 await self._aend_early(context, messages, chunks)
             else:

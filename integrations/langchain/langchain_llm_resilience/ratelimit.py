@@ -105,8 +105,11 @@ class RateLimitedChatModel(DelegatingChatModel):
         await self.rate_limiter_in_use.aacquire(weight, surface="chat")
         return weight
 
+    def _reads_answer(self, context: Any) -> bool:
+        return bool(context)  # a call that weighed no tokens has nothing to reconcile
+
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
-        if message is None:
+        if message is None or not self._reads_answer(context):
             return
         usage = getattr(message, "usage_metadata", None) or {}
         reconcile_with_usage(

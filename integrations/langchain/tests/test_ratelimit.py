@@ -115,6 +115,26 @@ def test_tokens_per_minute_weighs_the_prompt_and_max_tokens_and_reconciles_usage
     assert limiter.reconciled == [(weight, usage["input_tokens"] + usage["output_tokens"])]
 
 
+async def test_a_token_budget_is_reconciled_after_every_call_shape_and_a_request_budget_never() -> (
+    None
+):
+    weighed = CountingLimiter(TokenBucketRateLimiter(6000, tokens_per_minute=600_000))
+    counted = CountingLimiter()
+    for limiter in (weighed, counted):
+        model = RateLimitedChatModel(
+            inner=ScriptedChatModel(responses=["one two three"]), limiter=limiter
+        )
+        model.invoke("a", max_tokens=50)
+        await model.ainvoke("b", max_tokens=50)
+        assert "".join(str(c.content) for c in model.stream("c", max_tokens=50))
+        assert "".join([str(c.content) async for c in model.astream("d", max_tokens=50)])
+
+    assert [weight for weight, _ in weighed.reconciled] == [w for w, _ in weighed.acquired]
+    assert len(weighed.reconciled) == 4
+    assert all(actual > 0 for _, actual in weighed.reconciled)  # the streams' usage too
+    assert counted.reconciled == []  # no token budget: nothing weighed, nothing to settle
+
+
 def test_tools_and_structured_output_pass_through_and_still_take_permits() -> None:
     @tool
     def magic_function(input: int) -> int:

@@ -22,12 +22,19 @@ if TYPE_CHECKING:
         BudgetExceededError,
         LedgerTimeoutError,
         LLMResilienceError,
+        NoCapableMemberError,
         PerClientTimeoutError,
         RateLimitBackendError,
         RateLimitQueueFullError,
         RequestExceedsCapacityError,
     )
-    from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart
+    from llm_resilience.fallback import (
+        Cooldown,
+        FallbackChain,
+        MemberProfile,
+        RequestNeeds,
+        StreamRestart,
+    )
     from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
     from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
     from llm_resilience.retry import RetryPolicy
@@ -44,13 +51,16 @@ __all__ = [
     "LLMResilienceError",
     "LedgerEntry",
     "LedgerTimeoutError",
+    "MemberProfile",
     "ModelPrice",
+    "NoCapableMemberError",
     "ServingModel",
     "PerClientTimeoutError",
     "RateLimitQueueFullError",
     "RedisTokenBucketRateLimiter",
     "RateLimitBackendError",
     "RequestExceedsCapacityError",
+    "RequestNeeds",
     "ResiliencePlan",
     "ResilienceStack",
     "RetryPolicy",
@@ -77,8 +87,11 @@ _LOCATIONS = {
     "RateLimitQueueFullError": "llm_resilience.errors",
     "RateLimitBackendError": "llm_resilience.errors",
     "RequestExceedsCapacityError": "llm_resilience.errors",
+    "NoCapableMemberError": "llm_resilience.errors",
     "Cooldown": "llm_resilience.fallback",
     "FallbackChain": "llm_resilience.fallback",
+    "MemberProfile": "llm_resilience.fallback",
+    "RequestNeeds": "llm_resilience.fallback",
     "StreamRestart": "llm_resilience.fallback",
     "InMemoryCostLedger": "llm_resilience.ledger",
     "LedgerEntry": "llm_resilience.ledger",

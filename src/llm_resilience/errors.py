@@ -6,6 +6,7 @@
     ├── RateLimitQueueFullError
     ├── RateLimitBackendError
     ├── RequestExceedsCapacityError (also a builtin ``ValueError``)
+    ├── NoCapableMemberError (also a builtin ``ValueError``)
     └── LedgerTimeoutError (also a builtin ``TimeoutError``)
 
 Each carries its facts as attributes and states them in its message. None of the
@@ -24,6 +25,7 @@ __all__ = [
     "BudgetExceededError",
     "LLMResilienceError",
     "LedgerTimeoutError",
+    "NoCapableMemberError",
     "PerClientTimeoutError",
     "RateLimitBackendError",
     "RateLimitQueueFullError",
@@ -36,18 +38,26 @@ class LLMResilienceError(Exception):
 
 
 class PerClientTimeoutError(LLMResilienceError, TimeoutError):
-    """A fallback chain's ``per_client_timeout`` elapsed on the last client.
+    """A fallback chain's time limit elapsed on the last client.
 
-    Raised instead of a cancellation, so a total outage never looks like the caller
-    going away. ``__cause__`` is the cancellation or timeout of that last attempt.
+    The limit is ``per_client_timeout``, or ``first_token_timeout``/``idle_timeout``
+    (named by ``option``). Raised instead of a cancellation, so a total outage never looks
+    like the caller going away. ``__cause__`` is the cancellation or timeout of that last
+    attempt.
     """
 
-    def __init__(self, client_index: int, timeout: timedelta) -> None:
+    def __init__(
+        self, client_index: int, timeout: timedelta, option: str = "per_client_timeout"
+    ) -> None:
         #: Position of the client whose attempt timed out (0 is the primary).
         self.client_index = client_index
-        #: The configured per-client timeout.
+        #: The configured limit that elapsed.
         self.timeout = timeout
-        super().__init__(f"Client {client_index} timed out after {timeout}; no client is left.")
+        #: Which option set it: ``per_client_timeout``, ``first_token_timeout`` or
+        #: ``idle_timeout``.
+        self.option = option
+        limit = str(timeout) if option == "per_client_timeout" else f"{timeout} ({option})"
+        super().__init__(f"Client {client_index} timed out after {limit}; no client is left.")
 
 
 class BudgetExceededError(LLMResilienceError):
@@ -119,6 +129,28 @@ class RequestExceedsCapacityError(LLMResilienceError, ValueError):
         super().__init__(
             f"Request needs {requested} {unit} but the bucket holds at most {capacity} "
             f"({option}={capacity}); it could never be granted."
+        )
+
+
+class NoCapableMemberError(LLMResilienceError, ValueError):
+    """No member of a fallback chain may take a request, by what the chain knows of them.
+
+    Raised before any provider is called when every member is known (from its model
+    profile or a declared :class:`~llm_resilience.fallback.MemberProfile`) to lack
+    something the request carries. ``missing`` maps each member's position to the
+    capabilities it lacks (``"tool_calling"``, ``"image_inputs"``,
+    ``"structured_output"``). Not transient: another provider cannot change the request.
+    """
+
+    def __init__(self, missing: dict[int, tuple[str, ...]]) -> None:
+        #: Member position -> the capabilities the request needs and that member lacks.
+        self.missing = missing
+        lacks = "; ".join(
+            f"member {index} lacks {', '.join(names)}" for index, names in sorted(missing.items())
+        )
+        super().__init__(
+            f"No member of the fallback chain can take this request: {lacks}. Remove what "
+            f"the request carries, or add a member that supports it."
         )
 
 

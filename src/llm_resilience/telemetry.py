@@ -14,15 +14,25 @@ meter forwards to it). Without an SDK every call is a no-op.
   the database to answer again; attribute ``backend`` (sqlite, postgresql).
 * ``llm_resilience.ledger.dropped``: counter, pending writes given up (the queue was full,
   or the database refused the write); attribute ``backend``.
+* ``llm_resilience.fallback.circuit.state``: observable gauge, one point per member of
+  every live fallback chain that has a ``Cooldown``: 0 closed, 1 half-open (a trial call
+  is due), 2 open (skipped); attributes ``chain`` (a number per chain in this process)
+  and ``client`` (the member's index).
+* ``llm_resilience.fallback.circuit.failures``: observable gauge, transient failures
+  counted in each member's current window; same attributes.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 __all__ = [
+    "CIRCUIT_FAILURES",
+    "CIRCUIT_STATE",
     "LEDGER_DROPPED",
     "LEDGER_PENDING",
     "LLM_COST",
@@ -35,6 +45,7 @@ __all__ = [
     "record_ledger_pending",
     "record_llm_usage",
     "record_rate_limit_wait",
+    "watch_circuit",
 ]
 
 METER_NAME = "llm_resilience"
@@ -43,6 +54,8 @@ LLM_TOKENS = "llm_resilience.llm.tokens"
 LLM_COST = "llm_resilience.llm.cost"
 LEDGER_PENDING = "llm_resilience.ledger.pending"
 LEDGER_DROPPED = "llm_resilience.ledger.dropped"
+CIRCUIT_STATE = "llm_resilience.fallback.circuit.state"
+CIRCUIT_FAILURES = "llm_resilience.fallback.circuit.failures"
 
 Surface = Literal["chat", "embedding"]
 Outcome = Literal["granted", "rejected", "cancelled", "faulted"]
@@ -144,3 +157,75 @@ def record_ledger_dropped(count: int, *, backend: str) -> None:
     _instrument(
         "counter", LEDGER_DROPPED, "{entry}", "Pending ledger writes given up, never written."
     ).add(count, {"backend": backend})
+
+
+# -- circuit state -----------------------------------------------------------------------
+
+
+class _MemberState(Protocol):
+    @property
+    def client(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def failures(self) -> int: ...
+
+
+class _Circuit(Protocol):
+    chain_id: int
+
+    def health(self) -> Sequence[_MemberState]: ...
+
+
+_CIRCUIT_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
+_circuits: weakref.WeakSet[Any] = weakref.WeakSet()
+_circuit_gauges_made = False
+
+
+def watch_circuit(circuit: _Circuit) -> None:
+    """Report ``circuit``'s members in the circuit gauges for as long as it lives.
+
+    The gauges are observed, not recorded: a metric reader asks for them at each
+    collection, and a chain that was garbage-collected simply stops appearing.
+    """
+    global _circuit_gauges_made
+    _circuits.add(circuit)
+    if _circuit_gauges_made:
+        return
+    with _lock:
+        if _circuit_gauges_made:
+            return
+        meter = _meter()
+        meter.create_observable_gauge(
+            CIRCUIT_STATE,
+            callbacks=[_observe_states],
+            unit="1",
+            description="Fallback member circuit: 0 closed, 1 half-open, 2 open.",
+        )
+        meter.create_observable_gauge(
+            CIRCUIT_FAILURES,
+            callbacks=[_observe_failures],
+            unit="{failure}",
+            description="Transient failures counted in each fallback member's window.",
+        )
+        _circuit_gauges_made = True
+
+
+def _members() -> Iterator[tuple[dict[str, int], _MemberState]]:
+    for circuit in list(_circuits):
+        for member in circuit.health():
+            yield {"chain": circuit.chain_id, "client": member.client}, member
+
+
+def _observe_states(_options: Any) -> Iterator[Any]:
+    from opentelemetry.metrics import Observation
+
+    for attributes, member in _members():
+        yield Observation(_CIRCUIT_LEVEL[member.state], attributes)
+
+
+def _observe_failures(_options: Any) -> Iterator[Any]:
+    from opentelemetry.metrics import Observation
+
+    for attributes, member in _members():
+        yield Observation(member.failures, attributes)

@@ -12,10 +12,14 @@ An error is transient when trying the same request elsewhere (or later) may succ
   ``ConnectionError``);
 * it is a timeout (builtin and asyncio ``TimeoutError``, the transports' and SDKs'
   timeouts, a fallback chain's own per-client timeout);
+* it is a stream event the SDK could not decode: the ``json.JSONDecodeError`` that
+  openai and anthropic raise from their SSE decoder for one broken event (the same
+  error raised anywhere else is not transient);
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
   whatever the case.
 
 Never transient, whatever they say: :class:`~llm_resilience.errors.BudgetExceededError`,
+:class:`~llm_resilience.errors.NoCapableMemberError`,
 :class:`~llm_resilience.errors.RateLimitQueueFullError`, ``asyncio.CancelledError``,
 ``KeyboardInterrupt`` and ``SystemExit``.
 
@@ -31,12 +35,14 @@ False
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llm_resilience.errors import (
     BudgetExceededError,
+    NoCapableMemberError,
     RateLimitBackendError,
     RateLimitQueueFullError,
     RequestExceedsCapacityError,
@@ -61,6 +67,7 @@ _KEYWORDS = ("rate limit", "throttl", "timeout", "unavailable")
 
 _PINNED_NON_TRANSIENT: tuple[type[BaseException], ...] = (
     BudgetExceededError,
+    NoCapableMemberError,
     RateLimitQueueFullError,
     RateLimitBackendError,
     RequestExceedsCapacityError,
@@ -170,6 +177,27 @@ def _is_transport_type(cls: type) -> bool:
     return False
 
 
+# The SDK modules that decode a stream's SSE events. openai and anthropic call
+# ``json.loads`` on each event's data there and let its ``JSONDecodeError`` out as is.
+_SSE_DECODERS = frozenset({"openai._streaming", "anthropic._streaming"})
+
+
+def _is_broken_stream_event(exc: BaseException) -> bool:
+    """A ``JSONDecodeError`` raised while an SDK decoded one SSE event of a stream.
+
+    Only that: a ``JSONDecodeError`` from anywhere else (a tool's arguments, a user's
+    own parsing) and every other ``ValueError`` stay non-transient.
+    """
+    if not isinstance(exc, json.JSONDecodeError):
+        return False
+    frame = exc.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_globals.get("__name__") in _SSE_DECODERS:
+            return True
+        frame = frame.tb_next
+    return False
+
+
 def _message_has_keyword(exc: BaseException) -> bool:
     try:
         text = str(exc).lower()
@@ -239,7 +267,11 @@ class TransientClassifier:
             if status is not None:
                 if status in self.status_codes:
                     return True
-            elif isinstance(error, _BUILTIN_TRANSIENT) or _is_transport_type(type(error)):
+            elif (
+                isinstance(error, _BUILTIN_TRANSIENT)
+                or _is_transport_type(type(error))
+                or _is_broken_stream_event(error)
+            ):
                 return True
             if _message_has_keyword(error):
                 return True

@@ -742,7 +742,7 @@ def test_is_content_keeps_empty_chunks_out_of_the_token_count(
     ]
 
 
-def test_a_sync_stream_timeout_spans_the_consumers_time_too() -> None:
+def test_a_sync_stream_timeout_never_counts_the_consumers_time() -> None:
     restarts: list[StreamRestart] = []
 
     def fast() -> Iterator[str]:
@@ -757,17 +757,17 @@ def test_a_sync_stream_timeout_spans_the_consumers_time_too() -> None:
         received.append(chunk)
         if chunk == "a1":
             time.sleep(0.15)  # the consumer, not the client, is slow
-    assert received == ["a0", "a1", "b0", "b1"]
-    assert [(r.failed_client, r.next_client, r.chunks) for r in restarts] == [(0, 1, 2)]
-    assert isinstance(restarts[0].error, TimeoutError)
+    assert received == ["a0", "a1", "a2"]
+    assert restarts == []
 
 
-async def test_an_async_stream_timeout_spans_the_consumers_time_too() -> None:
+async def test_an_async_stream_timeout_never_counts_the_consumers_time() -> None:
     restarts: list[StreamRestart] = []
 
     async def fast() -> AsyncIterator[str]:
         for chunk in ("a0", "a1", "a2"):
-            yield chunk  # ready at once: nothing for a timeout to interrupt
+            await asyncio.sleep(0.01)
+            yield chunk
 
     async def backup() -> AsyncIterator[str]:
         yield "b0"
@@ -779,9 +779,8 @@ async def test_an_async_stream_timeout_spans_the_consumers_time_too() -> None:
         received.append(chunk)
         if chunk == "a1":
             await asyncio.sleep(0.15)  # the consumer, not the client, is slow
-    assert received == ["a0", "a1", "b0", "b1"]
-    assert [(r.failed_client, r.next_client, r.chunks) for r in restarts] == [(0, 1, 2)]
-    assert isinstance(restarts[0].error, TimeoutError)
+    assert received == ["a0", "a1", "a2"]
+    assert restarts == []
 
 
 def test_the_last_stream_timing_out_raises_per_client_timeout_error(

@@ -30,6 +30,7 @@ from langchain_core.runnables import (
     RunnableMap,
     RunnablePassthrough,
 )
+from langchain_core.utils._merge import merge_dicts
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import (
@@ -46,7 +47,16 @@ from langchain_llm_resilience._delegate import (
     without_tracing,
 )
 from langchain_llm_resilience._restart import SINK_KWARG, STREAM_RESTART_EVENT, RestartSink
-from llm_resilience.fallback import Cooldown, FallbackChain, StreamRestart, warn_if_self_retrying
+from llm_resilience.fallback import (
+    Cooldown,
+    FallbackChain,
+    MemberHealth,
+    MemberProfile,
+    RequestNeeds,
+    StreamRestart,
+    resolve_member_profiles,
+    warn_if_self_retrying,
+)
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 
@@ -69,9 +79,13 @@ class FallbackChatModel(BaseChatModel):
     ... )  # doctest: +SKIP
 
     A 429, a 503, a dropped connection or a timeout on one model sends the same request
-    to the next one at once; any other error propagates. ``per_client_timeout``
-    (seconds or ``timedelta``, default None = unbounded) bounds each attempt, a stream's
-    whole duration included. One call is one LLM run in callbacks and traces; its
+    to the next one at once; any other error propagates. Three time limits (seconds or
+    ``timedelta``, each default None = off) count only time spent waiting on a member,
+    never time your code holds a chunk: ``per_client_timeout`` bounds each attempt's
+    waits together; ``first_token_timeout`` bounds the wait for a stream's first content
+    (and an ``invoke``'s whole response); ``idle_timeout`` bounds each silence once a
+    stream's content has started, so a stalled stream restarts on the next model.
+    One call is one LLM run in callbacks and traces; its
     ``usage_metadata`` and ``response_metadata["model_name"]`` are those of the model
     that served, and ``response_metadata["fallback_client"]`` is its index. A member's
     own ``rate_limiter`` and cache apply to its attempt. A stream that restarts on the
@@ -82,8 +96,16 @@ class FallbackChatModel(BaseChatModel):
     ``max_retries=0``: a model that retries by itself delays failover by its whole retry
     schedule (a warning says so once).
 
+    A prompt too long for a member (LangChain's ``ContextOverflowError``) goes to the
+    next member whose context window is larger, and propagates when there is none; a
+    request with tools, images or structured output skips the members known not to
+    support them. What is known of a member comes from its model profile
+    (``max_input_tokens``, ``tool_calling``, ``image_inputs``, ``structured_output``);
+    ``member_profiles=[MemberProfile(context_window=128_000), None]`` declares or
+    overrides it per member.
+
     Raises ``ValueError``/``TypeError`` naming the option for fewer than 2 models, a
-    member that is not a ``BaseChatModel``, or a bad ``per_client_timeout``/``cooldown``.
+    member that is not a ``BaseChatModel``, or a bad time limit or ``cooldown``.
     """
 
     resilience_layer: ClassVar[bool] = True
@@ -95,10 +117,17 @@ class FallbackChatModel(BaseChatModel):
     """The members, in the order they are tried (at least 2)."""
     per_client_timeout: float | timedelta | None = None
     """Upper bound on each attempt, in seconds or a ``timedelta``; None is unbounded."""
+    first_token_timeout: float | timedelta | None = None
+    """Longest wait for a stream's first content (an ``invoke``'s whole reply); None: off."""
+    idle_timeout: float | timedelta | None = None
+    """Longest silence between chunks once a stream's content started; None: off."""
     cooldown: Cooldown | None = None
     """Opt-in circuit breaker: skip a member for a while after repeated failures."""
     classifier: Callable[[BaseException], bool] | None = Field(default=None, exclude=True)
     """Replaces the default transient rule, e.g. ``TransientClassifier.with_server_errors()``."""
+    member_profiles: list[MemberProfile | None] | None = Field(default=None, exclude=True)
+    """Per member, what the chain should know beyond (or instead of) its LangChain model
+    profile: e.g. ``MemberProfile(context_window=128_000)``; declared fields win."""
     member_kwargs: list[dict[str, Any]] | None = Field(default=None, exclude=True)
     """Per-member call arguments (tools, response formats) set by ``bind_tools`` and
     ``with_structured_output``; not meant to be set by hand."""
@@ -113,9 +142,15 @@ class FallbackChatModel(BaseChatModel):
         chain: FallbackChain[BaseChatModel] = FallbackChain(
             list(models),  # type: ignore[arg-type]
             per_client_timeout=data.get("per_client_timeout"),
+            first_token_timeout=data.get("first_token_timeout"),
+            idle_timeout=data.get("idle_timeout"),
             classifier=data.get("classifier"),
             cooldown=data.get("cooldown"),
             clients_option="models",
+            member_profiles=resolve_member_profiles(
+                data.get("member_profiles"),
+                [_known_profile(model) for model in models],  # type: ignore[union-attr]
+            ),
         )
         member_kwargs = data.get("member_kwargs")
         if member_kwargs is not None and len(member_kwargs) != len(chain.clients):
@@ -156,6 +191,11 @@ class FallbackChatModel(BaseChatModel):
     def layers_below(self) -> tuple[BaseChatModel, ...]:
         """What this layer wraps directly: its members, in the order they are tried."""
         return tuple(self.models)
+
+    def health(self) -> tuple[MemberHealth, ...]:
+        """Each member's circuit (see :meth:`FallbackChain.health`), in ``models`` order."""
+        chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
+        return chain.health()
 
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
@@ -218,6 +258,15 @@ class FallbackChatModel(BaseChatModel):
             merged.pop(key, None)
         return merged
 
+    def _needs(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> list[RequestNeeds]:
+        # Each member's own arguments say what its request carries: the same
+        # with_structured_output is a response format for one provider, a tool for another.
+        images = _carries_images(messages)
+        return [
+            _request_needs(self._kwargs_for(index, kwargs), images=images)
+            for index in range(len(self.models))
+        ]
+
     @signature_precomputed
     def _generate(
         self,
@@ -230,7 +279,8 @@ class FallbackChatModel(BaseChatModel):
             member_kwargs = self._kwargs_for(index, kwargs)
             return index, generate_inner(model, messages, stop, run_manager, member_kwargs)
 
-        index, result = private_state(self)["_chain"].invoke(attempt)
+        needs = self._needs(messages, kwargs)
+        index, result = private_state(self)["_chain"].invoke(attempt, needs=needs)
         return _tagged(result, index)
 
     @signature_precomputed
@@ -245,7 +295,8 @@ class FallbackChatModel(BaseChatModel):
             member_kwargs = self._kwargs_for(index, kwargs)
             return index, await agenerate_inner(model, messages, stop, run_manager, member_kwargs)
 
-        index, result = await private_state(self)["_chain"].ainvoke(attempt)
+        needs = self._needs(messages, kwargs)
+        index, result = await private_state(self)["_chain"].ainvoke(attempt, needs=needs)
         return _tagged(result, index)
 
     def _stream(
@@ -257,15 +308,18 @@ class FallbackChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         def attempt(index: int, model: BaseChatModel) -> Iterator[ChatGenerationChunk]:
             member_kwargs = self._kwargs_for(index, kwargs)
+            held = _HeldMetadata()
             if streams(model, member_kwargs):
                 if model.rate_limiter is not None:
                     model.rate_limiter.acquire(blocking=True)
-                yield from model._stream(
+                for chunk in model._stream(
                     messages, stop=stop, run_manager=run_manager, **member_kwargs
-                )
+                ):
+                    yield held.take(chunk)
             else:
-                yield as_chunk(generate_inner(model, messages, stop, run_manager, member_kwargs))
-            yield _served_by_chunk(index)
+                result = generate_inner(model, messages, stop, run_manager, member_kwargs)
+                yield held.take(as_chunk(result))
+            yield _served_by_chunk(index, held.metadata)
 
         sink: RestartSink | None = kwargs.get(SINK_KWARG)
 
@@ -285,7 +339,10 @@ class FallbackChatModel(BaseChatModel):
                 )
 
         yield from private_state(self)["_chain"].stream(
-            attempt, is_content=_has_content, on_restart=restarted
+            attempt,
+            is_content=_has_content,
+            on_restart=restarted,
+            needs=self._needs(messages, kwargs),
         )
 
     async def _astream(
@@ -297,17 +354,18 @@ class FallbackChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         async def attempt(index: int, model: BaseChatModel) -> AsyncIterator[ChatGenerationChunk]:
             member_kwargs = self._kwargs_for(index, kwargs)
+            held = _HeldMetadata()
             if streams(model, member_kwargs):
                 if model.rate_limiter is not None:
                     await model.rate_limiter.aacquire(blocking=True)
                 async for chunk in model._astream(
                     messages, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
-                    yield chunk
+                    yield held.take(chunk)
             else:
                 result = await agenerate_inner(model, messages, stop, run_manager, member_kwargs)
-                yield as_chunk(result)
-            yield _served_by_chunk(index)
+                yield held.take(as_chunk(result))
+            yield _served_by_chunk(index, held.metadata)
 
         sink: RestartSink | None = kwargs.get(SINK_KWARG)
 
@@ -327,7 +385,10 @@ class FallbackChatModel(BaseChatModel):
                 )
 
         async for chunk in private_state(self)["_chain"].astream(
-            attempt, is_content=_has_content, on_restart=restarted
+            attempt,
+            is_content=_has_content,
+            on_restart=restarted,
+            needs=self._needs(messages, kwargs),
         ):
             yield chunk
 
@@ -419,6 +480,49 @@ class FallbackChatModel(BaseChatModel):
 # -- helpers -------------------------------------------------------------------------
 
 
+def _known_profile(model: BaseChatModel) -> MemberProfile | None:
+    """What a member's LangChain model profile says, as the core's description of it."""
+    profile = getattr(model, "profile", None)
+    if not profile:
+        return None
+    window = profile.get("max_input_tokens")
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 10**9:
+        window = None
+    flags = {
+        name: value if isinstance(value := profile.get(name), bool) else None
+        for name in ("tool_calling", "image_inputs", "structured_output")
+    }
+    return MemberProfile(context_window=window, **flags)
+
+
+def _request_needs(member_kwargs: dict[str, Any], *, images: bool) -> RequestNeeds:
+    """What one member's request carries, read from the arguments it would be sent."""
+    response_format = member_kwargs.get("response_format")
+    json_mode = isinstance(response_format, dict) and response_format.get("type") in (
+        "json_object",
+        "text",
+    )
+    output_config = member_kwargs.get("output_config")
+    native = (response_format is not None and not json_mode) or (
+        isinstance(output_config, dict) and output_config.get("format") is not None
+    )
+    return RequestNeeds(
+        tool_calling=bool(member_kwargs.get("tools") or member_kwargs.get("functions")),
+        image_inputs=images,
+        structured_output=native or member_kwargs.get("output_format") is not None,
+    )
+
+
+def _carries_images(messages: list[BaseMessage]) -> bool:
+    for message in messages:
+        if isinstance(message.content, str):
+            continue
+        for block in message.content:
+            if isinstance(block, dict) and block.get("type") in ("image", "image_url"):
+                return True
+    return False
+
+
 def _check_members(models: object) -> None:
     if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
         raise TypeError(
@@ -434,14 +538,53 @@ def _check_members(models: object) -> None:
             )
 
 
-def _served_by_chunk(index: int) -> ChatGenerationChunk:
+def _served_by_chunk(index: int, metadata: dict[str, Any]) -> ChatGenerationChunk:
     # Rides at the end of the attempt that completed, so the merged message names the
     # member that served even when an earlier member failed mid-stream.
     return ChatGenerationChunk(
         message=AIMessageChunk(
-            content="", response_metadata={SERVED_BY_KEY: index}, chunk_position="last"
+            content="",
+            response_metadata={**metadata, SERVED_BY_KEY: index},
+            chunk_position="last",
         )
     )
+
+
+# Metadata a chunk keeps as it passes: LangChain reads it per chunk and merges equal
+# values without repeating them. ``model_provider`` is held like the rest: two members'
+# providers would merge into "openaianthropic...", and a chunk without it still gets
+# LangChain's generic content blocks; the merged message gets the serving member's.
+_PER_CHUNK_KEYS = frozenset({"output_version"})
+
+
+class _HeldMetadata:
+    """One attempt's response metadata, held back until the attempt completes.
+
+    LangChain merges a stream's chunks by concatenating their string metadata, so a
+    member that named its model before failing mid-stream would leave its name glued to
+    the next member's (``"claude-haiku-4-5gpt-4o-mini"``), and the ledger would price a
+    model that does not exist. Held here, only the attempt that completes passes its
+    metadata on, merged, on its last chunk (:func:`_served_by_chunk`).
+    """
+
+    __slots__ = ("metadata",)
+
+    def __init__(self) -> None:
+        #: What the attempt's chunks said so far, merged as LangChain merges a stream.
+        self.metadata: dict[str, Any] = {}
+
+    def take(self, chunk: ChatGenerationChunk) -> ChatGenerationChunk:
+        message = chunk.message
+        kept = {k: v for k, v in message.response_metadata.items() if k in _PER_CHUNK_KEYS}
+        held = {
+            **(chunk.generation_info or {}),
+            **{k: v for k, v in message.response_metadata.items() if k not in _PER_CHUNK_KEYS},
+        }
+        if not held:
+            return chunk
+        self.metadata = merge_dicts(self.metadata, held)
+        stripped = message.model_copy(update={"response_metadata": kept})
+        return ChatGenerationChunk(message=stripped)
 
 
 def _tagged(result: ChatResult, index: int) -> ChatResult:

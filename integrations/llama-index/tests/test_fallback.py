@@ -26,6 +26,7 @@ from llama_index.resilience.testing import (
 )
 
 from llm_resilience import Cooldown, PerClientTimeoutError
+from llm_resilience.errors import NoCapableMemberError
 
 CHAT = ["chat", "achat", "stream_chat", "astream_chat"]
 COMPLETE = ["complete", "acomplete", "stream_complete", "astream_complete"]
@@ -491,10 +492,18 @@ def test_an_unmarked_response_is_parsed_by_the_first_llm_that_finds_tool_calls()
         llm.get_tool_calls_from_response(empty)
 
 
-def test_a_tool_request_to_a_member_without_function_calling_is_refused() -> None:
+def test_a_tool_request_skips_a_member_without_function_calling() -> None:
     llm = FallbackLLM(llms=[MockLLM(), FakeFunctionCallingLLM()])
 
-    with pytest.raises(TypeError, match=r"llms\[0\] \(MockLLM\) is not a FunctionCallingLLM"):
+    response = llm.chat_with_tools([MULTIPLY], user_msg="6 times 7?")
+
+    assert response.additional_kwargs[SERVED_BY_KEY] == [1]
+
+
+def test_a_tool_request_no_member_can_call_tools_for_is_refused_naming_the_need() -> None:
+    llm = FallbackLLM(llms=[MockLLM(), MockLLM()])
+
+    with pytest.raises(NoCapableMemberError, match="member 0 lacks tool_calling"):
         llm.chat_with_tools([MULTIPLY], user_msg="6 times 7?")
 
 

@@ -15,30 +15,50 @@ Rules, in short (``docs/fallback.md`` has the long form):
   :mod:`llm_resilience.transient`) moves on at once, with no delay; anything else
   propagates at once; when every client failed, the last client's own exception object
   is raised;
-* ``per_client_timeout`` bounds each attempt. When it fires the attempt counts as
-  transient; if it was the last client the caller gets
-  :class:`~llm_resilience.errors.PerClientTimeoutError` (a ``TimeoutError``). The
-  caller's own cancellation is never rerouted;
+* ``per_client_timeout`` bounds each attempt, ``first_token_timeout`` the wait for a
+  stream's first content (a call's whole response) and ``idle_timeout`` each silence
+  once a stream's content started; all count only waits on the client, never time the
+  consumer holds a chunk. When one fires the attempt counts as transient; if it was the
+  last client the caller gets :class:`~llm_resilience.errors.PerClientTimeoutError` (a
+  ``TimeoutError`` naming the limit). The caller's own cancellation is never rerouted;
 * a stream that fails after yielding chunks is restarted from the beginning on the next
   client; chunks already yielded stay yielded and ``on_restart`` hooks are told;
-* an optional :class:`Cooldown` skips, for a while, a client that keeps failing.
+* an optional :class:`Cooldown` skips, for a while, a client that keeps failing, then
+  gives it one trial call before using it again; :meth:`FallbackChain.health` reads
+  each client's circuit (:class:`MemberHealth`).
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
-``_breaker`` (the cooldown breaker), ``_engine`` (``FallbackChain``), ``_sources`` and
+``_breaker`` (the cooldown breaker), ``_routing`` (``MemberProfile``, ``RequestNeeds``:
+which member may take a request, where a prompt too long goes), ``_engine``
+(``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
 ``_workers`` (sync attempts under a deadline, on reused threads) and ``_self_retry``
 (inner models that retry by themselves). Import from ``llm_resilience.fallback``.
 """
 
+from llm_resilience.fallback._breaker import MemberHealth
 from llm_resilience.fallback._engine import FallbackChain
 from llm_resilience.fallback._options import Classifier as Classifier
 from llm_resilience.fallback._options import Cooldown, StreamRestart
 from llm_resilience.fallback._options import RestartHook as RestartHook
+from llm_resilience.fallback._routing import (
+    MemberProfile,
+    RequestNeeds,
+    context_limit_of,
+    is_context_overflow,
+    resolve_member_profiles,
+)
 from llm_resilience.fallback._self_retry import self_retry_setting, warn_if_self_retrying
 
 __all__ = [
     "Cooldown",
     "FallbackChain",
+    "MemberProfile",
+    "MemberHealth",
+    "RequestNeeds",
     "StreamRestart",
+    "context_limit_of",
+    "is_context_overflow",
+    "resolve_member_profiles",
     "self_retry_setting",
     "warn_if_self_retrying",
 ]

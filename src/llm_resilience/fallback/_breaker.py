@@ -1,23 +1,71 @@
-"""The cooldown circuit breaker: each client's failure history and skip deadline."""
+"""The cooldown circuit breaker: each client's failure history, skip deadline and trial call.
+
+A client's breaker is *closed* (tried in order), *open* (skipped until its cooldown ends)
+or *half-open* (its cooldown ended; the next request gives it one trial call while every
+other request keeps going to the other clients). The trial's outcome decides: a success
+closes the breaker at once, a transient failure opens it again for a full ``duration``.
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from llm_resilience.fallback._options import Cooldown
+from llm_resilience.telemetry import watch_circuit
 from llm_resilience.transient import retry_after_of
+
+__all__ = ["MemberHealth"]
 
 # Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
 logger = logging.getLogger("llm_resilience.fallback")
 
+CircuitState = Literal["closed", "open", "half_open"]
+
+_chain_ids = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHealth:
+    """One client's circuit as :meth:`FallbackChain.health` reports it.
+
+    >>> chain.health()[0]  # doctest: +SKIP
+    MemberHealth(client=0, state='open', failures=0, open_until=1234.5, retry_in=12.5)
+    """
+
+    #: Index of the client in the chain.
+    client: int
+    #: ``"closed"`` (tried in order), ``"open"`` (skipped) or ``"half_open"`` (its cooldown
+    #: ended; the next request makes one trial call to it).
+    state: CircuitState
+    #: Transient failures counted in the current ``window`` (cleared when the breaker opens).
+    failures: int
+    #: Time on the chain's clock (``time.monotonic()`` by default) when the cooldown ends;
+    #: None when the client is not cooling down.
+    open_until: float | None
+    #: Seconds until the cooldown ends (0.0 when the client is not cooling down).
+    retry_in: float
+
 
 class _Breaker:
-    """Per-client failure history and cooldown deadlines; thread-safe."""
+    """Per-client failure history, cooldown deadlines and trial calls; thread-safe."""
 
-    __slots__ = ("_clock", "_config", "_failures", "_lock", "_open_until")
+    __slots__ = (
+        "__weakref__",
+        "_clock",
+        "_config",
+        "_failures",
+        "_half_open",
+        "_lock",
+        "_open_until",
+        "_trial_until",
+        "chain_id",
+    )
 
     def __init__(self, config: Cooldown, size: int, clock: Callable[[], float]) -> None:
         self._config = config
@@ -25,20 +73,42 @@ class _Breaker:
         self._lock = threading.Lock()
         self._failures: list[deque[float]] = [deque() for _ in range(size)]
         self._open_until: list[float] = [0.0] * size
+        # True from the moment a client's breaker opens until a call to it succeeds.
+        self._half_open: list[bool] = [False] * size
+        # While a trial call is out, other requests leave the client for last. A trial
+        # whose outcome never comes back (a caller cancelled it, or it raised an error the
+        # chain does not reroute) frees the slot after one ``duration``.
+        self._trial_until: list[float] = [0.0] * size
+        #: Distinguishes chains in the circuit-state metric.
+        self.chain_id = next(_chain_ids)
+        watch_circuit(self)
 
     def order(self, size: int) -> list[int]:
         now = self._clock()
         with self._lock:
-            ready = [i for i in range(size) if self._open_until[i] <= now]
-            if ready:
-                skipped = [i for i in range(size) if i not in ready]
-                for i in skipped:
-                    logger.info(
-                        "Client %d is cooling down for another %.1fs; skipping it.",
-                        i,
-                        self._open_until[i] - now,
-                    )
-                return ready
+            ready: list[int] = []
+            trial_out: list[int] = []
+            for i in range(size):
+                if self._open_until[i] > now:
+                    continue
+                if not self._half_open[i]:
+                    ready.append(i)
+                elif self._trial_until[i] <= now:
+                    self._trial_until[i] = now + self._config.duration
+                    logger.info("Client %d's cooldown ended; giving it one trial call.", i)
+                    ready.append(i)
+                else:
+                    trial_out.append(i)
+            if ready or trial_out:
+                for i in range(size):
+                    if self._open_until[i] > now:
+                        logger.info(
+                            "Client %d is cooling down for another %.1fs; skipping it.",
+                            i,
+                            self._open_until[i] - now,
+                        )
+                # A client with a trial call out is still better than no answer.
+                return ready + trial_out
             soonest = min(range(size), key=lambda i: self._open_until[i])
             return [soonest]
 
@@ -47,19 +117,66 @@ class _Breaker:
         now = self._clock()
         with self._lock:
             history = self._failures[index]
-            history.append(now)
-            while history and history[0] <= now - config.window:
-                history.popleft()
             until = self._open_until[index]
-            if len(history) >= config.failures:
-                until = max(until, now + config.duration)
+            if self._half_open[index] and until <= now:
+                # The trial call failed: the client is not back yet.
+                until = now + config.duration
                 history.clear()
+            else:
+                history.append(now)
+                while history and history[0] <= now - config.window:
+                    history.popleft()
+                if len(history) >= config.failures:
+                    until = max(until, now + config.duration)
+                    history.clear()
             if config.honor_retry_after and error is not None:
                 wait = retry_after_of(error)
                 if wait is not None and wait > 0:
                     until = max(until, now + min(wait, config.max_retry_after))
+            if until > now:
+                self._half_open[index] = True
+                self._trial_until[index] = 0.0
             self._open_until[index] = until
 
     def succeeded(self, index: int) -> None:
         with self._lock:
+            if self._half_open[index]:
+                logger.info("Client %d answered its trial call; using it again.", index)
             self._failures[index].clear()
+            self._half_open[index] = False
+            self._trial_until[index] = 0.0
+            self._open_until[index] = 0.0
+
+    def health(self) -> tuple[MemberHealth, ...]:
+        now = self._clock()
+        window = self._config.window
+        with self._lock:
+            members = []
+            for i, history in enumerate(self._failures):
+                until = self._open_until[i]
+                state: CircuitState
+                if until > now:
+                    state = "open"
+                elif self._half_open[i]:
+                    state = "half_open"
+                else:
+                    state = "closed"
+                counted = sum(1 for at in history if at > now - window)
+                members.append(
+                    MemberHealth(
+                        client=i,
+                        state=state,
+                        failures=counted,
+                        open_until=until if state == "open" else None,
+                        retry_in=until - now if state == "open" else 0.0,
+                    )
+                )
+        return tuple(members)
+
+
+def _closed(size: int) -> tuple[MemberHealth, ...]:
+    """Health of a chain without a breaker: every client closed, nothing counted."""
+    return tuple(
+        MemberHealth(client=i, state="closed", failures=0, open_until=None, retry_in=0.0)
+        for i in range(size)
+    )

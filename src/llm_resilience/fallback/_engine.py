@@ -21,14 +21,20 @@ from datetime import timedelta
 from typing import Generic, TypeVar
 
 from llm_resilience.errors import PerClientTimeoutError
-from llm_resilience.fallback._breaker import _Breaker
+from llm_resilience.fallback._breaker import MemberHealth, _Breaker, _closed
+from llm_resilience.fallback._deadlines import TimeLimit, _AttemptClock, _TimeLimits
 from llm_resilience.fallback._options import (
     Classifier,
     Cooldown,
     RestartHook,
     StreamRestart,
     _OptionTypeError,
-    _seconds,
+)
+from llm_resilience.fallback._routing import (
+    MemberProfile,
+    RequestNeeds,
+    _Routing,
+    is_context_overflow,
 )
 from llm_resilience.fallback._sources import (
     _aclose,
@@ -54,12 +60,28 @@ _SENTINEL_END = object()
 class FallbackChain(Generic[ClientT]):
     """Try ``clients`` in order; fall through to the next one on transient failures.
 
-    ``clients`` needs at least 2 entries. ``per_client_timeout`` is None (unbounded,
-    the default) or seconds > 0 as a float or ``timedelta``. ``classifier`` replaces the
+    ``clients`` needs at least 2 entries. Three time limits, each None (off, the
+    default) or seconds > 0 as a float or ``timedelta``, count only time spent waiting on
+    a member (never time the consumer holds a chunk); when one fires the attempt counts
+    as a transient failure:
+
+    * ``per_client_timeout`` bounds all of an attempt's waits together;
+    * ``first_token_timeout`` bounds the wait for a stream's first content chunk, and
+      for a call (``invoke``/``ainvoke``) the whole response, which arrives at once;
+    * ``idle_timeout`` bounds each wait for the next chunk once a stream's content
+      has started, so a stream gone silent restarts on the next client.
+
+    ``classifier`` replaces the
     default transient rule (:func:`~llm_resilience.transient.is_transient`), for example
     with ``TransientClassifier.with_server_errors()``. ``cooldown`` enables the circuit
     breaker. ``on_restart`` is called with a :class:`StreamRestart` whenever a stream
     restarts on the next client. ``clock`` is the monotonic clock the breaker reads.
+
+    ``member_profiles`` (one :class:`MemberProfile` or None per client) is what the chain
+    knows of each client: a prompt too long for one client goes on to the next client
+    whose ``context_window`` is larger (never back, never to one not known to be larger),
+    and a call's ``needs=`` (a :class:`RequestNeeds`, or one per client) skips the clients
+    known not to support it; see :mod:`llm_resilience.fallback._routing`.
 
     Raises ``ValueError``/``TypeError`` naming the option for bad input.
     """
@@ -67,11 +89,16 @@ class FallbackChain(Generic[ClientT]):
     __slots__ = (
         "_breaker",
         "_classifier",
+        "_limits",
         "_on_restart",
+        "_routing",
         "_timeout",
         "_timeout_label",
+        "_timeout_option",
         "clients",
         "cooldown",
+        "first_token_timeout",
+        "idle_timeout",
         "per_client_timeout",
     )
 
@@ -80,9 +107,12 @@ class FallbackChain(Generic[ClientT]):
         clients: Sequence[ClientT],
         *,
         per_client_timeout: float | timedelta | None = None,
+        first_token_timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
         classifier: Classifier | None = None,
         cooldown: Cooldown | None = None,
         on_restart: RestartHook | None = None,
+        member_profiles: Sequence[MemberProfile | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         clients_option: str = "clients",
     ) -> None:
@@ -96,7 +126,7 @@ class FallbackChain(Generic[ClientT]):
                 f"{clients_option} must hold at least 2 clients for a fallback chain; "
                 f"got {len(clients)}"
             )
-        timeout = _seconds("per_client_timeout", per_client_timeout, allow_none=True)
+        limits = _TimeLimits.checked(per_client_timeout, first_token_timeout, idle_timeout)
         if classifier is not None and not callable(classifier):
             raise _OptionTypeError(
                 f"classifier must be a callable taking an exception (for example a "
@@ -109,55 +139,96 @@ class FallbackChain(Generic[ClientT]):
         #: The clients, in the order they are tried.
         self.clients: tuple[ClientT, ...] = tuple(clients)
         #: The per-client timeout in seconds, or None.
-        self.per_client_timeout: float | None = timeout
+        self.per_client_timeout: float | None = limits.per_client
+        #: The first-token timeout in seconds, or None.
+        self.first_token_timeout: float | None = limits.first_token
+        #: The idle timeout (longest silence mid-stream) in seconds, or None.
+        self.idle_timeout: float | None = limits.idle
         #: The circuit-breaker configuration, or None.
         self.cooldown = cooldown
-        self._timeout = timeout
-        self._timeout_label = str(timedelta(seconds=timeout)) if timeout is not None else ""
+        self._limits = limits
+        # A request/response attempt's bound: the smaller of per_client_timeout and
+        # first_token_timeout (a response that is not streamed arrives whole).
+        call_limit = limits.for_call()
+        self._timeout = call_limit[0] if call_limit else None
+        self._timeout_option: TimeLimit = call_limit[1] if call_limit else "per_client_timeout"
+        self._timeout_label = limits.label(call_limit[1]) if call_limit else ""
         self._classifier: Classifier = classifier if classifier is not None else is_transient
         self._breaker = _Breaker(cooldown, len(self.clients), clock) if cooldown else None
         self._on_restart = on_restart
+        self._routing = _Routing(member_profiles, len(self.clients), option="member_profiles")
 
     def layers_below(self) -> tuple[ClientT, ...]:
         """The clients, in the order they are tried (the core's layer contract)."""
         return self.clients
 
+    def health(self) -> tuple[MemberHealth, ...]:
+        """Each client's circuit, in client order: state, failures in window, open until.
+
+        Without a ``cooldown`` every client reads ``"closed"`` with no failures counted.
+        """
+        if self._breaker is None:
+            return _closed(len(self.clients))
+        return self._breaker.health()
+
     # -- bookkeeping shared by every call shape ------------------------------------
 
-    def _order(self) -> list[int]:
+    def _order(self, needs: RequestNeeds | Sequence[RequestNeeds] | None = None) -> list[int]:
         if self._breaker is None:
-            return list(range(len(self.clients)))
-        return self._breaker.order(len(self.clients))
+            order = list(range(len(self.clients)))
+        else:
+            order = self._breaker.order(len(self.clients))
+        return self._routing.eligible(order, needs)
 
     def _failed(self, index: int, error: BaseException | None) -> None:
         if self._breaker is not None:
+            if is_context_overflow(error):
+                # A member that refused a prompt as too long has answered: it is healthy.
+                self._breaker.succeeded(index)
+                return
             self._breaker.failed(index, error)
 
     def _succeeded(self, index: int) -> None:
         if self._breaker is not None:
             self._breaker.succeeded(index)
 
-    def _timeout_error(self, index: int, cause: BaseException) -> PerClientTimeoutError:
-        assert self._timeout is not None
-        error = PerClientTimeoutError(index, timedelta(seconds=self._timeout))
+    def _timeout_error(
+        self, index: int, cause: BaseException, option: TimeLimit | None = None
+    ) -> PerClientTimeoutError:
+        option = option or self._timeout_option
+        limit = timedelta(seconds=self._limits.seconds_of(option))
+        error = PerClientTimeoutError(index, limit, option=option)
         error.__cause__ = cause
         return error
 
     def _is_transient(self, error: BaseException) -> bool:
         return self._classifier(error)
 
+    def _moves_on(self, error: BaseException, order: list[int], position: int) -> bool:
+        """Whether ``error`` sends the request on; a prompt too long also narrows ``order``."""
+        if is_context_overflow(error):
+            return self._routing.after_overflow(order, position, error)
+        return self._is_transient(error)
+
     # -- request/response ----------------------------------------------------------
 
-    def invoke(self, attempt: Callable[[int, ClientT], ResultT]) -> ResultT:
+    def invoke(
+        self,
+        attempt: Callable[[int, ClientT], ResultT],
+        *,
+        needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
+    ) -> ResultT:
         """Run ``attempt(index, client)`` against each client in turn until one succeeds.
 
-        With a ``per_client_timeout``, each attempt runs on a worker thread (carrying the
+        The attempt is bounded by ``per_client_timeout`` or ``first_token_timeout``,
+        whichever is smaller (a response that is not streamed arrives whole, so its first
+        content is all of it). With a bound, each attempt runs on a worker thread (carrying the
         caller's context variables) so that a hung provider cannot stall the caller;
         an attempt abandoned at its timeout keeps its thread until the provider call
         returns, and its result is discarded. Worker threads are reused (see
         :class:`_Workers`), so a timed attempt costs a hand-off, not a thread start.
         """
-        order = self._order()
+        order = self._order(needs)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -177,8 +248,9 @@ class FallbackChain(Generic[ClientT]):
                 )
                 continue
             except BaseException as error:
-                if not self._is_transient(error):
+                if not self._moves_on(error, order, position):
                     raise
+                last = len(order) - 1
                 self._failed(index, error)
                 if position == last:
                     raise
@@ -211,13 +283,18 @@ class FallbackChain(Generic[ClientT]):
                 return future.result()
             raise _AttemptTimedOut(error) from None
 
-    async def ainvoke(self, attempt: Callable[[int, ClientT], Awaitable[ResultT]]) -> ResultT:
+    async def ainvoke(
+        self,
+        attempt: Callable[[int, ClientT], Awaitable[ResultT]],
+        *,
+        needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
+    ) -> ResultT:
         """Async :meth:`invoke`: ``await attempt(index, client)`` on each client in turn.
 
-        The per-client timeout cancels the attempt's await; the caller's own
+        The bound (as in :meth:`invoke`) cancels the attempt's await; the caller's own
         cancellation propagates at once and is never rerouted.
         """
-        order = self._order()
+        order = self._order(needs)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -240,8 +317,9 @@ class FallbackChain(Generic[ClientT]):
                         self._timeout_label,
                     )
                     continue
-                if not self._is_transient(error):
+                if not self._moves_on(error, order, position):
                     raise
+                last = len(order) - 1
                 self._failed(index, error)
                 if position == last:
                     raise
@@ -259,38 +337,49 @@ class FallbackChain(Generic[ClientT]):
         *,
         is_content: Callable[[ChunkT], bool] | None = None,
         on_restart: RestartHook | None = None,
+        needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
     ) -> Iterator[ChunkT]:
         """Yield the chunks of ``attempt(index, client)``, falling through on failure.
 
         Before the first chunk a transient failure or timeout tries the next client
         quietly; after chunks were yielded the next client restarts the request from the
         beginning (the chunks already yielded stay yielded) and ``on_restart`` hooks are
-        called. ``is_content`` decides which chunks count as tokens in the mid-stream log
-        line (default: all). The per-client timeout spans the whole attempt, consumer
-        time included. The attempt is created when iteration starts, not before.
+        called. ``is_content`` decides which chunks carry content: those count as tokens
+        in the mid-stream log line, and the first one ends the ``first_token_timeout``
+        wait (default: every chunk). The time limits count only waits for the next
+        chunk: time the consumer spends between chunks is never held against a client.
+        With any limit set, a worker thread pulls the attempt. The attempt is created
+        when iteration starts, not before.
         """
-        order = self._order()
+        order = self._order(needs)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
             source: _Source[ChunkT]
-            if self._timeout is None:
-                source = _DirectSource(attempt, index, client)
+            if self._limits.any:
+                source = _ThreadedSource(attempt, index, client)
             else:
-                source = _ThreadedSource(attempt, index, client, self._timeout)
+                source = _DirectSource(attempt, index, client)
+            clock = _AttemptClock(self._limits)
             started = False
             content = 0
             try:
                 while True:
+                    wait = clock.next_wait()
+                    began = time.monotonic()
                     try:
-                        chunk = source.next()
+                        chunk = source.next(None if wait is None else wait[0])
                     except StopIteration:
                         break
                     except _AttemptTimedOut as timed_out:
+                        assert wait is not None
+                        option = wait[1]
                         self._failed(index, None)
                         if position == last:
-                            raise self._timeout_error(index, timed_out.cause) from timed_out.cause
-                        self._log_stream_failure(index, started, content, timed_out=True)
+                            raise self._timeout_error(
+                                index, timed_out.cause, option
+                            ) from timed_out.cause
+                        self._log_stream_failure(index, started, content, timed_out=option)
                         if started:
                             self._restarted(
                                 on_restart,
@@ -298,20 +387,23 @@ class FallbackChain(Generic[ClientT]):
                             )
                         break
                     except BaseException as error:
-                        if not self._is_transient(error):
+                        if not self._moves_on(error, order, position):
                             raise
+                        last = len(order) - 1
                         self._failed(index, error)
                         if position == last:
                             raise
-                        self._log_stream_failure(index, started, content, timed_out=False)
+                        self._log_stream_failure(index, started, content, timed_out=None)
                         if started:
                             self._restarted(
                                 on_restart,
                                 StreamRestart(index, order[position + 1], content, error),
                             )
                         break
+                    carries = is_content is None or is_content(chunk)
+                    clock.waited(time.monotonic() - began, content=carries)
                     started = True
-                    if is_content is None or is_content(chunk):
+                    if carries:
                         content += 1
                     yield chunk
                 if source.finished:
@@ -327,35 +419,37 @@ class FallbackChain(Generic[ClientT]):
         *,
         is_content: Callable[[ChunkT], bool] | None = None,
         on_restart: RestartHook | None = None,
+        needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
     ) -> AsyncIterator[ChunkT]:
-        """Async :meth:`stream`. ``on_restart`` hooks may be coroutine functions."""
-        order = self._order()
+        """Async :meth:`stream`. ``on_restart`` hooks may be coroutine functions.
+
+        A time limit that fires cancels the wait for the next chunk (closing the
+        attempt's HTTP request); the caller's own cancellation propagates at once.
+        """
+        order = self._order(needs)
         last = len(order) - 1
         loop = asyncio.get_running_loop()
         for position, index in enumerate(order):
             client = self.clients[index]
-            deadline = None if self._timeout is None else loop.time() + self._timeout
+            clock = _AttemptClock(self._limits)
             iterator: AsyncIterator[ChunkT] | None = None
             started = False
             finished = False
             content = 0
             try:
                 while True:
+                    wait = clock.next_wait()
                     scope: asyncio.Timeout | None = None
-                    expired = False
+                    began = loop.time()
                     try:
-                        if deadline is None:
+                        if wait is None:
                             if iterator is None:
                                 iterator = aiter(attempt(index, client))
                             chunk = await anext(iterator)
                         else:
-                            # A chunk ready without suspending would slip past an expired
-                            # timeout_at (it only cancels at the next await), so a slow
-                            # consumer is checked against the deadline here.
-                            if loop.time() >= deadline:
-                                expired = True
-                                raise TimeoutError("per-client timeout elapsed")
-                            async with asyncio.timeout_at(deadline) as scope:
+                            # A chunk that is ready (or the end of the stream) is taken
+                            # even when no time is left: only a wait can run out.
+                            async with asyncio.timeout(wait[0]) as scope:
                                 if iterator is None:
                                     iterator = aiter(attempt(index, client))
                                 chunk = await anext(iterator)
@@ -363,26 +457,30 @@ class FallbackChain(Generic[ClientT]):
                         finished = True
                         break
                     except BaseException as error:
-                        timed_out = expired or (
+                        timed_out = (
                             scope is not None
                             and scope.expired()
                             and isinstance(error, TimeoutError)
                         )
-                        if not timed_out and not self._is_transient(error):
+                        if not timed_out and not self._moves_on(error, order, position):
                             raise
+                        last = len(order) - 1
+                        option = wait[1] if timed_out and wait is not None else None
                         self._failed(index, None if timed_out else error)
                         if position == last:
-                            if timed_out:
+                            if option is not None:
                                 cause = error.__cause__ or error
-                                raise self._timeout_error(index, cause) from cause
+                                raise self._timeout_error(index, cause, option) from cause
                             raise
-                        self._log_stream_failure(index, started, content, timed_out=timed_out)
+                        self._log_stream_failure(index, started, content, timed_out=option)
                         if started:
                             restart = StreamRestart(index, order[position + 1], content, error)
                             await self._arestarted(on_restart, restart)
                         break
+                    carries = is_content is None or is_content(chunk)
+                    clock.waited(loop.time() - began, content=carries)
                     started = True
-                    if is_content is None or is_content(chunk):
+                    if carries:
                         content += 1
                     yield chunk
             finally:
@@ -394,20 +492,34 @@ class FallbackChain(Generic[ClientT]):
         raise AssertionError("unreachable: the last client either finishes or raises")
 
     def _log_stream_failure(
-        self, index: int, started: bool, content: int, *, timed_out: bool
+        self, index: int, started: bool, content: int, *, timed_out: TimeLimit | None
     ) -> None:
-        if started:
+        if timed_out == "first_token_timeout":
+            logger.warning(
+                "Streaming client %d sent no token within %s; trying next client.",
+                index,
+                self._limits.label(timed_out),
+            )
+        elif timed_out == "idle_timeout":
+            logger.warning(
+                "Streaming client %d went silent for %s after %d token(s); "
+                "restarting with next client.",
+                index,
+                self._limits.label(timed_out),
+                content,
+            )
+        elif started:
             logger.warning(
                 "Streaming client %d failed mid-stream after %d token(s); "
                 "restarting with next client.",
                 index,
                 content,
             )
-        elif timed_out:
+        elif timed_out is not None:
             logger.warning(
                 "Streaming client %d timed out after %s before streaming; trying next client.",
                 index,
-                self._timeout_label,
+                self._limits.label(timed_out),
             )
         else:
             logger.warning(

@@ -64,7 +64,7 @@ class StreamRestart:
     next_client: int
     #: Content chunks the failed client had yielded (to be discarded by the consumer).
     chunks: int
-    #: The failure (a ``TimeoutError`` when the per-client timeout fired).
+    #: The failure (a ``TimeoutError`` when a time limit of the chain fired).
     error: BaseException
 
 

@@ -6,7 +6,6 @@ import contextvars
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -19,10 +18,10 @@ ChunkT = TypeVar("ChunkT")
 
 
 class _AttemptTimedOut(Exception):
-    """Internal: the per-client timeout fired on an attempt."""
+    """Internal: a time limit of the chain fired on an attempt."""
 
     def __init__(self, cause: BaseException) -> None:
-        super().__init__("per-client timeout")
+        super().__init__("attempt time limit")
         self.cause = cause
 
 
@@ -31,7 +30,12 @@ class _Source(Generic[ChunkT]):
 
     finished: bool
 
-    def next(self) -> ChunkT:
+    def next(self, timeout: float | None) -> ChunkT:
+        """The next chunk, waiting at most ``timeout`` seconds (None: no limit).
+
+        Raises ``StopIteration`` at the end, and :class:`_AttemptTimedOut` when the wait
+        ran out.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -39,7 +43,7 @@ class _Source(Generic[ChunkT]):
 
 
 class _DirectSource(_Source[ChunkT]):
-    """No timeout: pull the attempt's iterator in the caller's thread."""
+    """No time limit: pull the attempt's iterator in the caller's thread."""
 
     __slots__ = ("_attempt", "_client", "_index", "_iterator", "finished")
 
@@ -52,7 +56,8 @@ class _DirectSource(_Source[ChunkT]):
         self._iterator: Iterator[ChunkT] | None = None
         self.finished = False
 
-    def next(self) -> ChunkT:
+    def next(self, timeout: float | None = None) -> ChunkT:
+        assert timeout is None, "a direct source cannot abandon a wait"
         if self._iterator is None:
             self._iterator = iter(self._attempt(self._index, self._client))
         try:
@@ -67,24 +72,24 @@ class _DirectSource(_Source[ChunkT]):
 
 
 class _ThreadedSource(_Source[ChunkT]):
-    """With a timeout: a worker thread pulls the attempt; the caller waits with a deadline.
+    """With time limits: a worker thread pulls the attempt; the caller waits on a queue.
 
-    The deadline is fixed when the attempt starts, so time the consumer spends between
-    chunks counts against it. An abandoned worker stops at its next chunk.
+    The worker runs ahead of the caller, so a chunk (or the end of the stream) that
+    arrived while the caller was busy elsewhere is taken at once: only the caller's
+    waits can run out. An abandoned worker stops at its next chunk; one blocked inside
+    the provider's read stays there until that read returns or fails.
     """
 
-    __slots__ = ("_deadline", "_queue", "_stop", "finished")
+    __slots__ = ("_queue", "_stop", "finished")
 
     def __init__(
         self,
         attempt: Callable[[int, Any], Iterable[ChunkT]],
         index: int,
         client: Any,
-        timeout: float,
     ) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
-        self._deadline = time.monotonic() + timeout
         self.finished = False
         context = contextvars.copy_context()
 
@@ -110,14 +115,11 @@ class _ThreadedSource(_Source[ChunkT]):
 
         _WORKERS.submit(lambda: context.run(produce))
 
-    def next(self) -> ChunkT:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise _AttemptTimedOut(TimeoutError("per-client timeout elapsed"))
+    def next(self, timeout: float | None) -> ChunkT:
         try:
-            kind, value = self._queue.get(timeout=remaining)
+            kind, value = self._queue.get(timeout=timeout)
         except queue.Empty:
-            raise _AttemptTimedOut(TimeoutError("per-client timeout elapsed")) from None
+            raise _AttemptTimedOut(TimeoutError("the wait for the next chunk ran out")) from None
         if kind == "chunk":
             return value  # type: ignore[no-any-return]
         if kind == "end":

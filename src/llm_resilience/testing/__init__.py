@@ -3,8 +3,8 @@
 :class:`FaultInjectingServer` answers like the OpenAI Chat Completions and Anthropic
 Messages APIs on ``127.0.0.1``, so real SDK clients (and the LangChain and LlamaIndex
 models built on them) run against it unchanged, while a script of :class:`Fault` values
-makes chosen requests fail with 429s, 5xx, hangs, refused connections or streams cut
-mid-body.
+makes chosen requests fail with 429s, 5xx, hangs, refused connections, slow first
+tokens, or streams that stall or are cut mid-body.
 
 >>> from llm_resilience.testing import Fault, FaultInjectingServer
 >>> with FaultInjectingServer(reply="Paris.") as server:

@@ -8,7 +8,18 @@ from typing import Any, Literal
 
 __all__ = ["Fault", "FaultKind", "Provider", "ServedRequest"]
 
-FaultKind = Literal["ok", "status", "hang", "drop_mid_stream", "refuse", "slow"]
+FaultKind = Literal[
+    "ok",
+    "status",
+    "hang",
+    "drop_mid_stream",
+    "refuse",
+    "slow",
+    "slow_first_token",
+    "stall_mid_stream",
+    "malformed_chunk",
+    "missing_done",
+]
 Provider = Literal["openai", "anthropic"]
 
 
@@ -82,6 +93,52 @@ class Fault:
         )
 
     @classmethod
+    def context_length_exceeded(
+        cls, provider: Provider, *, tokens: int = 130_000, maximum: int = 128_000
+    ) -> Fault:
+        """Answer 400 with ``provider``'s own "prompt too long" error body.
+
+        OpenAI: ``error.code`` ``"context_length_exceeded"`` and its message ("This
+        model's maximum context length is {maximum} tokens. However, your messages
+        resulted in {tokens} tokens..."). Anthropic: an ``invalid_request_error`` whose
+        message is ``"prompt is too long: {tokens} tokens > {maximum} maximum"``. Both
+        SDKs raise ``BadRequestError`` for it; LangChain re-raises it as its
+        ``ContextOverflowError``.
+
+        >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
+        >>> fault.body["error"]["message"]
+        'prompt is too long: 210000 tokens > 200000 maximum'
+        """
+        for option, value in (("tokens", tokens), ("maximum", maximum)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{option} must be an integer >= 1; got {value!r}")
+        if provider == "openai":
+            message = (
+                f"This model's maximum context length is {maximum} tokens. However, your "
+                f"messages resulted in {tokens} tokens. Please reduce the length of the "
+                f"messages."
+            )
+            body: dict[str, Any] = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": "messages",
+                    "code": "context_length_exceeded",
+                }
+            }
+        elif provider == "anthropic":
+            body = {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": f"prompt is too long: {tokens} tokens > {maximum} maximum",
+                },
+            }
+        else:
+            raise ValueError(f"provider must be 'openai' or 'anthropic'; got {provider!r}")
+        return cls.status(400, body=body)
+
+    @classmethod
     def hang(cls, seconds: float | None = None) -> Fault:
         """Accept the request and send nothing for ``seconds`` (None: until the server stops).
 
@@ -102,6 +159,54 @@ class Fault:
         if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
             raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
         return cls("drop_mid_stream", after_chunks=after_chunks)
+
+    @classmethod
+    def slow_first_token(cls, seconds: float) -> Fault:
+        """Send the headers (and a stream's opening events) at once, the first token after
+        ``seconds``; the rest of the answer follows at full speed.
+
+        What a loaded provider does: the connection is healthy and the status is 200, but
+        the model has not started. A non-streaming request gets its whole answer after
+        ``seconds``.
+        """
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+            raise ValueError(f"seconds must be a number >= 0; got {seconds!r}")
+        return cls("slow_first_token", seconds=seconds)
+
+    @classmethod
+    def stall_mid_stream(cls, after_chunks: int = 1, seconds: float | None = None) -> Fault:
+        """Stream ``after_chunks`` content chunks, go silent for ``seconds`` with the
+        connection open (None: until the server stops), then close the socket mid-body.
+
+        The client sees no bytes at all during the silence, then the transport error of a
+        cut stream. A non-streaming request waits ``seconds`` and is closed unanswered.
+        """
+        if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
+            raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
+        if seconds is not None and not seconds >= 0:
+            raise ValueError(f"seconds must be >= 0 or None; got {seconds!r}")
+        return cls("stall_mid_stream", seconds=seconds, after_chunks=after_chunks)
+
+    @classmethod
+    def malformed_chunk(cls, after_chunks: int = 1) -> Fault:
+        """Stream ``after_chunks`` content chunks, then one SSE event whose data is not
+        JSON, then the rest of the answer.
+
+        The SDKs decode each event as it arrives, so the client fails at the broken event
+        (openai and anthropic raise ``json.JSONDecodeError``) on a response that said 200.
+        A non-streaming request is answered normally.
+        """
+        if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
+            raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
+        return cls("malformed_chunk", after_chunks=after_chunks)
+
+    @classmethod
+    def missing_done(cls) -> Fault:
+        """Stream the whole answer, usage included, but not the end marker: no
+        ``data: [DONE]`` (OpenAI) or ``message_stop`` event (Anthropic). The body itself
+        ends cleanly. A non-streaming request is answered normally.
+        """
+        return cls("missing_done")
 
     @classmethod
     def refuse(cls) -> Fault:

@@ -33,6 +33,7 @@ from llm_resilience.testing._wire import (
     _number,
     _tool_to_call,
     _ToolCall,
+    malformed_event,
 )
 
 __all__ = ["Fault", "FaultInjectingServer", "FaultKind", "Provider", "ServedRequest"]
@@ -331,14 +332,23 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault.kind == "hang" and stopping.wait(fault.seconds):
             raise _Stopped
+        if fault.kind == "stall_mid_stream" and not record.stream:
+            if stopping.wait(fault.seconds):
+                raise _Stopped
+            self._drop()
+            return
         answer = _Answer(provider, payload, self.server.owner.reply, tool)
         delay = fault.delay_per_chunk or 0.0
+        first_token_delay = (fault.seconds or 0.0) if fault.kind == "slow_first_token" else 0.0
         if not record.stream:
+            if first_token_delay and stopping.wait(first_token_delay):
+                raise _Stopped
             if delay and stopping.wait(delay * len(answer.pieces)):
                 raise _Stopped
             self._send_json(200, answer.body(), provider=provider)
             return
-        limit = fault.after_chunks if fault.kind == "drop_mid_stream" else None
+        cut = fault.kind in ("drop_mid_stream", "stall_mid_stream")
+        limit = fault.after_chunks if cut else None
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
@@ -346,13 +356,24 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_request_id(provider)
         self.end_headers()
         sent = 0
-        for event, phase in answer.events():
+        # A malformed-chunk fault sends one undecodable event where content chunk N+1
+        # (or, for a shorter reply, the tail) would start; the answer then goes on.
+        broken = fault.kind == "malformed_chunk"
+        for event, phase in answer.events(end_marker=fault.kind != "missing_done"):
+            if broken and (phase == "tail" or (phase == "content" and sent == fault.after_chunks)):
+                self._write_chunk(malformed_event(provider))
+                broken = False
             # A drop cuts before content chunk N+1, or before the tail when the reply
             # has N chunks or fewer: a drop fault never lets the stream complete.
             if limit is not None and (phase == "tail" or (phase == "content" and sent == limit)):
+                # A stall is a drop after a silence with the connection still open.
+                if fault.kind == "stall_mid_stream" and stopping.wait(fault.seconds):
+                    raise _Stopped
                 self._drop()
                 return
             if phase == "content":
+                if sent == 0 and first_token_delay and stopping.wait(first_token_delay):
+                    raise _Stopped
                 if delay and stopping.wait(delay):
                     raise _Stopped
                 sent += 1

@@ -311,11 +311,16 @@ class _Answer:
     def body(self) -> dict[str, Any]:
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
 
-    def events(self) -> Iterator[tuple[bytes, _Phase]]:
-        """SSE events, each with its phase: before, within or after the content chunks."""
-        if self.provider == "openai":
-            return self._openai_events()
-        return self._anthropic_events()
+    def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
+        """SSE events, each with its phase: before, within or after the content chunks.
+
+        ``end_marker=False`` leaves out the stream's last event (OpenAI's ``[DONE]``,
+        Anthropic's ``message_stop``) and nothing else.
+        """
+        events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
+        if end_marker:
+            return events
+        return (item for item in events if item[0] not in _END_MARKERS)
 
     # -- OpenAI ------------------------------------------------------------------------
 
@@ -411,7 +416,7 @@ class _Answer:
                 "usage": self._openai_usage(),
             }
             yield _sse(final), "tail"
-        yield b"data: [DONE]\n\n", "tail"
+        yield _OPENAI_DONE, "tail"
 
     # -- Anthropic ---------------------------------------------------------------------
 
@@ -477,8 +482,23 @@ class _Answer:
             ),
             "tail",
         )
-        yield event({"type": "message_stop"}), "tail"
+        yield _ANTHROPIC_STOP, "tail"
 
 
 def _sse(data: Mapping[str, Any]) -> bytes:
     return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+_OPENAI_DONE = b"data: [DONE]\n\n"
+_ANTHROPIC_STOP = b"event: message_stop\n" + _sse({"type": "message_stop"})
+_END_MARKERS = frozenset({_OPENAI_DONE, _ANTHROPIC_STOP})
+
+
+def malformed_event(provider: Provider) -> bytes:
+    """One SSE event the SDKs will try to decode and cannot: a JSON object cut short.
+
+    For Anthropic the event is named ``content_block_delta``, a type the SDK decodes.
+    """
+    if provider == "openai":
+        return b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "cho\n\n'
+    return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'

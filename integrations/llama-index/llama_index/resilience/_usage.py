@@ -21,6 +21,7 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
 from llama_index.core.llms.llm import LLM
+from llama_index.resilience.fallback import SERVED_BY_KEY
 
 from llm_resilience.usage import StreamUsage
 
@@ -130,11 +131,13 @@ class StreamTally:
     them up.
     """
 
-    __slots__ = ("_deltas", "_usage", "model")
+    __slots__ = ("_deltas", "_member", "_usage", "model")
 
     def __init__(self) -> None:
         self._deltas: list[str] = []
         self._usage = StreamUsage()
+        # The fallback member the chunks come from (``fallback_served_by``), if marked.
+        self._member: object = None
         #: The last model a chunk's ``raw`` named, or None.
         self.model: str | None = None
 
@@ -161,6 +164,11 @@ class StreamTally:
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")
         self._usage.add(*reported_tokens(chunk))
+        member = chunk.additional_kwargs.get(SERVED_BY_KEY)
+        if member != self._member:
+            # A fallback chain restarted the stream on another member: the name the
+            # failed member gave is not the serving one's.
+            self._member, self.model = member, None
         self.model = raw_model(chunk) or self.model
 
     def text(self, last: ChatResponse | CompletionResponse) -> str:

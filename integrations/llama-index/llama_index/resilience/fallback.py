@@ -77,7 +77,11 @@ from llama_index.resilience.events import FallbackStreamRestartEvent
 from llm_resilience.fallback import (
     Cooldown,
     FallbackChain,
+    MemberHealth,
+    MemberProfile,
+    RequestNeeds,
     StreamRestart,
+    resolve_member_profiles,
     warn_if_self_retrying,
 )
 from llm_resilience.layers import find_layer
@@ -122,8 +126,11 @@ class FallbackLLM(FunctionCallingLLM):
     and the rest are not tried; when all fail, the last LLM's own exception is raised.
     ``per_client_timeout`` is None (the default: unbounded) or seconds > 0 as a float or
     ``timedelta``; a sync call that times out abandons the attempt on its worker thread,
-    which keeps running until the provider returns. A stream's timeout spans first chunk
-    to last. A stream that fails after chunks restarts on the next LLM from the
+    which keeps running until the provider returns. ``first_token_timeout`` bounds the
+    wait for a stream's first content (and a ``chat``/``complete``'s whole response);
+    ``idle_timeout`` bounds each silence once a stream's content has started. All three
+    (None: off) count only time spent waiting on a member, never time the consumer holds
+    a chunk. A stream that fails after chunks restarts on the next LLM from the
     beginning: chunks already yielded stay yielded, a WARNING is logged and a
     :class:`~llama_index.resilience.events.FallbackStreamRestartEvent` is dispatched.
     ``cooldown`` (a :class:`llm_resilience.Cooldown`) skips an LLM that keeps failing;
@@ -132,9 +139,15 @@ class FallbackLLM(FunctionCallingLLM):
     Members that retry by themselves (LlamaIndex's ``OpenAI`` defaults to
     ``max_retries=3``) are warned about once: their retries delay every failover.
 
+    A prompt too long for a member (OpenAI's ``context_length_exceeded``, Anthropic's
+    "prompt is too long") goes to the next LLM whose ``metadata.context_window`` is
+    larger, and propagates when there is none; a ``chat_with_tools`` call (or images in
+    the messages) skips the LLMs known not to take them (not a ``FunctionCallingLLM``, or
+    ``is_function_calling_model`` false). ``member_profiles=[MemberProfile(...), None]``
+    declares or overrides what is known per LLM (see :mod:`llm_resilience.fallback`).
+
     Raises ``ValueError``/``TypeError`` naming the option: fewer than 2 ``llms``, a
-    member that is not an ``LLM``, a bad ``per_client_timeout``, ``cooldown`` or
-    ``classifier``.
+    member that is not an ``LLM``, a bad time limit, ``cooldown`` or ``classifier``.
     """
 
     llms: tuple[LLM, ...] = Field(frozen=True, description="The LLMs, in the order they are tried.")
@@ -142,6 +155,16 @@ class FallbackLLM(FunctionCallingLLM):
         default=None,
         frozen=True,
         description="Seconds each attempt may take (None: unbounded).",
+    )
+    first_token_timeout: float | None = Field(
+        default=None,
+        frozen=True,
+        description="Seconds to wait for a stream's first content, or a call's reply (None: off).",
+    )
+    idle_timeout: float | None = Field(
+        default=None,
+        frozen=True,
+        description="Seconds a stream may stay silent once content started (None: off).",
     )
     cooldown: Any | None = Field(
         default=None,
@@ -155,6 +178,12 @@ class FallbackLLM(FunctionCallingLLM):
         exclude=True,
         description="Transient-error predicate replacing llm_resilience.is_transient.",
     )
+    member_profiles: Any | None = Field(
+        default=None,
+        frozen=True,
+        exclude=True,
+        description="Per LLM, a MemberProfile (or None) overriding what its metadata says.",
+    )
 
     _chain: FallbackChain[LLM] = PrivateAttr()
 
@@ -163,8 +192,11 @@ class FallbackLLM(FunctionCallingLLM):
         *,
         llms: Sequence[LLM],
         per_client_timeout: float | timedelta | None = None,
+        first_token_timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
         cooldown: Cooldown | None = None,
         classifier: Callable[[BaseException], bool] | None = None,
+        member_profiles: Sequence[MemberProfile | None] | None = None,
         **kwargs: Any,
     ) -> None:
         # The engine validates first, so its errors (naming the option and the allowed
@@ -172,10 +204,13 @@ class FallbackLLM(FunctionCallingLLM):
         chain: FallbackChain[LLM] = FallbackChain(
             llms,
             per_client_timeout=per_client_timeout,
+            first_token_timeout=first_token_timeout,
+            idle_timeout=idle_timeout,
             classifier=classifier,
             cooldown=cooldown,
             on_restart=_announce_restart,
             clients_option="llms",
+            member_profiles=_resolved_profiles(member_profiles, llms),
         )
         for position, member in enumerate(chain.clients):
             if not isinstance(member, LLM):
@@ -186,8 +221,11 @@ class FallbackLLM(FunctionCallingLLM):
         super().__init__(
             llms=chain.clients,
             per_client_timeout=chain.per_client_timeout,
+            first_token_timeout=chain.first_token_timeout,
+            idle_timeout=chain.idle_timeout,
             cooldown=cooldown,
             classifier=classifier,
+            member_profiles=member_profiles,
             **kwargs,
         )
         self._chain = chain
@@ -210,6 +248,10 @@ class FallbackLLM(FunctionCallingLLM):
     def layers_below(self) -> tuple[LLM, ...]:
         """What this layer wraps directly: its members, in the order they are tried."""
         return tuple(self.llms)
+
+    def health(self) -> tuple[MemberHealth, ...]:
+        """Each member's circuit (see :meth:`FallbackChain.health`), in ``llms`` order."""
+        return self._chain.health()
 
     def find_layer(self, cls: type[_LayerT]) -> _LayerT | None:
         """The first layer of type ``cls`` in the stack below (itself included), or None.
@@ -251,7 +293,7 @@ class FallbackLLM(FunctionCallingLLM):
             )
             return _served(response, index)
 
-        return self._chain.invoke(attempt)
+        return self._chain.invoke(attempt, needs=_needs(messages, tool_request, kwargs))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -264,7 +306,8 @@ class FallbackLLM(FunctionCallingLLM):
             )
             return _served(response, index)
 
-        return await self._chain.ainvoke(attempt)
+        needs = _needs(messages, tool_request, kwargs)
+        return await self._chain.ainvoke(attempt, needs=needs)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -278,7 +321,10 @@ class FallbackLLM(FunctionCallingLLM):
 
         # The engine's stream is a generator (LlamaIndex's callback wraps generators
         # only to emit the end event) and starts no request before the first chunk.
-        return cast(ChatResponseGen, self._chain.stream(attempt, is_content=_carries_content))
+        stream = self._chain.stream(
+            attempt, is_content=_carries_content, needs=_needs(messages, tool_request, kwargs)
+        )
+        return cast(ChatResponseGen, stream)
 
     @llm_chat_callback()
     async def astream_chat(
@@ -292,7 +338,9 @@ class FallbackLLM(FunctionCallingLLM):
                 lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
             )
 
-        stream = self._chain.astream(attempt, is_content=_carries_content)
+        stream = self._chain.astream(
+            attempt, is_content=_carries_content, needs=_needs(messages, tool_request, kwargs)
+        )
         return cast(ChatResponseAsyncGen, stream)
 
     # -- completion ---------------------------------------------------------------
@@ -490,6 +538,41 @@ class _ToolRequest(BaseModel):
         # Shown in event payloads; names and counts only, never message text.
         names = [tool.metadata.name for tool in self.tools]
         return f"_ToolRequest(tools={names}, messages={len(self.chat_history)})"
+
+
+def _resolved_profiles(
+    declared: Sequence[MemberProfile | None] | None, llms: object
+) -> tuple[MemberProfile | None, ...] | None:
+    if isinstance(llms, (str, bytes)) or not isinstance(llms, Sequence):
+        return None  # the engine names the problem with ``llms``
+    return resolve_member_profiles(declared, [_known_profile(member) for member in llms])
+
+
+def _known_profile(member: object) -> MemberProfile | None:
+    """What a member's LlamaIndex metadata says, as the core's description of it."""
+    if not isinstance(member, LLM):
+        return None
+    try:
+        metadata = member.metadata
+    except Exception:
+        # Some integrations raise for a model name they do not know.
+        return None
+    window = metadata.context_window
+    known_window = window if isinstance(window, int) and 1 <= window <= 10**9 else None
+    tools = isinstance(member, FunctionCallingLLM) and metadata.is_function_calling_model
+    return MemberProfile(context_window=known_window, tool_calling=tools)
+
+
+def _needs(
+    messages: Sequence[ChatMessage], tool_request: _ToolRequest | None, kwargs: dict[str, Any]
+) -> RequestNeeds:
+    images = any(
+        getattr(block, "block_type", None) == "image"
+        for message in messages
+        for block in message.blocks
+    )
+    tools = tool_request is not None and bool(tool_request.tools)
+    return RequestNeeds(tool_calling=tools or bool(kwargs.get("tools")), image_inputs=images)
 
 
 def _function_calling(member: LLM, index: int) -> FunctionCallingLLM:

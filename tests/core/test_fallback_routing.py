@@ -339,6 +339,20 @@ def test_the_move_is_logged_with_both_windows(caplog: pytest.LogCaptureFixture) 
 
     assert "client 1, whose window is 200000 tokens" in caplog.text
     assert "(context window 128000 tokens)" in caplog.text
+    assert "transiently" not in caplog.text  # a prompt too long is not a transient failure
+
+
+@pytest.mark.parametrize("shape", ["stream", "astream", "ainvoke"])
+def test_no_shape_calls_a_prompt_too_long_a_transient_failure(
+    shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    chain = chain_of([Member("a", openai_too_long()), Member("b")], [128_000, 200_000])
+
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        run(shape, chain)
+
+    assert "whose window is 200000 tokens" in caplog.text
+    assert "transiently" not in caplog.text
 
 
 # -- what a member can take -----------------------------------------------------------

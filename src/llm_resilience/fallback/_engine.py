@@ -254,7 +254,8 @@ class FallbackChain(Generic[ClientT]):
                 self._failed(index, error)
                 if position == last:
                     raise
-                logger.warning("Client %d failed transiently; trying next client.", index)
+                if not is_context_overflow(error):  # routing logged why it moves on
+                    logger.warning("Client %d failed transiently; trying next client.", index)
                 continue
             self._succeeded(index)
             return result
@@ -323,7 +324,8 @@ class FallbackChain(Generic[ClientT]):
                 self._failed(index, error)
                 if position == last:
                     raise
-                logger.warning("Client %d failed transiently; trying next client.", index)
+                if not is_context_overflow(error):  # routing logged why it moves on
+                    logger.warning("Client %d failed transiently; trying next client.", index)
                 continue
             self._succeeded(index)
             return result
@@ -393,7 +395,8 @@ class FallbackChain(Generic[ClientT]):
                         self._failed(index, error)
                         if position == last:
                             raise
-                        self._log_stream_failure(index, started, content, timed_out=None)
+                        if not is_context_overflow(error):  # routing logged why it moves on
+                            self._log_stream_failure(index, started, content, timed_out=None)
                         if started:
                             self._restarted(
                                 on_restart,
@@ -472,7 +475,8 @@ class FallbackChain(Generic[ClientT]):
                                 cause = error.__cause__ or error
                                 raise self._timeout_error(index, cause, option) from cause
                             raise
-                        self._log_stream_failure(index, started, content, timed_out=option)
+                        if option is not None or not is_context_overflow(error):
+                            self._log_stream_failure(index, started, content, timed_out=option)
                         if started:
                             restart = StreamRestart(index, order[position + 1], content, error)
                             await self._arestarted(on_restart, restart)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         RateLimitBackendError,
         RateLimitQueueFullError,
         RequestExceedsCapacityError,
+        StreamInterruptedError,
     )
     from llm_resilience.fallback import (
         Cooldown,
@@ -60,6 +61,7 @@ __all__ = [
     "RedisTokenBucketRateLimiter",
     "RateLimitBackendError",
     "RequestExceedsCapacityError",
+    "StreamInterruptedError",
     "RequestNeeds",
     "ResiliencePlan",
     "ResilienceStack",
@@ -88,6 +90,7 @@ _LOCATIONS = {
     "RateLimitBackendError": "llm_resilience.errors",
     "RequestExceedsCapacityError": "llm_resilience.errors",
     "NoCapableMemberError": "llm_resilience.errors",
+    "StreamInterruptedError": "llm_resilience.errors",
     "Cooldown": "llm_resilience.fallback",
     "FallbackChain": "llm_resilience.fallback",
     "MemberProfile": "llm_resilience.fallback",

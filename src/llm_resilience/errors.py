@@ -7,6 +7,7 @@
     ├── RateLimitBackendError
     ├── RequestExceedsCapacityError (also a builtin ``ValueError``)
     ├── NoCapableMemberError (also a builtin ``ValueError``)
+    ├── StreamInterruptedError
     └── LedgerTimeoutError (also a builtin ``TimeoutError``)
 
 Each carries its facts as attributes and states them in its message. None of the
@@ -30,6 +31,7 @@ __all__ = [
     "RateLimitBackendError",
     "RateLimitQueueFullError",
     "RequestExceedsCapacityError",
+    "StreamInterruptedError",
 ]
 
 
@@ -151,6 +153,32 @@ class NoCapableMemberError(LLMResilienceError, ValueError):
         super().__init__(
             f"No member of the fallback chain can take this request: {lacks}. Remove what "
             f"the request carries, or add a member that supports it."
+        )
+
+
+class StreamInterruptedError(LLMResilienceError):
+    """A stream failed after it delivered content, under ``mid_stream="raise"``.
+
+    Raised instead of restarting the request on the next member, so a consumer that
+    concatenates chunks never reads a failed prefix followed by a second answer. The
+    content chunks already yielded stay yielded: ``delivered_text`` is their text (for
+    a retry or a "continue" button), ``chunks`` their count and ``client_index`` the
+    member that failed. ``__cause__`` is the member's own failure (a ``TimeoutError``
+    when a time limit of the chain fired). The message never quotes the delivered text,
+    which is provider output. Not transient: an outer chain does not restart it either.
+    """
+
+    def __init__(self, client_index: int, chunks: int, delivered_text: str) -> None:
+        #: Position of the member whose stream failed (0 is the primary).
+        self.client_index = client_index
+        #: Content chunks that member had yielded before it failed.
+        self.chunks = chunks
+        #: The text of those chunks, concatenated ("" when the chunks carry no text).
+        self.delivered_text = delivered_text
+        super().__init__(
+            f"The stream of client {client_index} broke off after {chunks} content "
+            f"chunk(s) ({len(delivered_text)} characters delivered); with "
+            f"mid_stream='raise' it is not restarted on another client."
         )
 
 

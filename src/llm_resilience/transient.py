@@ -20,7 +20,8 @@ An error is transient when trying the same request elsewhere (or later) may succ
 
 Never transient, whatever they say: :class:`~llm_resilience.errors.BudgetExceededError`,
 :class:`~llm_resilience.errors.NoCapableMemberError`,
-:class:`~llm_resilience.errors.RateLimitQueueFullError`, ``asyncio.CancelledError``,
+:class:`~llm_resilience.errors.RateLimitQueueFullError`,
+:class:`~llm_resilience.errors.StreamInterruptedError`, ``asyncio.CancelledError``,
 ``KeyboardInterrupt`` and ``SystemExit``.
 
 Third-party exception types are recognised by the name and top-level package of the
@@ -46,6 +47,7 @@ from llm_resilience.errors import (
     RateLimitBackendError,
     RateLimitQueueFullError,
     RequestExceedsCapacityError,
+    StreamInterruptedError,
 )
 
 __all__ = [
@@ -71,6 +73,7 @@ _PINNED_NON_TRANSIENT: tuple[type[BaseException], ...] = (
     RateLimitQueueFullError,
     RateLimitBackendError,
     RequestExceedsCapacityError,
+    StreamInterruptedError,
     asyncio.CancelledError,
     KeyboardInterrupt,
     SystemExit,

@@ -59,6 +59,7 @@ from llm_resilience.fallback import (
 )
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
+from llm_resilience.retry import RetryPolicy
 
 __all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
 
@@ -89,7 +90,11 @@ class FallbackChatModel(BaseChatModel):
     ``usage_metadata`` and ``response_metadata["model_name"]`` are those of the model
     that served, and ``response_metadata["fallback_client"]`` is its index. A member's
     own ``rate_limiter`` and cache apply to its attempt. A stream that restarts on the
-    next model sends the custom callback event :data:`STREAM_RESTART_EVENT`.
+    next model sends the custom callback event :data:`STREAM_RESTART_EVENT`; with
+    ``mid_stream="raise"`` a stream that fails after it delivered content raises
+    :class:`~llm_resilience.errors.StreamInterruptedError` (its ``delivered_text`` is the
+    text streamed so far) instead, so a plain ``"".join(...)`` consumer never reads a
+    broken prefix followed by a second answer.
 
     ``bind_tools`` and ``with_structured_output`` bind every member (each in its own
     provider's format), so a fallback keeps the tools. Members should be built with
@@ -123,11 +128,17 @@ class FallbackChatModel(BaseChatModel):
     """Longest silence between chunks once a stream's content started; None: off."""
     cooldown: Cooldown | None = None
     """Opt-in circuit breaker: skip a member for a while after repeated failures."""
+    mid_stream: str = "restart"
+    """A stream that fails after content: ``"restart"`` on the next member (with the
+    event) or ``"raise"`` ``StreamInterruptedError``."""
     classifier: Callable[[BaseException], bool] | None = Field(default=None, exclude=True)
     """Replaces the default transient rule, e.g. ``TransientClassifier.with_server_errors()``."""
     member_profiles: list[MemberProfile | None] | None = Field(default=None, exclude=True)
     """Per member, what the chain should know beyond (or instead of) its LangChain model
     profile: e.g. ``MemberProfile(context_window=128_000)``; declared fields win."""
+    member_retry: RetryPolicy | None = Field(default=None, exclude=True)
+    """Retry a member that answered 429 (``Retry-After`` within the policy's
+    ``max_delay``) or a 5xx before moving on; None (the default): each member once."""
     member_kwargs: list[dict[str, Any]] | None = Field(default=None, exclude=True)
     """Per-member call arguments (tools, response formats) set by ``bind_tools`` and
     ``with_structured_output``; not meant to be set by hand."""
@@ -146,6 +157,8 @@ class FallbackChatModel(BaseChatModel):
             idle_timeout=data.get("idle_timeout"),
             classifier=data.get("classifier"),
             cooldown=data.get("cooldown"),
+            member_retry=data.get("member_retry"),
+            mid_stream=data.get("mid_stream", "restart"),
             clients_option="models",
             member_profiles=resolve_member_profiles(
                 data.get("member_profiles"),
@@ -343,6 +356,7 @@ class FallbackChatModel(BaseChatModel):
             is_content=_has_content,
             on_restart=restarted,
             needs=self._needs(messages, kwargs),
+            text_of=_text_of,
         )
 
     async def _astream(
@@ -389,6 +403,7 @@ class FallbackChatModel(BaseChatModel):
             is_content=_has_content,
             on_restart=restarted,
             needs=self._needs(messages, kwargs),
+            text_of=_text_of,
         ):
             yield chunk
 
@@ -606,6 +621,10 @@ def _has_content(chunk: ChatGenerationChunk) -> bool:
     if message.content:
         return True
     return bool(getattr(message, "tool_call_chunks", None))
+
+
+def _text_of(chunk: ChatGenerationChunk) -> str:
+    return chunk.message.text
 
 
 def _restart_data(restart: StreamRestart) -> dict[str, Any]:

@@ -22,7 +22,10 @@ Rules, in short (``docs/fallback.md`` has the long form):
   last client the caller gets :class:`~llm_resilience.errors.PerClientTimeoutError` (a
   ``TimeoutError`` naming the limit). The caller's own cancellation is never rerouted;
 * a stream that fails after yielding chunks is restarted from the beginning on the next
-  client; chunks already yielded stay yielded and ``on_restart`` hooks are told;
+  client; chunks already yielded stay yielded and ``on_restart`` hooks are told. With
+  ``mid_stream="raise"`` a stream that fails after content raises
+  :class:`~llm_resilience.errors.StreamInterruptedError` (carrying what was delivered)
+  instead;
 * an optional :class:`Cooldown` skips, for a while, a client that keeps failing, then
   gives it one trial call before using it again; :meth:`FallbackChain.health` reads
   each client's circuit (:class:`MemberHealth`).
@@ -31,8 +34,9 @@ The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestar
 ``_breaker`` (the cooldown breaker), ``_routing`` (``MemberProfile``, ``RequestNeeds``:
 which member may take a request, where a prompt too long goes), ``_engine``
 (``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
-``_workers`` (sync attempts under a deadline, on reused threads) and ``_self_retry``
-(inner models that retry by themselves). Import from ``llm_resilience.fallback``.
+``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
+(``member_retry=``: short waits on the same member) and ``_self_retry`` (inner models
+that retry by themselves). Import from ``llm_resilience.fallback``.
 """
 
 from llm_resilience.fallback._breaker import MemberHealth

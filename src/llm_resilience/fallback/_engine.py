@@ -20,15 +20,17 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Generic, TypeVar
 
-from llm_resilience.errors import PerClientTimeoutError
+from llm_resilience.errors import PerClientTimeoutError, StreamInterruptedError
 from llm_resilience.fallback._breaker import MemberHealth, _Breaker, _closed
 from llm_resilience.fallback._deadlines import TimeLimit, _AttemptClock, _TimeLimits
+from llm_resilience.fallback._member_retry import _MemberRetry, member_retry_option
 from llm_resilience.fallback._options import (
     Classifier,
     Cooldown,
     RestartHook,
     StreamRestart,
     _OptionTypeError,
+    checked_mid_stream,
 )
 from llm_resilience.fallback._routing import (
     MemberProfile,
@@ -44,6 +46,7 @@ from llm_resilience.fallback._sources import (
     _ThreadedSource,
 )
 from llm_resilience.fallback._workers import _WORKERS
+from llm_resilience.retry import RetryPolicy
 from llm_resilience.transient import is_transient
 
 # Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
@@ -75,13 +78,23 @@ class FallbackChain(Generic[ClientT]):
     default transient rule (:func:`~llm_resilience.transient.is_transient`), for example
     with ``TransientClassifier.with_server_errors()``. ``cooldown`` enables the circuit
     breaker. ``on_restart`` is called with a :class:`StreamRestart` whenever a stream
-    restarts on the next client. ``clock`` is the monotonic clock the breaker reads.
+    restarts on the next client. ``mid_stream="raise"`` (default ``"restart"``) makes a
+    stream that fails after it delivered content raise
+    :class:`~llm_resilience.errors.StreamInterruptedError` instead of restarting; a
+    failure before any content still falls through quietly. ``clock`` is the monotonic
+    clock the breaker reads.
 
     ``member_profiles`` (one :class:`MemberProfile` or None per client) is what the chain
     knows of each client: a prompt too long for one client goes on to the next client
     whose ``context_window`` is larger (never back, never to one not known to be larger),
     and a call's ``needs=`` (a :class:`RequestNeeds`, or one per client) skips the clients
     known not to support it; see :mod:`llm_resilience.fallback._routing`.
+
+    ``member_retry`` (a :class:`~llm_resilience.RetryPolicy`; default None: each client
+    once) retries a client that answered 429 or a 5xx before moving on: a
+    ``Retry-After`` within the policy's ``max_delay`` is waited out exactly, other
+    failures wait the policy's backoff; a stream only before its first chunk; the waits
+    count toward the attempt's time bound (see :mod:`~llm_resilience.fallback._member_retry`).
 
     Raises ``ValueError``/``TypeError`` naming the option for bad input.
     """
@@ -90,6 +103,7 @@ class FallbackChain(Generic[ClientT]):
         "_breaker",
         "_classifier",
         "_limits",
+        "_member_retry",
         "_on_restart",
         "_routing",
         "_timeout",
@@ -99,6 +113,8 @@ class FallbackChain(Generic[ClientT]):
         "cooldown",
         "first_token_timeout",
         "idle_timeout",
+        "member_retry",
+        "mid_stream",
         "per_client_timeout",
     )
 
@@ -112,7 +128,9 @@ class FallbackChain(Generic[ClientT]):
         classifier: Classifier | None = None,
         cooldown: Cooldown | None = None,
         on_restart: RestartHook | None = None,
+        mid_stream: str = "restart",
         member_profiles: Sequence[MemberProfile | None] | None = None,
+        member_retry: RetryPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         clients_option: str = "clients",
     ) -> None:
@@ -136,6 +154,8 @@ class FallbackChain(Generic[ClientT]):
             raise _OptionTypeError(f"cooldown must be None or a Cooldown(...); got {cooldown!r}")
         if on_restart is not None and not callable(on_restart):
             raise _OptionTypeError(f"on_restart must be a callable; got {on_restart!r}")
+        #: What a stream that fails after delivering content does: "restart" or "raise".
+        self.mid_stream = checked_mid_stream(mid_stream)
         #: The clients, in the order they are tried.
         self.clients: tuple[ClientT, ...] = tuple(clients)
         #: The per-client timeout in seconds, or None.
@@ -157,6 +177,12 @@ class FallbackChain(Generic[ClientT]):
         self._breaker = _Breaker(cooldown, len(self.clients), clock) if cooldown else None
         self._on_restart = on_restart
         self._routing = _Routing(member_profiles, len(self.clients), option="member_profiles")
+        policy = member_retry_option(member_retry)
+        #: The policy a failing client is retried under before the chain moves on, or None.
+        self.member_retry: RetryPolicy | None = policy
+        self._member_retry = (
+            _MemberRetry(policy, self._timeout, clock) if policy is not None else None
+        )
 
     def layers_below(self) -> tuple[ClientT, ...]:
         """The clients, in the order they are tried (the core's layer contract)."""
@@ -229,6 +255,8 @@ class FallbackChain(Generic[ClientT]):
         :class:`_Workers`), so a timed attempt costs a hand-off, not a thread start.
         """
         order = self._order(needs)
+        if self._member_retry is not None:
+            attempt = self._member_retry.call(attempt)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -296,6 +324,8 @@ class FallbackChain(Generic[ClientT]):
         cancellation propagates at once and is never rerouted.
         """
         order = self._order(needs)
+        if self._member_retry is not None:
+            attempt = self._member_retry.acall(attempt)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -340,6 +370,7 @@ class FallbackChain(Generic[ClientT]):
         is_content: Callable[[ChunkT], bool] | None = None,
         on_restart: RestartHook | None = None,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
+        text_of: Callable[[ChunkT], str] | None = None,
     ) -> Iterator[ChunkT]:
         """Yield the chunks of ``attempt(index, client)``, falling through on failure.
 
@@ -351,9 +382,13 @@ class FallbackChain(Generic[ClientT]):
         wait (default: every chunk). The time limits count only waits for the next
         chunk: time the consumer spends between chunks is never held against a client.
         With any limit set, a worker thread pulls the attempt. The attempt is created
-        when iteration starts, not before.
+        when iteration starts, not before. Under ``mid_stream="raise"`` a failure after
+        content raises :class:`~llm_resilience.errors.StreamInterruptedError` instead of
+        restarting; ``text_of`` gives a content chunk's text for its ``delivered_text``.
         """
         order = self._order(needs)
+        if self._member_retry is not None:
+            attempt = self._member_retry.stream(attempt)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -365,6 +400,7 @@ class FallbackChain(Generic[ClientT]):
             clock = _AttemptClock(self._limits)
             started = False
             content = 0
+            delivered: list[str] = []
             try:
                 while True:
                     wait = clock.next_wait()
@@ -377,6 +413,9 @@ class FallbackChain(Generic[ClientT]):
                         assert wait is not None
                         option = wait[1]
                         self._failed(index, None)
+                        if content and self.mid_stream == "raise":
+                            interrupted = self._interrupted(index, content, delivered)
+                            raise interrupted from timed_out.cause
                         if position == last:
                             raise self._timeout_error(
                                 index, timed_out.cause, option
@@ -393,6 +432,8 @@ class FallbackChain(Generic[ClientT]):
                             raise
                         last = len(order) - 1
                         self._failed(index, error)
+                        if content and self.mid_stream == "raise":
+                            raise self._interrupted(index, content, delivered) from error
                         if position == last:
                             raise
                         if not is_context_overflow(error):  # routing logged why it moves on
@@ -408,6 +449,8 @@ class FallbackChain(Generic[ClientT]):
                     started = True
                     if carries:
                         content += 1
+                        if text_of is not None and self.mid_stream == "raise":
+                            delivered.append(text_of(chunk))
                     yield chunk
                 if source.finished:
                     self._succeeded(index)
@@ -423,6 +466,7 @@ class FallbackChain(Generic[ClientT]):
         is_content: Callable[[ChunkT], bool] | None = None,
         on_restart: RestartHook | None = None,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
+        text_of: Callable[[ChunkT], str] | None = None,
     ) -> AsyncIterator[ChunkT]:
         """Async :meth:`stream`. ``on_restart`` hooks may be coroutine functions.
 
@@ -430,6 +474,8 @@ class FallbackChain(Generic[ClientT]):
         attempt's HTTP request); the caller's own cancellation propagates at once.
         """
         order = self._order(needs)
+        if self._member_retry is not None:
+            attempt = self._member_retry.astream(attempt)
         last = len(order) - 1
         loop = asyncio.get_running_loop()
         for position, index in enumerate(order):
@@ -439,6 +485,7 @@ class FallbackChain(Generic[ClientT]):
             started = False
             finished = False
             content = 0
+            delivered: list[str] = []
             try:
                 while True:
                     wait = clock.next_wait()
@@ -470,6 +517,8 @@ class FallbackChain(Generic[ClientT]):
                         last = len(order) - 1
                         option = wait[1] if timed_out and wait is not None else None
                         self._failed(index, None if timed_out else error)
+                        if content and self.mid_stream == "raise":
+                            raise self._interrupted(index, content, delivered) from error
                         if position == last:
                             if option is not None:
                                 cause = error.__cause__ or error
@@ -486,6 +535,8 @@ class FallbackChain(Generic[ClientT]):
                     started = True
                     if carries:
                         content += 1
+                        if text_of is not None and self.mid_stream == "raise":
+                            delivered.append(text_of(chunk))
                     yield chunk
             finally:
                 if iterator is not None:
@@ -494,6 +545,17 @@ class FallbackChain(Generic[ClientT]):
                 self._succeeded(index)
                 return
         raise AssertionError("unreachable: the last client either finishes or raises")
+
+    def _interrupted(
+        self, index: int, content: int, delivered: list[str]
+    ) -> StreamInterruptedError:
+        logger.warning(
+            "Streaming client %d failed mid-stream after %d token(s); mid_stream='raise', "
+            "so it is not restarted.",
+            index,
+            content,
+        )
+        return StreamInterruptedError(index, content, "".join(delivered))
 
     def _log_stream_failure(
         self, index: int, started: bool, content: int, *, timed_out: TimeLimit | None

@@ -7,12 +7,27 @@ from dataclasses import dataclass
 
 from llm_resilience._checks import OptionTypeError, seconds, whole
 
-__all__ = ["Classifier", "Cooldown", "RestartHook", "StreamRestart"]
+__all__ = ["MID_STREAM_POLICIES", "Classifier", "Cooldown", "RestartHook", "StreamRestart"]
 
 Classifier = Callable[[BaseException], bool]
 
 
 _OptionTypeError = OptionTypeError
+
+#: What a chain does when a stream fails after it delivered content: ``"restart"`` the
+#: request on the next client (the default; ``on_restart`` hooks are told) or
+#: ``"raise"`` :class:`~llm_resilience.errors.StreamInterruptedError`.
+MID_STREAM_POLICIES: tuple[str, ...] = ("restart", "raise")
+
+
+def checked_mid_stream(value: object, option: str = "mid_stream") -> str:
+    """``value`` if it is one of :data:`MID_STREAM_POLICIES`, else a ``ValueError`` naming them."""
+    if not isinstance(value, str) or value not in MID_STREAM_POLICIES:
+        allowed = ", ".join(repr(policy) for policy in MID_STREAM_POLICIES)
+        raise ValueError(f"{option} must be one of {allowed}; got {value!r}")
+    return value
+
+
 _seconds = seconds
 
 

@@ -86,6 +86,7 @@ from llm_resilience.fallback import (
 )
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
+from llm_resilience.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -133,11 +134,18 @@ class FallbackLLM(FunctionCallingLLM):
     a chunk. A stream that fails after chunks restarts on the next LLM from the
     beginning: chunks already yielded stay yielded, a WARNING is logged and a
     :class:`~llama_index.resilience.events.FallbackStreamRestartEvent` is dispatched.
+    With ``mid_stream="raise"`` (default ``"restart"``) such a stream raises
+    :class:`~llm_resilience.errors.StreamInterruptedError` instead (its
+    ``delivered_text`` is the text streamed so far); a failure before any content
+    still falls through quietly.
     ``cooldown`` (a :class:`llm_resilience.Cooldown`) skips an LLM that keeps failing;
     ``classifier`` replaces the transient rule. Options are fixed at construction.
 
     Members that retry by themselves (LlamaIndex's ``OpenAI`` defaults to
     ``max_retries=3``) are warned about once: their retries delay every failover.
+    ``member_retry=RetryPolicy(...)`` (default None: each LLM once) retries an LLM that
+    answered 429 (``Retry-After`` within the policy's ``max_delay``) or a 5xx before moving
+    on, a stream only before its first chunk; see ``docs/fallback.md``.
 
     A prompt too long for a member (OpenAI's ``context_length_exceeded``, Anthropic's
     "prompt is too long") goes to the next LLM whose ``metadata.context_window`` is
@@ -178,11 +186,25 @@ class FallbackLLM(FunctionCallingLLM):
         exclude=True,
         description="Transient-error predicate replacing llm_resilience.is_transient.",
     )
+    member_retry: Any | None = Field(
+        default=None,
+        frozen=True,
+        exclude=True,
+        description="llm_resilience.RetryPolicy retrying a member on 429/5xx first, or None.",
+    )
     member_profiles: Any | None = Field(
         default=None,
         frozen=True,
         exclude=True,
         description="Per LLM, a MemberProfile (or None) overriding what its metadata says.",
+    )
+    mid_stream: str = Field(
+        default="restart",
+        frozen=True,
+        description=(
+            'A stream that fails after content: "restart" on the next LLM (with the '
+            'event) or "raise" StreamInterruptedError.'
+        ),
     )
 
     _chain: FallbackChain[LLM] = PrivateAttr()
@@ -197,6 +219,8 @@ class FallbackLLM(FunctionCallingLLM):
         cooldown: Cooldown | None = None,
         classifier: Callable[[BaseException], bool] | None = None,
         member_profiles: Sequence[MemberProfile | None] | None = None,
+        member_retry: RetryPolicy | None = None,
+        mid_stream: str = "restart",
         **kwargs: Any,
     ) -> None:
         # The engine validates first, so its errors (naming the option and the allowed
@@ -209,8 +233,10 @@ class FallbackLLM(FunctionCallingLLM):
             classifier=classifier,
             cooldown=cooldown,
             on_restart=_announce_restart,
+            mid_stream=mid_stream,
             clients_option="llms",
             member_profiles=_resolved_profiles(member_profiles, llms),
+            member_retry=member_retry,
         )
         for position, member in enumerate(chain.clients):
             if not isinstance(member, LLM):
@@ -226,6 +252,8 @@ class FallbackLLM(FunctionCallingLLM):
             cooldown=cooldown,
             classifier=classifier,
             member_profiles=member_profiles,
+            member_retry=member_retry,
+            mid_stream=chain.mid_stream,
             **kwargs,
         )
         self._chain = chain
@@ -322,7 +350,10 @@ class FallbackLLM(FunctionCallingLLM):
         # The engine's stream is a generator (LlamaIndex's callback wraps generators
         # only to emit the end event) and starts no request before the first chunk.
         stream = self._chain.stream(
-            attempt, is_content=_carries_content, needs=_needs(messages, tool_request, kwargs)
+            attempt,
+            is_content=_carries_content,
+            needs=_needs(messages, tool_request, kwargs),
+            text_of=_text_of,
         )
         return cast(ChatResponseGen, stream)
 
@@ -339,7 +370,10 @@ class FallbackLLM(FunctionCallingLLM):
             )
 
         stream = self._chain.astream(
-            attempt, is_content=_carries_content, needs=_needs(messages, tool_request, kwargs)
+            attempt,
+            is_content=_carries_content,
+            needs=_needs(messages, tool_request, kwargs),
+            text_of=_text_of,
         )
         return cast(ChatResponseAsyncGen, stream)
 
@@ -373,7 +407,7 @@ class FallbackLLM(FunctionCallingLLM):
             call = undecorated_call(member, "stream_complete", is_async=False)
             return _relay(lambda: call(prompt, formatted=formatted, **kwargs), index)
 
-        stream = self._chain.stream(attempt, is_content=_carries_content)
+        stream = self._chain.stream(attempt, is_content=_carries_content, text_of=_text_of)
         return cast(CompletionResponseGen, stream)
 
     @llm_completion_callback()
@@ -384,7 +418,7 @@ class FallbackLLM(FunctionCallingLLM):
             call = undecorated_call(member, "astream_complete", is_async=True)
             return _arelay(lambda: call(prompt, formatted=formatted, **kwargs), index)
 
-        stream = self._chain.astream(attempt, is_content=_carries_content)
+        stream = self._chain.astream(attempt, is_content=_carries_content, text_of=_text_of)
         return cast(CompletionResponseAsyncGen, stream)
 
     # -- function calling -----------------------------------------------------------
@@ -649,6 +683,10 @@ def _carries_content(chunk: ChatResponse | CompletionResponse) -> bool:
     if message.additional_kwargs.get("tool_calls"):
         return True
     return any(getattr(block, "block_type", None) == "tool_call" for block in message.blocks)
+
+
+def _text_of(chunk: ChatResponse | CompletionResponse) -> str:
+    return chunk.delta or ""
 
 
 def _smallest_known(values: Iterable[int]) -> int:

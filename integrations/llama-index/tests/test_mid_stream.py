@@ -1,0 +1,161 @@
+"""``mid_stream=`` through LlamaIndex's real ``OpenAI`` LLM against the fault server.
+
+A plain consumer concatenates ``response.delta``. Under ``"raise"`` a primary cut after
+three words gives it those words and then a clean ``StreamInterruptedError`` carrying
+them, never the next member's whole answer glued on; under ``"restart"`` (the default)
+the next member's answer follows and a ``FallbackStreamRestartEvent`` is dispatched.
+
+The members are two ``OpenAI`` LLMs: the installed ``llama-index-llms-anthropic`` cannot
+build a request with the installed ``anthropic`` SDK (``MessageParam`` became a union).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.resilience import FallbackLLM, FallbackStreamRestartEvent
+
+from llm_resilience import StreamInterruptedError, is_transient
+from llm_resilience.testing import Fault, FaultInjectingServer
+
+openai_llms = pytest.importorskip("llama_index.llms.openai")
+
+PRIMARY_REPLY = "one two three four five six seven eight"
+SECONDARY_REPLY = "the secondary answered this request"
+DELIVERED = "one two three"
+MESSAGES = [ChatMessage(role=MessageRole.USER, content="Capital of France?")]
+
+
+class Restarts(BaseEventHandler):
+    events: list[FallbackStreamRestartEvent] = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "MidStreamRestarts"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, FallbackStreamRestartEvent):
+            self.events.append(event)
+
+
+@pytest.fixture
+def restarts() -> Iterator[Restarts]:
+    handler = Restarts(events=[])
+    dispatcher = get_dispatcher()
+    dispatcher.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        dispatcher.event_handlers.remove(handler)
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[FaultInjectingServer, FaultInjectingServer]]:
+    with (
+        FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
+        FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
+    ):
+        yield primary, secondary
+
+
+def member(model: str, server: FaultInjectingServer) -> Any:
+    return openai_llms.OpenAI(
+        model=model,
+        api_base=server.openai_base_url,
+        api_key="test",
+        max_retries=0,
+        timeout=10,
+    )
+
+
+def chain(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer], **options: Any
+) -> FallbackLLM:
+    primary, secondary = servers
+    return FallbackLLM(
+        llms=[member("gpt-4o-mini", primary), member("gpt-4.1-mini", secondary)], **options
+    )
+
+
+def consume(llm: FallbackLLM, received: list[str]) -> str:
+    """A plain consumer: it concatenates the deltas and listens for nothing."""
+    for response in llm.stream_chat(MESSAGES):
+        received.append(response.delta or "")
+    return "".join(received)
+
+
+async def aconsume(llm: FallbackLLM, received: list[str]) -> str:
+    async for response in await llm.astream_chat(MESSAGES):
+        received.append(response.delta or "")
+    return "".join(received)
+
+
+def check_interrupted(error: StreamInterruptedError) -> None:
+    assert (error.client_index, error.chunks, error.delivered_text) == (0, 3, DELIVERED)
+    assert DELIVERED not in str(error)
+    assert error.__cause__ is not None
+    assert is_transient(error.__cause__)
+
+
+def test_mid_stream_is_validated_naming_the_option_and_the_values() -> None:
+    with FaultInjectingServer() as server:
+        llms = [member("gpt-4o-mini", server), member("gpt-4.1-mini", server)]
+        with pytest.raises(ValueError, match=r"mid_stream must be one of 'restart', 'raise'"):
+            FallbackLLM(llms=llms, mid_stream="retry")
+        assert FallbackLLM(llms=llms).mid_stream == "restart"
+
+
+def test_restart_gives_a_plain_consumer_the_prefix_then_the_next_answer_with_the_event(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    restarts: Restarts,
+) -> None:
+    primary, _ = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    assert consume(chain(servers), []) == DELIVERED + SECONDARY_REPLY
+    assert [(e.failed_client, e.next_client, e.chunks) for e in restarts.events] == [(0, 1, 3)]
+
+
+def test_raise_gives_stream_chat_the_prefix_then_a_clean_error_and_no_second_answer(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    restarts: Restarts,
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    llm = chain(servers, mid_stream="raise")
+    received: list[str] = []
+    with pytest.raises(StreamInterruptedError) as caught:
+        consume(llm, received)
+    assert "".join(received) == DELIVERED
+    check_interrupted(caught.value)
+    assert secondary.requests == []
+    assert restarts.events == []
+    assert consume(llm, []) == PRIMARY_REPLY
+
+
+async def test_raise_gives_astream_chat_the_prefix_then_a_clean_error(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    llm = chain(servers, mid_stream="raise")
+    received: list[str] = []
+    with pytest.raises(StreamInterruptedError) as caught:
+        await aconsume(llm, received)
+    assert "".join(received) == DELIVERED
+    check_interrupted(caught.value)
+    assert secondary.requests == []
+
+
+async def test_raise_still_falls_back_quietly_when_the_stream_fails_before_any_text(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, _ = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=0))
+    llm = chain(servers, mid_stream="raise")
+    assert await aconsume(llm, []) == SECONDARY_REPLY

@@ -666,3 +666,33 @@ def test_langchain_chat_anthropic_invokes_and_binds_tools_against_the_server(
     assert message.usage_metadata["input_tokens"] == 6
     assert tool_message.tool_calls[0]["name"] == "get_weather"
     assert tool_message.tool_calls[0]["args"] == {"city": "test", "days": 0}
+
+
+def test_a_burst_of_two_hundred_simultaneous_connections_is_accepted_without_stalling() -> None:
+    """The listen backlog holds a burst: no handshake waits out the kernel's retransmits
+    (a backlog of 5 made some of these connections take 1-30 s, read as a hung provider)."""
+    import socket
+
+    with FaultInjectingServer() as server:
+        port = int(server.openai_base_url.split(":")[2].split("/")[0])
+        barrier = threading.Barrier(200)
+        took: list[float] = []
+        lock = threading.Lock()
+
+        def connect() -> None:
+            barrier.wait()
+            began = time.monotonic()
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+                connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert connection.recv(12).startswith(b"HTTP/1.")
+            with lock:
+                took.append(time.monotonic() - began)
+
+        threads = [threading.Thread(target=connect) for _ in range(200)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+
+    assert len(took) == 200
+    assert max(took) < 0.9  # under the first SYN-ACK retransmit (1 s)

@@ -236,6 +236,11 @@ def _close_abruptly(connection: socket.socket) -> None:
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 overflows under a burst of concurrent calls:
+    # the kernel then drops connections' handshakes and the clients wait out its SYN-ACK
+    # retransmits (1, 2, 4, 8 s...), which reads as a provider that hangs. A provider's
+    # real front end never does that.
+    request_queue_size = 1024
     owner: FaultInjectingServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -185,7 +185,7 @@ def redacted(value: object, name: str | None = None) -> object:
 
     >>> redacted({"Authorization": "Bearer abc"}, "default_headers")
     {'Authorization': '**********'}
-    >>> redacted("sk-ant-FAKE-000000000000", "api_key")
+    >>> redacted("sk-FAKE-anthropic-0000000", "api_key")
     '**********'
     """
     if _is_secret_like(value):

@@ -30,9 +30,9 @@ from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
 
-OPENAI_KEY = "sk-proj-FAKE-OPENAI-KEY-0000"
-ANTHROPIC_KEY = "sk-ant-FAKE-ANTHROPIC-KEY-0000"
-EMBEDDINGS_KEY = "sk-proj-FAKE-EMBEDDINGS-KEY-0000"
+OPENAI_KEY = "sk-FAKE-openai-key-for-tests"
+ANTHROPIC_KEY = "sk-FAKE-anthropic-key-for-tests"
+EMBEDDINGS_KEY = "sk-FAKE-embeddings-key-for-tests"
 HEADER_TOKEN = "HEADERTOKENqwerty"
 QUERY_KEY = "QUERYKEYzxcvb"
 URL_PASSWORD = "URLPASSWORDhunter2"

@@ -36,9 +36,9 @@ from pydantic import Field
 from llm_resilience import CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
 
-OPENAI_KEY = "sk-proj-FAKE-OPENAI-KEY-0000"
-ANTHROPIC_KEY = "sk-ant-FAKE-ANTHROPIC-KEY-0000"
-EMBEDDING_KEY = "sk-proj-FAKE-EMBEDDING-KEY-0000"
+OPENAI_KEY = "sk-FAKE-openai-key-for-tests"
+ANTHROPIC_KEY = "sk-FAKE-anthropic-key-for-tests"
+EMBEDDING_KEY = "sk-FAKE-embedding-key-for-tests"
 HEADER_TOKEN = "HEADERTOKENqwerty"
 EXTRA_HEADER_KEY = "EXTRAHEADERKEYasdf"
 URL_PASSWORD = "URLPASSWORDhunter2"

@@ -10,6 +10,11 @@ Three measurements per database:
   bulk-loaded in one transaction (SQLite: ``executemany``; PostgreSQL: ``COPY``), then the
   ledger is opened on them, which builds the running totals from the rows exactly as it
   does when migrating a first-release table: that open is timed too.
+* **gate reads, one round trip or several**: a budget with day and month limits reads
+  both windows (a scoped one four: scope and global of each). Before ``spends`` the gate
+  read them one ``spend`` (one bounded operation, one round trip) each; now in one
+  ``spends``. Both, and the whole gate (``begin`` + ``abandon``) each way, sync and
+  async (one event loop, ``aspend``/``aspends`` in a worker thread).
 * **records per second**: 8 writer processes (``spawn``, each with its own ledger) and,
   for reference, 1, each recording ``WRITES`` entries (2,000; 300 with ``--quick``),
   timed from a barrier that releases them together to the last commit.
@@ -20,11 +25,14 @@ the end, skipped with a note when the server is not there. Prints markdown table
 
     python benchmarks/bench_ledger.py            # ~100 s on 2 cores
     python benchmarks/bench_ledger.py --quick    # ~30 s
+    python benchmarks/bench_ledger.py --reads-only   # the reads, no writer processes
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import multiprocessing
 import os
 import platform
@@ -36,15 +44,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from llm_resilience import CostBudget
+from llm_resilience.budget import BudgetGate
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
-from llm_resilience.ledger._protocol import window_bounds
+from llm_resilience.ledger._protocol import SpendWindow, window_bounds
 
 POSTGRES_URL = os.environ.get(
     "LLM_RESILIENCE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -203,6 +213,7 @@ def gate_reads(
         day = percentiles(timed(lambda: ledger.spend("day"), repeats))
         month = percentiles(timed(lambda: ledger.spend("month"), repeats))
         scoped = percentiles(timed(lambda: ledger.spend("month", scope="tenant-1"), repeats))
+        gate = gate_rows(ledger, repeats)
         baseline = percentiles(timed(scan, scans))
         exact = ledger.spend("month")
     finally:
@@ -217,6 +228,7 @@ def gate_reads(
         ("`spend('day')` (ours)", day, repeats),
         ("`spend('month')` (ours)", month, repeats),
         ("`spend('month', scope=...)` (ours)", scoped, repeats),
+        *((name, result, repeats) for name, result in gate),
         ("`SELECT SUM(cost) ... >= month start` (driver)", baseline, scans),
     ]
     return [
@@ -224,6 +236,75 @@ def gate_reads(
         f"{baseline[0] / p50:,.0f}x |"
         for name, (p50, p99), n in rows
     ]
+
+
+class PerWindow:
+    """The ledger seen through the protocol only (no ``spends``): the gate then reads
+    one window per round trip, as it did before ``spends``."""
+
+    def __init__(self, ledger: SqlCostLedger) -> None:
+        self._ledger = ledger
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("spends", "aspends"):
+            raise AttributeError(name)
+        return getattr(self._ledger, name)
+
+
+def atimed(call: Callable[[], Awaitable[object]], repeats: int) -> list[int]:
+    """:func:`timed` for a coroutine function, every call awaited on one event loop."""
+
+    async def run() -> list[int]:
+        await call()
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter_ns()
+            await call()
+            samples.append(time.perf_counter_ns() - started)
+        return samples
+
+    return asyncio.run(run())
+
+
+def gate_rows(ledger: SqlCostLedger, repeats: int) -> list[tuple[str, tuple[float, float]]]:
+    """What a gate with day and month limits reads: the two windows one round trip each
+    (before ``spends``), both in one ``spends``, the four windows of a scoped budget in
+    one; and the whole gate (``begin`` + ``abandon``), sync and async, both ways."""
+    both: list[SpendWindow] = [("day", None), ("month", None)]
+    four: list[SpendWindow] = [
+        ("day", "tenant-1"),
+        ("day", None),
+        ("month", "tenant-1"),
+        ("month", None),
+    ]
+    budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
+    one_read, two_reads = BudgetGate(budget, ledger), BudgetGate(budget, PerWindow(ledger))  # type: ignore[arg-type]
+
+    async def two_areads() -> object:
+        return (await ledger.aspend("day"), await ledger.aspend("month"))
+
+    async def gate_call(gate: BudgetGate) -> None:
+        await (await gate.abegin("chat")).aabandon()
+
+    measured = [
+        (
+            "two reads, `spend('day')` + `spend('month')`",
+            lambda: [ledger.spend(w) for w, _ in both],
+        ),
+        ("one read, `spends([day, month])`", lambda: ledger.spends(both)),
+        ("one read, `spends` of 4 windows (scope and global)", lambda: ledger.spends(four)),
+        ("gate `begin` + `abandon`, two reads", lambda: two_reads.begin("chat").abandon()),
+        ("gate `begin` + `abandon`, one read (`spends`)", lambda: one_read.begin("chat").abandon()),
+    ]
+    rows = [(name, percentiles(timed(call, repeats))) for name, call in measured]
+    ameasured: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+        ("async: two reads, `aspend` x 2", two_areads),
+        ("async: one read, `aspends([day, month])`", lambda: ledger.aspends(both)),
+        ("async gate `abegin` + `aabandon`, two reads", lambda: gate_call(two_reads)),
+        ("async gate `abegin` + `aabandon`, one read", lambda: gate_call(one_read)),
+    ]
+    rows += [(name, percentiles(atimed(call, repeats))) for name, call in ameasured]
+    return rows
 
 
 def writer(url: str, start: Any, results: Any, writes: int) -> None:
@@ -257,7 +338,9 @@ def writes_per_second(url: str, processes: int, writes: int) -> float:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="100k rows, fewer repeats")
+    parser.add_argument("--reads-only", action="store_true", help="skip the writer processes")
     args = parser.parse_args(argv)
+    logging.getLogger("llm_resilience").setLevel(logging.ERROR)
     rows = 100_000 if args.quick else 1_000_000
     repeats, scans = (300, 5) if args.quick else (3000, 20)
     writes = 300 if args.quick else 2000
@@ -279,7 +362,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as folder:
         url = f"sqlite:///{Path(folder) / 'spend.db'}"
         reads += gate_reads("SQLite", url, rows, repeats, scans, now)
-        for processes in (WRITERS, 1):
+        for processes in () if args.reads_only else (WRITERS, 1):
             url = f"sqlite:///{Path(folder) / f'writers-{processes}.db'}"
             rate = writes_per_second(url, processes, writes)
             throughput.append(f"| SQLite | {processes} | {rate:,.0f} |")
@@ -288,7 +371,7 @@ def main(argv: list[str]) -> int:
             print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.\n")
         else:
             reads += gate_reads("PostgreSQL", postgres, rows, repeats, scans, now)
-            for processes in (WRITERS, 1):
+            for processes in () if args.reads_only else (WRITERS, 1):
                 rate = writes_per_second(postgres, processes, writes)
                 throughput.append(f"| PostgreSQL | {processes} | {rate:,.0f} |")
 

@@ -501,6 +501,7 @@ def test_no_sql_parameter_reaches_an_exception_message_or_a_log(
 ) -> None:
     def check(url: str, refuse: str) -> None:
         from sqlalchemy import create_engine
+        from sqlalchemy.exc import DBAPIError
 
         ledger = SqlCostLedger(url, echo=True)
         admin = create_engine(url)
@@ -509,7 +510,7 @@ def test_no_sql_parameter_reaches_an_exception_message_or_a_log(
                 for statement in refuse.split(";;"):
                     connection.exec_driver_sql(statement)
             with caplog.at_level(logging.DEBUG):
-                with pytest.raises(Exception, match="refused by test") as refused:
+                with pytest.raises(DBAPIError, match="refused by test") as refused:
                     ledger.record(entry("0.5", scope=SECRET))  # the database refuses it
                 ledger.spend("day", scope=SECRET, now=NOW)
             chain = [refused.value, refused.value.__cause__, refused.value.__context__]

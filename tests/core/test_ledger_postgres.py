@@ -27,6 +27,7 @@ pytest.importorskip("psycopg")
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 COLUMNS = [
@@ -154,7 +155,7 @@ def test_a_dropped_connection_fails_one_call_and_the_next_reconnects(postgres_ur
                     "AND pid <> pg_backend_pid()"
                 ).scalar_one()
             assert killed >= 1
-            with pytest.raises(Exception, match=r"terminat|closed|connection"):
+            with pytest.raises(OperationalError, match=r"terminat|closed|connection"):
                 ledger.spend("day", now=NOW)
             assert ledger.spend("day", now=NOW) == Decimal(1)
         finally:
@@ -178,7 +179,7 @@ def test_a_refused_connection_raises_at_once() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     started = time.monotonic()
-    with pytest.raises(Exception, match=r"refused|failed"):
+    with pytest.raises(OperationalError, match=r"refused|failed"):
         SqlCostLedger(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
     assert time.monotonic() - started < 2
 
@@ -191,7 +192,7 @@ def test_a_server_that_never_answers_fails_after_the_connect_timeout() -> None:
     keeper.start()
     started = time.monotonic()
     try:
-        with pytest.raises(Exception, match=r"timeout|timed out"):
+        with pytest.raises(OperationalError, match=r"timeout|timed out"):
             SqlCostLedger(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test", connect_timeout=2)
         assert time.monotonic() - started < 4  # libpq counts whole seconds, 2 at least
     finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from llm_resilience._checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
 from llm_resilience.errors import BudgetExceededError
@@ -463,17 +464,17 @@ def test_an_in_memory_sqlite_ledger_is_one_database_for_every_thread() -> None:
 
 def test_failures_surface_as_exceptions_promptly(tmp_path: Path) -> None:
     started = time.monotonic()
-    with pytest.raises(Exception, match="unable to open database file"):
+    with pytest.raises(OperationalError, match="unable to open database file"):
         SqlCostLedger(f"sqlite:///{tmp_path / 'missing' / 'spend.db'}")
     ledger = SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}")
     with sqlite3.connect(tmp_path / "spend.db") as connection:
         connection.execute("DROP TABLE cost_ledger_totals")
     connection.close()
-    with pytest.raises(Exception, match="no such table"):
+    with pytest.raises(OperationalError, match="no such table"):
         ledger.spend("day")
     ledger.record(entry("1"))  # not lost: it waits for the database to take it
     assert ledger.pending == 1
-    with pytest.raises(Exception, match="no such table"):
+    with pytest.raises(OperationalError, match="no such table"):
         ledger.spend("day")
     ledger.close()
     assert time.monotonic() - started < 5

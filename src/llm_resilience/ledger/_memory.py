@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
@@ -16,22 +16,27 @@ from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     LedgerEntry,
     Reservation,
+    SpendWindow,
     Window,
     check_amount,
     check_entry_filters,
     check_limits,
     check_now,
     check_scope,
+    check_windows,
     exact_sum,
     refusal,
     window_key,
 )
+from llm_resilience.money import EXACT
 
 if TYPE_CHECKING:
     from llm_resilience.budget import CostBudget
     from llm_resilience.spend import Grouping, SpendReport, SpendRow
 
 __all__ = ["InMemoryCostLedger"]
+
+_ZERO = Decimal(0)
 
 
 def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str | None]]:
@@ -137,6 +142,30 @@ class InMemoryCostLedger:
     ) -> Decimal:
         """:meth:`spend`, for async callers."""
         return self.spend(window, scope=scope, now=now)
+
+    def spends(
+        self, windows: Sequence[SpendWindow], *, now: datetime | None = None
+    ) -> tuple[Decimal, ...]:
+        """The spend of each ``(window, scope)`` pair at one instant, in order: what
+        :meth:`spend` would return for each, read under one hold of the lock.
+
+        >>> ledger = InMemoryCostLedger()
+        >>> ledger.spends([("day", None), ("month", "tenant-1")])
+        (Decimal('0'), Decimal('0'))
+        """
+        when = check_now(now)
+        checked = check_windows(windows)
+        with self._lock:
+            return tuple(
+                self._spend((window_key(window, when), scope), window, when)
+                for window, scope in checked
+            )
+
+    async def aspends(
+        self, windows: Sequence[SpendWindow], *, now: datetime | None = None
+    ) -> tuple[Decimal, ...]:
+        """:meth:`spends`, for async callers."""
+        return self.spends(windows, now=now)
 
     def reserve(
         self,
@@ -294,11 +323,15 @@ class InMemoryCostLedger:
 
     def _add(self, entry: LedgerEntry) -> None:
         self._entries.append(entry)
+        totals, cost, zero = self._totals, entry.cost, _ZERO
         for key in _totals_keys(entry.timestamp, entry.scope):
-            self._totals[key] = exact_sum((self._totals.get(key, Decimal(0)), entry.cost))
+            totals[key] = EXACT.add(totals.get(key, zero), cost)
 
     def _spend(self, key: tuple[str, str | None], window: Window, when: datetime) -> Decimal:
         """Total plus live holds of one window and scope; the caller holds the lock."""
+        total = self._totals.get(key, _ZERO)
+        if not self._holds:
+            return total
         held = (
             hold.amount
             for hold in self._holds.values()
@@ -306,4 +339,4 @@ class InMemoryCostLedger:
             and window_key(window, hold.timestamp) == key[0]
             and (key[1] is None or hold.scope == key[1])
         )
-        return exact_sum((self._totals.get(key, Decimal(0)), *held))
+        return exact_sum((total, *held))

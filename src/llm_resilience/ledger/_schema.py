@@ -26,8 +26,10 @@ HH:MM:SS.ffffff`` text (which sorts in time order) on SQLite.
 
 from __future__ import annotations
 
+import functools
 import random
 import sqlite3
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -65,14 +67,23 @@ from llm_resilience.ledger._protocol import (
 )
 
 __all__ = [
+    "DECIMAL_ADD",
     "GLOBAL_SCOPE",
     "POSTGRES_TOTALS_SHARDS",
+    "Run",
+    "driver_run",
     "holds",
     "insert_entry",
     "is_current",
     "migrate",
+    "prepare_sqlite",
     "read_spend",
+    "read_spends",
+    "sqlite_insert",
+    "sqlite_release",
     "sqlite_run",
+    "sqlite_spend",
+    "sqlite_spends",
 ]
 
 #: Scope column value of the global (all scopes) running totals.
@@ -81,6 +92,8 @@ GLOBAL_SCOPE = ""
 #: concurrent writers rarely wait for each other's row lock (held until their commit's
 #: fsync) and their commits can share a WAL flush; a read sums at most this many rows.
 POSTGRES_TOTALS_SHARDS = 16
+#: SQLite function the ledger registers on its connections: exact decimal-text addition.
+DECIMAL_ADD = "llm_resilience_decimal_add"
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 
@@ -277,22 +290,16 @@ _POSTGRES_RECORD = {
     False: _postgres_record_statement(False),
     True: _postgres_record_statement(True),
 }
-# SQLite's per-call statements run on the driver's own cursor: SQLAlchemy's work per
-# statement (compiled-cache lookup, bind processing, result wrapping) is ~10x SQLite's
-# own on these one-row statements. Values are bound as the column types above bind them.
 _SQLITE_INSERT = (
     'INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost, pages, '
     "model, estimated, surface, scope, entry_id) VALUES (:timestamp, :kind, :input_tokens, "
     ":output_tokens, :cost, :pages, :model, :estimated, :surface, :scope, :entry_id) "
     "ON CONFLICT (entry_id) DO NOTHING"
 )
-_SQLITE_CURRENT = (
-    "SELECT window_key, scope, total FROM cost_ledger_totals "
-    "WHERE window_key IN (:day, :month) AND scope IN (:global, :scope) AND shard = 0"
-)
-_SQLITE_REPLACE = (
+_SQLITE_ADD = (
     "INSERT INTO cost_ledger_totals (window_key, scope, shard, total) VALUES (?, ?, 0, ?) "
-    "ON CONFLICT (window_key, scope, shard) DO UPDATE SET total = excluded.total"
+    "ON CONFLICT (window_key, scope, shard) DO UPDATE SET "
+    f"total = {DECIMAL_ADD}(cost_ledger_totals.total, excluded.total)"
 )
 _SQLITE_SPEND_TOTAL = (
     "SELECT total FROM cost_ledger_totals WHERE window_key = :window_key "
@@ -300,6 +307,11 @@ _SQLITE_SPEND_TOTAL = (
     'WHERE expires > :now AND "timestamp" >= :start AND "timestamp" < :end'
 )
 _SQLITE_SPEND = {False: _SQLITE_SPEND_TOTAL, True: _SQLITE_SPEND_TOTAL + " AND scope = :scope"}
+_SQLITE_RELEASE = "DELETE FROM cost_ledger_reservations WHERE id = ?"
+
+#: Runs one SQLite statement: ``run(statement, parameters)`` returns the cursor (a list of
+#: parameter rows runs it once per row).
+Run = Callable[[str, Any], Any]
 
 
 def _sqlite_time(moment: datetime) -> str:
@@ -307,17 +319,39 @@ def _sqlite_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime(_TIME_FORMAT)
 
 
-def sqlite_run(connection: Connection, statement: str, parameters: Any) -> Any:
-    """``statement`` on SQLite's own cursor, inside ``connection``'s transaction (if any).
+# Window bounds as SQLite text, by window key: a gate reads the same window all day.
+_BOUNDS_TEXT: dict[str, tuple[str, str]] = {}
+
+
+def _sqlite_bounds(window: Window, key: str, when: datetime) -> tuple[str, str]:
+    """``window_bounds(window, when)`` as SQLite text; ``key`` is the window's key."""
+    found = _BOUNDS_TEXT.get(key)
+    if found is None:
+        start, end = window_bounds(window, when)
+        if len(_BOUNDS_TEXT) > 64:  # a long-lived process crosses many days
+            _BOUNDS_TEXT.clear()
+        found = _BOUNDS_TEXT[key] = (_sqlite_time(start), _sqlite_time(end))
+    return found
+
+
+def _decimal_add(total: object, amount: object) -> str:
+    """SQLite function :data:`DECIMAL_ADD`: the exact sum of two stored amounts, as the
+    decimal text the ledger stores (SQLite's own ``+`` would add floats)."""
+    return format(exact_sum((_to_decimal(total), _to_decimal(amount))), "f")
+
+
+def prepare_sqlite(driver: sqlite3.Connection) -> None:
+    """Register the ledger's SQL functions on a new SQLite connection."""
+    driver.create_function(DECIMAL_ADD, 2, _decimal_add, deterministic=True)
+
+
+def driver_run(driver: sqlite3.Connection, statement: str, parameters: Any) -> Any:
+    """``statement`` on SQLite's own cursor, inside ``driver``'s transaction (if any).
 
     A failure comes out as SQLAlchemy's error for it, its parameters hidden (a scope can
-    be a user id), as from the ledger's engine. With ``echo`` on, the statement goes
-    through SQLAlchemy instead, so it is logged like every other. Returns a cursor
-    (iterate it for rows; ``rowcount``).
+    be a user id), as from the ledger's engine. Returns a cursor (iterate it for rows;
+    ``rowcount``).
     """
-    if connection.engine.echo:
-        return connection.exec_driver_sql(statement, parameters)
-    driver: sqlite3.Connection = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         if isinstance(parameters, list):
             return driver.executemany(statement, parameters)
@@ -326,6 +360,25 @@ def sqlite_run(connection: Connection, statement: str, parameters: Any) -> Any:
         raise sa_exc.DBAPIError.instance(
             statement, parameters, error, sqlite3.Error, hide_parameters=True
         ) from error
+
+
+def sqlite_run(connection: Connection, statement: str, parameters: Any) -> Any:
+    """:func:`driver_run` on ``connection``'s SQLite connection, in its transaction (if
+    any). With ``echo`` on, the statement goes through SQLAlchemy instead, so it is
+    logged like every other.
+
+    SQLite's per-call statements run on the driver's own cursor: SQLAlchemy's work per
+    statement (compiled-cache lookup, bind processing, result wrapping) is ~10x SQLite's
+    own on these one-row statements. Values are bound as the column types above bind them.
+    """
+    if connection.engine.echo:
+        return connection.exec_driver_sql(statement, parameters)
+    driver: sqlite3.Connection = connection.connection.driver_connection  # type: ignore[assignment]
+    return driver_run(driver, statement, parameters)
+
+
+def _runner(connection: Connection) -> Run:
+    return functools.partial(sqlite_run, connection)
 
 
 def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str]]:
@@ -338,9 +391,11 @@ def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str]]:
 def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) -> None:
     """Store ``entry`` and add its cost to its totals, unless its id is already stored.
 
-    On PostgreSQL one statement (atomic on its own); on SQLite the caller holds the write
-    lock (``BEGIN IMMEDIATE``), which makes reading then writing the totals safe.
+    On PostgreSQL one statement (atomic on its own); on SQLite :func:`sqlite_insert`.
     """
+    if not postgres:
+        sqlite_insert(_runner(connection), entry)
+        return
     fields = {
         "timestamp": entry.timestamp,
         "kind": entry.kind,
@@ -353,42 +408,52 @@ def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) 
         "surface": entry.surface,
         "scope": entry.scope,
         "entry_id": entry.entry_id,
+        "day": window_key("day", entry.timestamp),
+        "month": window_key("month", entry.timestamp),
+        "shard": random.randrange(POSTGRES_TOTALS_SHARDS),
     }
-    if postgres:
-        fields["day"] = window_key("day", entry.timestamp)
-        fields["month"] = window_key("month", entry.timestamp)
-        fields["shard"] = random.randrange(POSTGRES_TOTALS_SHARDS)
-        connection.execute(_POSTGRES_RECORD[entry.scope is not None], fields)
-        return
-    fields["timestamp"] = _sqlite_time(entry.timestamp)
-    fields["cost"] = format(entry.cost, "f")
-    if sqlite_run(connection, _SQLITE_INSERT, fields).rowcount == 0:
+    connection.execute(_POSTGRES_RECORD[entry.scope is not None], fields)
+
+
+def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
+    """Store ``entry`` on SQLite and add its cost to its totals, unless its id is already
+    stored: two statements, inside the caller's transaction.
+
+    The totals are added in SQL by :data:`DECIMAL_ADD` (exact decimal text, the stored
+    form every release reads), so no read of them is needed first.
+    """
+    cost = format(entry.cost, "f")
+    fields = {
+        "timestamp": _sqlite_time(entry.timestamp),
+        "kind": entry.kind,
+        "input_tokens": entry.input_tokens,
+        "output_tokens": entry.output_tokens,
+        "cost": cost,
+        "pages": entry.pages,
+        "model": entry.model,
+        "estimated": entry.estimated,
+        "surface": entry.surface,
+        "scope": entry.scope,
+        "entry_id": entry.entry_id,
+    }
+    if run(_SQLITE_INSERT, fields).rowcount == 0:
         return  # written before (a write that failed late, or the same entry twice)
-    # SQLite cannot add decimal text exactly: read the totals, add here, write them back.
-    day, month = window_key("day", entry.timestamp), window_key("month", entry.timestamp)
-    scope = GLOBAL_SCOPE if entry.scope is None else entry.scope
-    current: dict[tuple[str, str], Decimal] = {
-        (key, each): _to_decimal(total)
-        for key, each, total in sqlite_run(
-            connection,
-            _SQLITE_CURRENT,
-            {"day": day, "month": month, "global": GLOBAL_SCOPE, "scope": scope},
-        )
-    }
-    sqlite_run(
-        connection,
-        _SQLITE_REPLACE,
-        [
-            (key, each, format(exact_sum((current.get((key, each), Decimal(0)), entry.cost)), "f"))
-            for key, each in _totals_keys(entry.timestamp, entry.scope)
-        ],
+    run(
+        _SQLITE_ADD, [(key, each, cost) for key, each in _totals_keys(entry.timestamp, entry.scope)]
     )
+
+
+def sqlite_release(run: Run, hold_id: str) -> None:
+    """Delete the hold ``hold_id`` on SQLite (nothing if it is gone already)."""
+    run(_SQLITE_RELEASE, (hold_id,))
 
 
 def read_spend(
     connection: Connection, window: Window, scope: str | None, when: datetime
 ) -> Decimal:
     """Stored spend of the ``window`` holding ``when``: running total plus live holds."""
+    if connection.dialect.name == "sqlite":
+        return sqlite_spend(_runner(connection), window, scope, when)
     start, end = window_bounds(window, when)
     parameters: dict[str, Any] = {
         "window_key": window_key(window, when),
@@ -399,13 +464,92 @@ def read_spend(
     }
     if scope is not None:
         parameters["scope"] = scope
-    if connection.dialect.name == "sqlite":
-        for name in ("now", "start", "end"):
-            parameters[name] = _sqlite_time(parameters[name])
-        rows = sqlite_run(connection, _SQLITE_SPEND[scope is not None], parameters)
-        return exact_sum(_to_decimal(total) for (total,) in rows)
     statement: Executable = _SPEND[scope is not None]
     return exact_sum(connection.execute(statement, parameters).scalars())
+
+
+def sqlite_spend(run: Run, window: Window, scope: str | None, when: datetime) -> Decimal:
+    """:func:`read_spend` on SQLite, through ``run``."""
+    key = window_key(window, when)
+    start, end = _sqlite_bounds(window, key, when)
+    parameters: dict[str, Any] = {
+        "window_key": key,
+        "totals_scope": GLOBAL_SCOPE if scope is None else scope,
+        "now": _sqlite_time(when),
+        "start": start,
+        "end": end,
+    }
+    if scope is not None:
+        parameters["scope"] = scope
+    rows = run(_SQLITE_SPEND[scope is not None], parameters)
+    return exact_sum(_to_decimal(total) for (total,) in rows)
+
+
+@functools.cache
+def _spends_statement(scoped: tuple[bool, ...]) -> str:
+    """Running totals plus live holds of several windows as one statement, each row
+    tagged with its window's position: one round trip, one snapshot."""
+    parts: list[str] = []
+    for slot, has_scope in enumerate(scoped):
+        parts.append(
+            f"SELECT {slot} AS slot, total AS amount FROM cost_ledger_totals "
+            f"WHERE window_key = :key{slot} AND scope = :totals_scope{slot}"
+        )
+        live = (
+            f"SELECT {slot}, amount FROM cost_ledger_reservations WHERE expires > :now "
+            f'AND "timestamp" >= :start{slot} AND "timestamp" < :end{slot}'
+        )
+        parts.append(live + (f" AND scope = :scope{slot}" if has_scope else ""))
+    return " UNION ALL ".join(parts)
+
+
+@functools.cache
+def _postgres_spends(statement: str) -> TextClause:
+    return text(statement)
+
+
+def _spends_parameters(
+    windows: Sequence[tuple[Window, str | None]], when: datetime, *, sqlite: bool
+) -> dict[str, Any]:
+    parameters: dict[str, Any] = {"now": _sqlite_time(when) if sqlite else when}
+    for slot, (window, scope) in enumerate(windows):
+        key = window_key(window, when)
+        start, end = _sqlite_bounds(window, key, when) if sqlite else window_bounds(window, when)
+        parameters[f"key{slot}"] = key
+        parameters[f"totals_scope{slot}"] = GLOBAL_SCOPE if scope is None else scope
+        parameters[f"start{slot}"] = start
+        parameters[f"end{slot}"] = end
+        if scope is not None:
+            parameters[f"scope{slot}"] = scope
+    return parameters
+
+
+def _sum_slots(count: int, rows: Iterable[tuple[int, Any]]) -> list[Decimal]:
+    amounts: list[list[Decimal]] = [[] for _ in range(count)]
+    for slot, amount in rows:
+        amounts[slot].append(_to_decimal(amount))
+    return [exact_sum(each) for each in amounts]
+
+
+def read_spends(
+    connection: Connection, windows: Sequence[tuple[Window, str | None]], when: datetime
+) -> list[Decimal]:
+    """Stored spend of each ``(window, scope)`` holding ``when``, in order, read in one
+    statement: what :func:`read_spend` returns for each, from one snapshot."""
+    if connection.dialect.name == "sqlite":
+        return sqlite_spends(_runner(connection), windows, when)
+    statement = _spends_statement(tuple(scope is not None for _, scope in windows))
+    parameters = _spends_parameters(windows, when, sqlite=False)
+    return _sum_slots(len(windows), connection.execute(_postgres_spends(statement), parameters))
+
+
+def sqlite_spends(
+    run: Run, windows: Sequence[tuple[Window, str | None]], when: datetime
+) -> list[Decimal]:
+    """:func:`read_spends` on SQLite, through ``run``."""
+    statement = _spends_statement(tuple(scope is not None for _, scope in windows))
+    parameters = _spends_parameters(windows, when, sqlite=True)
+    return _sum_slots(len(windows), run(statement, parameters))
 
 
 def _as_stored(**fields: Any) -> LedgerEntry:

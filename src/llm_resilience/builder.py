@@ -233,12 +233,13 @@ class ResiliencePlan:
     ) -> Self:
         """Make the chat and/or embeddings surface wait for a permit before each call.
 
-        A surface is configured by its ``*_requests_per_minute`` (a new
-        ``TokenBucketRateLimiter``, with ``*_tokens_per_minute`` and
-        ``max_queued_requests`` if given) or its ``*_limiter`` (a limiter shared with
-        other wrappers or processes, such as a ``RedisTokenBucketRateLimiter``; pass the
-        same one to both to share it). Raises ``ValueError`` when no surface is
-        configured, or a configured one has nothing registered (and then wraps nothing).
+        A surface is configured by its ``*_requests_per_minute`` and/or
+        ``*_tokens_per_minute`` (a new ``TokenBucketRateLimiter``; tokens only leaves
+        requests unlimited; with ``max_queued_requests`` if given) or its ``*_limiter``
+        (a limiter shared with other wrappers or processes, such as a
+        ``RedisTokenBucketRateLimiter``; pass the same one to both to share it). Raises
+        ``ValueError`` when no surface is configured, or a configured one has nothing
+        registered (and then wraps nothing).
         A surface already rate limited keeps its first configuration.
         """
         from llm_resilience.ratelimit import limiter_for
@@ -268,8 +269,9 @@ class ResiliencePlan:
                 raise type(error)(f"use_rate_limiting ({prefix}*): {error}") from None
         if not wanted:
             raise ValueError(
-                "use_rate_limiting needs chat_requests_per_minute, "
-                "embedding_requests_per_minute, chat_limiter or embedding_limiter"
+                "use_rate_limiting needs chat_requests_per_minute, chat_tokens_per_minute, "
+                "embedding_requests_per_minute, embedding_tokens_per_minute, chat_limiter "
+                "or embedding_limiter"
             )
         self._add(
             "use_rate_limiting", {s: RateLimitLayer(limiter) for s, limiter in wanted.items()}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from llm_resilience import CostBudget, InMemoryCostLedger, ResiliencePlan, SqlCostLedger
 from llm_resilience.builder import BudgetLayer, Layer, RateLimitLayer, RetryLayer, Surface
@@ -156,8 +157,16 @@ def test_budgeting_with_neither_chat_nor_embeddings_registered_raises() -> None:
 
 
 def test_rate_limiting_without_any_surface_configured_names_the_options() -> None:
-    with pytest.raises(ValueError, match="chat_requests_per_minute, embedding_requests_per_"):
+    with pytest.raises(ValueError, match="chat_requests_per_minute, chat_tokens_per_minute, "):
         Plan().register_chat("chat").use_rate_limiting()
+
+
+def test_rate_limiting_by_tokens_alone_leaves_requests_unlimited() -> None:
+    plan = Plan().register_chat("chat").use_rate_limiting(chat_tokens_per_minute=60_000)
+    (layer,) = plan.layers("chat")
+    assert isinstance(layer, RateLimitLayer)
+    assert layer.limiter.tokens_per_minute == 60_000
+    assert layer.limiter.requests_per_minute is None
 
 
 def test_a_bad_rate_is_refused_at_the_call_naming_the_surface() -> None:
@@ -385,7 +394,7 @@ def test_a_sql_ledger_that_cannot_open_leaves_nothing_budgeted(tmp_path: Path) -
     plan = Plan().register_chat("chat")
     plan.use_sql_cost_ledger(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'spend.db'}")
 
-    with pytest.raises(Exception, match="unable to open database file"):
+    with pytest.raises(OperationalError, match="unable to open database file"):
         plan.use_cost_budgeting(BUDGET)
     assert plan.layers("chat") == ()
 

@@ -478,9 +478,9 @@ def test_budgets_must_be_whole_numbers_of_at_least_one(
         TokenBucketRateLimiter(**options)
 
 
-def test_requests_per_minute_is_required_while_the_others_may_be_left_unset() -> None:
-    with pytest.raises(TypeError, match="requests_per_minute must be an integer >= 1"):
-        TokenBucketRateLimiter(None)  # type: ignore[arg-type]
+def test_a_request_or_token_budget_is_required_while_the_others_may_be_left_unset() -> None:
+    with pytest.raises(ValueError, match="give requests_per_minute, tokens_per_minute or both"):
+        TokenBucketRateLimiter(None)
     limiter = TokenBucketRateLimiter(60, max_queued_requests=None, tokens_per_minute=None)
     assert (limiter.max_queued_requests, limiter.tokens_per_minute) == (None, None)
 

@@ -94,6 +94,14 @@ def assert_grants_follow_the_bucket(
     stamps: list[float], origin: float, capacity: int, per_step: int, until: float
 ) -> None:
     """Nothing granted early, and once the burst is spent, ``per_step`` a step within 1%."""
+    assert_nothing_granted_early(stamps, origin, capacity, per_step)
+    assert_steps_grant_the_rate(stamps, origin, capacity, per_step, until)
+
+
+def assert_nothing_granted_early(
+    stamps: list[float], origin: float, capacity: int, per_step: int
+) -> None:
+    """By any time ``t`` at most ``capacity + per_step * floor(t - origin)`` were granted."""
     stamps = sorted(stamps)
     early = [
         (k, round(t - origin, 4))
@@ -101,6 +109,14 @@ def assert_grants_follow_the_bucket(
         if k > capacity + per_step * math.floor(t - origin)
     ]
     assert early == [], f"granted before the bucket held them: {early[:5]}"
+
+
+def assert_steps_grant_the_rate(
+    stamps: list[float], origin: float, capacity: int, per_step: int, until: float
+) -> None:
+    """Once the burst is spent, each whole window before ``until`` holds ``per_step``
+    grants within 1%."""
+    stamps = sorted(stamps)
     # Windows run from half-way between steps, so each holds exactly one step's batch.
     # A window counts once the bucket is empty at its start (callers are queued).
     windows: list[int] = []
@@ -133,19 +149,50 @@ def assert_every_permit_is_accounted_for(
 
 
 async def test_a_thousand_concurrent_async_callers_queue_for_connections_and_get_the_configured_rate(
-    redis_url: str, db: Any, caplog: pytest.LogCaptureFixture
+    redis_url: str, db: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 6000 rpm: a burst of 6000, then 100 a second. A thousand callers share the client's
     # 16 connections; before the fix, calls beyond redis-py's pool of 100 raised
     # MaxConnectionsError and fail_open granted them unlimited.
+    #
+    # The rate is counted on the time Redis granted each permit (its due time, from the
+    # script's reply), not on when the caller's task resumed: a thousand tasks on a loaded
+    # 2-core host can resume a step's batch half a second late, which says nothing about
+    # the limiter. What the callers see is checked too: no caller returns before its due
+    # time or before the bucket held its permit, and every grant came from Redis.
     limiter = RedisTokenBucketRateLimiter(6000, name="crowd", redis_url=redis_url)
-    stamps: list[float] = []
+    stamps: list[float] = []  # when each granted caller got control back (client clock)
+    granted_at: list[float] = []  # when Redis granted it (the reply's due time)
+    cancelled_due: list[float] = []  # due times of reservations given back by cancellation
+    replies: dict[asyncio.Task[Any], float] = {}
     burst_spent = asyncio.Event()
+    around_trip = RedisTokenBucketRateLimiter._around_trip
+
+    async def recording_round_trip(
+        self: RedisTokenBucketRateLimiter, mode: str, amount: int, due_us: int
+    ) -> Any:
+        reply = await around_trip(self, mode, amount, due_us)
+        if reply is not None and reply[0] and mode in ("reserve", "try"):
+            task = asyncio.current_task()
+            assert task is not None
+            replies[task] = reply[2] / 1e6
+        return reply
+
+    monkeypatch.setattr(RedisTokenBucketRateLimiter, "_around_trip", recording_round_trip)
 
     async def caller() -> None:
+        task = asyncio.current_task()
+        assert task is not None
         while True:
-            await limiter.aacquire()
+            replies.pop(task, None)
+            try:
+                await limiter.aacquire()
+            except asyncio.CancelledError:
+                if task in replies:  # reserved, then given back unused
+                    cancelled_due.append(replies[task])
+                raise
             stamps.append(time.time())
+            granted_at.append(replies.get(task, math.nan))  # NaN: granted without Redis
             if len(stamps) == 6000:
                 burst_spent.set()
             await asyncio.sleep(0)  # a call granted without a round trip must not hog the loop
@@ -161,7 +208,18 @@ async def test_a_thousand_concurrent_async_callers_queue_for_connections_and_get
         await asyncio.gather(*callers, return_exceptions=True)
 
     origin_us = bucket_origin(db, limiter.key, before_us)
-    assert_grants_follow_the_bucket(stamps, origin_us / 1e6, 6000, 100, until)
+    assert not any(math.isnan(due) for due in granted_at), "a grant Redis never made"
+    # (Redis and the test read the same host clock; 1 ms covers timer rounding.)
+    too_soon = [
+        (due, stamp) for due, stamp in zip(granted_at, stamps, strict=True) if stamp < due - 0.001
+    ]
+    assert too_soon == [], f"callers returned before their permit was due: {too_soon[:5]}"
+    assert_nothing_granted_early(stamps, origin_us / 1e6, 6000, 100)
+    # Whole windows only up to the first permit a caller was cancelled before using: up
+    # to there every permit Redis granted reached its caller.
+    assert_steps_grant_the_rate(
+        granted_at, origin_us / 1e6, 6000, 100, min([until, *cancelled_due])
+    )
     assert_every_permit_is_accounted_for(db, limiter.key, origin_us, 6000, 100, len(stamps))
     assert caplog.records == []  # no call was taken for a Redis failure
     assert limiter.queued == 0

@@ -50,12 +50,15 @@ class RateLimitedChatModel(DelegatingChatModel):
     settled with the usage the provider reports afterwards by the core's rule
     (:func:`~llm_resilience.ratelimit.reconcile_with_usage`: only a real report
     settles; a limiter that cannot settle logs a warning, the call still succeeds).
+    ``tokens_per_minute`` alone (no ``requests_per_minute``) limits tokens only.
     ``limiter=`` shares one limiter (in-process or Redis) between wrappers instead.
-    Tools, structured output and metadata pass through to ``inner``.
+    Tools, structured output and metadata pass through to ``inner``. Raises
+    ``ValueError`` for no budget and no limiter, or for budgets beside a ``limiter``.
     """
 
     requests_per_minute: int | None = None
-    """Permits per minute (>= 1): ``max(1, rpm // 60)`` refill every second, capacity rpm."""
+    """Permits per minute (>= 1): ``max(1, rpm // 60)`` refill every second, capacity rpm;
+    None with ``tokens_per_minute`` set: requests unlimited."""
     max_queued_requests: int | None = None
     """Bound on waiting callers; None waits without bound."""
     tokens_per_minute: int | None = None
@@ -84,8 +87,7 @@ class RateLimitedChatModel(DelegatingChatModel):
         """The limiter this wrapper takes its permits from."""
         return private_state(self)["_limiter"]
 
-    def _weight(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
-        limiter = self.rate_limiter_in_use
+    def _weight(self, limiter: Any, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
         if not weighs_tokens(limiter):
             return 0  # no token budget: nothing to tokenize
         max_tokens = kwargs.get("max_tokens", getattr(self.inner, "max_tokens", None))
@@ -96,13 +98,15 @@ class RateLimitedChatModel(DelegatingChatModel):
         )
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
-        weight = self._weight(messages, kwargs)
-        self.rate_limiter_in_use.acquire(weight, surface="chat")
+        limiter = private_state(self)["_limiter"]
+        weight = self._weight(limiter, messages, kwargs)
+        limiter.acquire(weight, surface="chat")
         return weight
 
     async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
-        weight = self._weight(messages, kwargs)
-        await self.rate_limiter_in_use.aacquire(weight, surface="chat")
+        limiter = private_state(self)["_limiter"]
+        weight = self._weight(limiter, messages, kwargs)
+        await limiter.aacquire(weight, surface="chat")
         return weight
 
     def _reads_answer(self, context: Any) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -334,7 +335,7 @@ async def test_a_failed_stream_is_not_reconciled(method: str) -> None:
     inner = FakeFunctionCallingLLM(error=rate_limit_error(), fail_after_chunks=2)
     llm = RateLimitedLLM(inner=inner, limiter=limiter)
 
-    with pytest.raises(Exception, match="429"):
+    with pytest.raises(openai.RateLimitError, match="429"):
         await call(llm, method)
 
     assert len(limiter.acquired) == 1

@@ -4,7 +4,8 @@ sharing a Redis (:class:`RedisTokenBucketRateLimiter`).
 Both refill ``max(1, rpm // 60)`` permits every second into a bucket holding ``rpm``
 permits that starts full, queue callers over budget first come first served, and plug
 into LangChain's and LlamaIndex's ``rate_limiter=`` slots once the adapter packages are
-imported.
+imported. ``tokens_per_minute`` adds a token bucket; with ``requests_per_minute=None``
+it is the only limit.
 
 >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
 >>> limiter = TokenBucketRateLimiter(requests_per_minute=300)
@@ -51,15 +52,17 @@ def limiter_for(
 ) -> Any:
     """The limiter a wrapper waits on: ``limiter`` as given, or one built from the numbers.
 
-    The rule every rate-limited wrapper follows: exactly one of ``requests_per_minute``
-    (a new :class:`TokenBucketRateLimiter`, with ``max_queued_requests`` and
-    ``tokens_per_minute`` if set) and ``limiter`` (a limiter shared with other wrappers,
-    which carries its own numbers). Raises ``ValueError`` for neither, both, or numbers
-    given alongside a shared limiter; ``TypeError`` for a limiter without
-    ``acquire``/``aacquire``.
+    The rule every rate-limited wrapper follows: either budgets (a new
+    :class:`TokenBucketRateLimiter` from ``requests_per_minute``, ``tokens_per_minute``
+    or both, with ``max_queued_requests`` if set; tokens alone leave requests unlimited)
+    or ``limiter`` (a limiter shared with other wrappers, which carries its own
+    numbers). Raises ``ValueError`` for neither, both, or numbers given alongside a
+    shared limiter; ``TypeError`` for a limiter without ``acquire``/``aacquire``.
 
     >>> limiter_for(requests_per_minute=300).capacity
     300
+    >>> limiter_for(tokens_per_minute=40_000).requests_per_minute is None
+    True
     """
     if limiter is not None:
         if requests_per_minute is not None:
@@ -89,9 +92,10 @@ def limiter_for(
                 f"{type(limiter).__module__}.{type(limiter).__qualname__}"
             )
         return limiter
-    if requests_per_minute is None:
+    if requests_per_minute is None and tokens_per_minute is None:
         raise ValueError(
-            "give requests_per_minute (an integer >= 1) or limiter (a shared rate limiter)"
+            "give requests_per_minute, tokens_per_minute (integers >= 1; either or both) "
+            "or limiter (a shared rate limiter)"
         )
     return TokenBucketRateLimiter(requests_per_minute, max_queued_requests, tokens_per_minute)
 

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from llm_resilience.errors import RateLimitQueueFullError, RequestExceedsCapacityError
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
+    UNLIMITED_REQUESTS,
     BucketArithmetic,
     PermitContext,
+    check_budgets,
     check_token_weight,
     non_negative_int,
     optional_positive_int,
     per_period,
-    positive_int,
 )
 from llm_resilience.telemetry import Outcome, record_rate_limit_wait
 
@@ -53,7 +54,14 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     estimated prompt plus its max output tokens) from a second bucket with the same
     derivation; :meth:`reconcile` settles the estimate against real usage afterwards.
     ``num_tokens`` over ``tokens_per_minute`` raises
-    :class:`~llm_resilience.errors.RequestExceedsCapacityError` at once.
+    :class:`~llm_resilience.errors.RequestExceedsCapacityError` at once. With
+    ``requests_per_minute=None`` only tokens are limited (requests are not counted);
+    giving neither budget raises ``ValueError`` naming both.
+
+    ``clock`` (monotonic seconds) defaults to ``time.monotonic``, looked up on every
+    reading, so ``freezegun``'s ``freeze_time`` (or anything else that patches
+    ``time.monotonic``) moves the limiter; build the limiter inside the frozen time.
+    A test can also pass its own callable, e.g. ``clock=lambda: now[0]``.
 
     Every acquire records ``llm_resilience.ratelimit.wait.duration`` (ms, on the limiter's
     clock) with its ``surface`` and ``outcome``: ``granted``; ``rejected`` (refused by
@@ -70,6 +78,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     __slots__ = (
         "__weakref__",
+        "_capacity",
         "_clock",
         "_lock",
         "_max_queued",
@@ -84,8 +93,10 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
         "_waiters",
     )
 
-    #: The per-minute request budget; also the bucket's capacity.
-    _rpm: int
+    #: The per-minute request budget (the bucket's capacity), or None: requests unlimited.
+    _rpm: int | None
+    #: Request permits the bucket holds: ``_rpm``, or :data:`UNLIMITED_REQUESTS`.
+    _capacity: int
     #: How many callers may wait at once; None is unbounded.
     _max_queued: int | None
     #: The per-minute token budget, or None when calls are not weighed by tokens.
@@ -102,7 +113,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     _origin: float
     #: Steps already credited to the buckets.
     _steps: int
-    #: Request permits in the bucket now (0 to ``_rpm``).
+    #: Request permits in the bucket now (0 to ``_capacity``).
     _permits: int
     #: Token permits in the bucket now; negative after :meth:`reconcile` charged a debt.
     _tokens: int
@@ -111,24 +122,28 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     def __init__(
         self,
-        requests_per_minute: int,
+        requests_per_minute: int | None = None,
         max_queued_requests: int | None = None,
         tokens_per_minute: int | None = None,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        self._rpm = positive_int("requests_per_minute", requests_per_minute)
+        self._rpm, self._tpm = check_budgets(requests_per_minute, tokens_per_minute)
         self._max_queued = optional_positive_int("max_queued_requests", max_queued_requests)
-        self._tpm = optional_positive_int("tokens_per_minute", tokens_per_minute)
-        if not callable(clock):
+        if clock is None:
+            clock = _monotonic
+        elif not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
-        self._permits_per_period = per_period(self._rpm)
+        if self._rpm is None:
+            self._capacity = self._permits_per_period = UNLIMITED_REQUESTS
+        else:
+            self._capacity, self._permits_per_period = self._rpm, per_period(self._rpm)
         self._tokens_per_period = None if self._tpm is None else per_period(self._tpm)
         self._clock = clock
         self._lock = threading.Lock()
         self._origin = clock()
         self._steps = 0
-        self._permits = self._rpm
+        self._permits = self._capacity
         self._tokens = self._tpm or 0
         self._waiters = OrderedDict()
 
@@ -255,7 +270,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
         if steps <= 0:  # same step, or a clock that went backwards
             return
         self._steps += steps
-        self._permits = min(self._rpm, self._permits + steps * self._permits_per_period)
+        self._permits = min(self._capacity, self._permits + steps * self._permits_per_period)
         if self._tpm is not None and self._tokens_per_period is not None:
             self._tokens = min(self._tpm, self._tokens + steps * self._tokens_per_period)
 
@@ -268,7 +283,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
             self._tokens -= weight
 
     def _refund(self, weight: int) -> None:
-        self._permits = min(self._rpm, self._permits + 1)
+        self._permits = min(self._capacity, self._permits + 1)
         if self._tpm is not None:
             self._tokens = min(self._tpm, self._tokens + weight)
 
@@ -379,6 +394,12 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
                 except Exception:
                     waited = 0.0
         record_rate_limit_wait(max(0.0, waited) * 1000.0, surface=surface, outcome=outcome)
+
+
+def _monotonic() -> float:
+    # Looked up on every reading (not bound at import), so patching time.monotonic
+    # (freezegun, a test's monkeypatch) moves every limiter built with the default clock.
+    return time.monotonic()
 
 
 class _Waiter:

@@ -12,6 +12,8 @@ Redis) follow one derivation from a per-minute budget:
   absorbs a burst of one minute's worth of calls.
 
 The same derivation applies to ``tokens_per_minute`` when a limiter weighs calls by tokens.
+A limiter needs at least one of the two budgets; with ``tokens_per_minute`` alone
+(``requests_per_minute=None``) requests are unlimited and only tokens are counted.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from llm_resilience.usage import estimate_request_tokens, reported_usage
 
 __all__ = [
     "PERIOD_SECONDS",
+    "UNLIMITED_REQUESTS",
     "RateLimiter",
+    "check_budgets",
     "check_token_weight",
     "non_negative_int",
     "optional_positive_int",
@@ -43,6 +47,11 @@ logger = logging.getLogger("llm_resilience.ratelimit")
 
 #: Length of one replenishment step, in seconds.
 PERIOD_SECONDS = 1.0
+
+#: The request bucket of a tokens-only limiter (``requests_per_minute=None``): it holds
+#: and regains this many permits every step, which no caller can use up, so requests
+#: never wait and the arithmetic stays the same. Exact in a double (Redis's Lua numbers).
+UNLIMITED_REQUESTS = 2**40
 
 
 def per_period(per_minute: int) -> int:
@@ -63,6 +72,30 @@ def positive_int(option: str, value: object) -> int:
 def optional_positive_int(option: str, value: object) -> int | None:
     """Like :func:`positive_int`, but None (the option left unset) passes through."""
     return None if value is None else positive_int(option, value)
+
+
+def check_budgets(
+    requests_per_minute: object, tokens_per_minute: object
+) -> tuple[int | None, int | None]:
+    """The two per-minute budgets of a limiter, checked: each None or an ``int`` >= 1, and
+    not both None (a limiter with neither would limit nothing).
+
+    >>> check_budgets(None, 40_000)
+    (None, 40000)
+    >>> check_budgets(None, None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: give requests_per_minute, tokens_per_minute or both (integers >= 1): ...
+    """
+    if requests_per_minute is None and tokens_per_minute is None:
+        raise ValueError(
+            "give requests_per_minute, tokens_per_minute or both (integers >= 1): a rate "
+            "limiter with neither would limit nothing"
+        )
+    return (
+        optional_positive_int("requests_per_minute", requests_per_minute),
+        optional_positive_int("tokens_per_minute", tokens_per_minute),
+    )
 
 
 def non_negative_int(option: str, value: object) -> int:
@@ -96,7 +129,7 @@ class RateLimiter(Protocol):
     """
 
     @property
-    def requests_per_minute(self) -> int: ...
+    def requests_per_minute(self) -> int | None: ...
     @property
     def max_queued_requests(self) -> int | None: ...
     @property
@@ -104,9 +137,9 @@ class RateLimiter(Protocol):
     @property
     def period(self) -> float: ...
     @property
-    def permits_per_period(self) -> int: ...
+    def permits_per_period(self) -> int | None: ...
     @property
-    def capacity(self) -> int: ...
+    def capacity(self) -> int | None: ...
     @property
     def token_capacity(self) -> int | None: ...
     @property
@@ -154,20 +187,23 @@ class BucketArithmetic:
     Budgets spread over 1-second steps: ``max(1, rpm // 60)`` permits each step,
     ``rpm`` of capacity, full at the start. So budgets under 60 rpm over-admit (30 rpm
     sustains 60 a minute) and the rest round down to a multiple of 60 (90 rpm sustains
-    60). The same holds for ``tokens_per_minute``. Kept visible, not "fixed".
+    60). The same holds for ``tokens_per_minute``. Kept visible, not "fixed". The request
+    numbers are None for a tokens-only limiter (requests unlimited).
     """
 
     __slots__ = ()
 
-    _rpm: int
+    _rpm: int | None
     _max_queued: int | None
     _tpm: int | None
+    #: ``max(1, rpm // 60)``, or :data:`UNLIMITED_REQUESTS` for a tokens-only limiter.
     _permits_per_period: int
     _tokens_per_period: int | None
 
     @property
-    def requests_per_minute(self) -> int:
-        """The configured request budget per minute (shared by every user of the bucket)."""
+    def requests_per_minute(self) -> int | None:
+        """The configured request budget per minute (shared by every user of the bucket),
+        or None when only tokens are limited."""
         return self._rpm
 
     @property
@@ -186,13 +222,15 @@ class BucketArithmetic:
         return PERIOD_SECONDS
 
     @property
-    def permits_per_period(self) -> int:
-        """Request permits added each period: ``max(1, requests_per_minute // 60)``."""
-        return self._permits_per_period
+    def permits_per_period(self) -> int | None:
+        """Request permits added each period: ``max(1, requests_per_minute // 60)``, or
+        None when requests are unlimited."""
+        return None if self._rpm is None else self._permits_per_period
 
     @property
-    def capacity(self) -> int:
-        """Most request permits the bucket holds (= ``requests_per_minute``; starts full)."""
+    def capacity(self) -> int | None:
+        """Most request permits the bucket holds (= ``requests_per_minute``; starts full),
+        or None when requests are unlimited."""
         return self._rpm
 
     @property

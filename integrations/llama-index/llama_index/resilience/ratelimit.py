@@ -60,10 +60,11 @@ class RateLimitedLLM(DelegatingLLM):
 
         Settings.llm = RateLimitedLLM(inner=OpenAI(model="gpt-4o"), requests_per_minute=300)
 
-    Give either ``requests_per_minute`` (a new
-    :class:`~llm_resilience.ratelimit.TokenBucketRateLimiter`: ``max(1, rpm // 60)``
-    permits a second, a burst of ``rpm``; with ``max_queued_requests`` and
-    ``tokens_per_minute`` if set) or ``limiter``, a limiter shared with other layers (a
+    Give either budgets (a new
+    :class:`~llm_resilience.ratelimit.TokenBucketRateLimiter` from
+    ``requests_per_minute``: ``max(1, rpm // 60)`` permits a second, a burst of ``rpm``;
+    ``tokens_per_minute``; or both, with ``max_queued_requests`` if set; tokens alone
+    leave requests unlimited) or ``limiter``, a limiter shared with other layers (a
     :class:`~llm_resilience.ratelimit.RedisTokenBucketRateLimiter` shares one budget
     across processes). Each of the eight chat/completion calls takes one permit first,
     waiting first come first served; a stream takes it on first iteration.
@@ -74,9 +75,9 @@ class RateLimitedLLM(DelegatingLLM):
     reports afterwards by the core's rule
     (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
 
-    Raises ``ValueError`` when neither or both of ``requests_per_minute`` and
-    ``limiter`` are given, ``TypeError`` for a limiter without ``acquire``/``aacquire``
-    or an ``inner`` that is not an ``LLM``; the limiter raises
+    Raises ``ValueError`` when neither budgets nor ``limiter`` are given, or both,
+    ``TypeError`` for a limiter without ``acquire``/``aacquire`` or an ``inner`` that is
+    not an ``LLM``; the limiter raises
     :class:`~llm_resilience.errors.RateLimitQueueFullError` when its queue is full.
     Tools, structured output and metadata pass through to ``inner``.
     """

@@ -17,13 +17,14 @@ from llm_resilience.errors import (
     RequestExceedsCapacityError,
 )
 from llm_resilience.ratelimit._protocol import (
+    UNLIMITED_REQUESTS,
     BucketArithmetic,
     PermitContext,
+    check_budgets,
     check_token_weight,
     non_negative_int,
     optional_positive_int,
     per_period,
-    positive_int,
 )
 from llm_resilience.ratelimit._redis._clients import (
     DEFAULT_MAX_CONNECTIONS,
@@ -80,7 +81,9 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     1-second period, capacity ``rpm``, starting full; ``tokens_per_minute`` adds a token
     bucket refilled alike, kept in the same Redis hash. Every process that names the same
     bucket (``key_prefix + name``) shares it, and must configure it with the same numbers:
-    each call refills by its own limiter's numbers.
+    each call refills by its own limiter's numbers. ``requests_per_minute=None`` limits
+    tokens only (giving neither budget raises ``ValueError``). Time is the Redis
+    server's (``TIME``), so a frozen or patched clock in a test does not move the bucket.
 
     **Order.** A call over budget reserves its permit in Redis and sleeps until it is due,
     so callers are served in the order their calls reach Redis, across every process,
@@ -152,6 +155,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     __slots__ = (
         "_async_clients",
+        "_capacity",
         "_client",
         "_gate",
         "_in_flight",
@@ -175,7 +179,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     def __init__(
         self,
-        requests_per_minute: int,
+        requests_per_minute: int | None = None,
         max_queued_requests: int | None = None,
         tokens_per_minute: int | None = None,
         *,
@@ -187,9 +191,8 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         operation_timeout: float | timedelta = DEFAULT_OPERATION_TIMEOUT,
         outage_cooldown: float | timedelta = DEFAULT_OUTAGE_COOLDOWN,
     ) -> None:
-        self._rpm = positive_int("requests_per_minute", requests_per_minute)
+        self._rpm, self._tpm = check_budgets(requests_per_minute, tokens_per_minute)
         self._max_queued = optional_positive_int("max_queued_requests", max_queued_requests)
-        self._tpm = optional_positive_int("tokens_per_minute", tokens_per_minute)
         if not isinstance(name, str):
             raise TypeError(
                 f"name must be a non-empty string naming the shared bucket, got {name!r}"
@@ -214,7 +217,10 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         self._name = name
         self._key = key_prefix + name
         self._on_backend_error: BackendErrorMode = on_backend_error
-        self._permits_per_period = per_period(self._rpm)
+        if self._rpm is None:  # the script's request field then never runs out
+            self._capacity = self._permits_per_period = UNLIMITED_REQUESTS
+        else:
+            self._capacity, self._permits_per_period = self._rpm, per_period(self._rpm)
         self._tokens_per_period = None if self._tpm is None else per_period(self._tpm)
 
         redis = _load_redis()
@@ -465,7 +471,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             1,
             self._key,
             mode,
-            self._rpm,
+            self._capacity,
             self._permits_per_period,
             self._tpm or 0,
             self._tokens_per_period or 0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import errno
+import importlib
 import socket
 import subprocess
 import sys
@@ -83,6 +84,17 @@ from llm_resilience.transient import (
 PRESET = TransientClassifier.with_server_errors()
 KEYWORDS = ("rate limit", "throttl", "timeout", "unavailable")
 UNUSED_URL = "http://127.0.0.1:9"  # never dialled: mock transports answer first
+# anthropic 2.x rides on httpx2, 0.x on httpx (the dev pin, for llama-index-llms-anthropic):
+# its errors are built with whichever HTTP library the installed SDK uses.
+anthropic_http: Any = importlib.import_module(
+    anthropic.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0]
+)
+# 2.x raises its own classes for 503 and 504; 0.x the generic 5xx class for both.
+ANTHROPIC_2 = int(anthropic.__version__.split(".")[0]) >= 2
+ANTHROPIC_503_CLASS: type = (
+    anthropic.ServiceUnavailableError if ANTHROPIC_2 else anthropic.InternalServerError
+)
+ANTHROPIC_504_CLASS: type = getattr(anthropic, "GatewayTimeoutError", anthropic.InternalServerError)
 
 Build = Callable[[], BaseException]
 #: (transient under the default rule, transient under the server-error preset)
@@ -251,17 +263,17 @@ def test_a_503_without_any_keyword_is_transient_by_its_status_alone() -> None:
     assert not is_transient(openai_status_error(500, OPENAI_BUSY))
 
 
-# --- anthropic 2.x, through the SDK client (on httpx2) ---------------------------------------
+# --- anthropic, through the SDK client (on its own HTTP library) -----------------------------
 
 
 def _anthropic_error_from(
-    handler: Callable[[httpx2.Request], httpx2.Response], *, stream: bool = False
+    handler: Callable[[Any], Any], *, stream: bool = False
 ) -> anthropic.APIError:
     client = anthropic.Anthropic(
         api_key="sk-ant-test",
         base_url=UNUSED_URL,
         max_retries=0,
-        http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+        http_client=anthropic_http.Client(transport=anthropic_http.MockTransport(handler)),
     )
     with pytest.raises(anthropic.APIError) as caught:
         _anthropic_send(client, stream=stream)
@@ -285,12 +297,12 @@ def anthropic_status_error(
 ) -> anthropic.APIError:
     """What anthropic's ``make_status_error`` raises for this HTTP answer."""
     return _anthropic_error_from(
-        lambda request: httpx2.Response(status, json=body, headers=headers)
+        lambda request: anthropic_http.Response(status, json=body, headers=headers)
     )
 
 
-def anthropic_transport_error(raised: type[httpx2.TransportError]) -> anthropic.APIError:
-    def fail(request: httpx2.Request) -> httpx2.Response:
+def anthropic_transport_error(raised: type[BaseException]) -> anthropic.APIError:
+    def fail(request: Any) -> Any:
         raise raised("[Errno 111] Connection refused", request=request)
 
     return _anthropic_error_from(fail)
@@ -307,7 +319,7 @@ def anthropic_mid_stream_error(error_type: str) -> anthropic.APIError:
     sse = f"event: message_start\ndata: {start}\n\nevent: error\ndata: {error}\n\n".encode()
     headers = {"content-type": "text/event-stream"}
     return _anthropic_error_from(
-        lambda request: httpx2.Response(200, content=sse, headers=headers), stream=True
+        lambda request: anthropic_http.Response(200, content=sse, headers=headers), stream=True
     )
 
 
@@ -323,13 +335,9 @@ def anthropic_mid_stream_error(error_type: str) -> anthropic.APIError:
         pytest.param(
             500, ANTHROPIC_500, anthropic.InternalServerError, PRESET_ONLY, id="Internal-500"
         ),
-        pytest.param(
-            503, ANTHROPIC_500, anthropic.ServiceUnavailableError, TRANSIENT, id="Unavailable-503"
-        ),
+        pytest.param(503, ANTHROPIC_500, ANTHROPIC_503_CLASS, TRANSIENT, id="Unavailable-503"),
         # Anthropic's 504 body names `timeout_error`: the keyword rule holds before the preset.
-        pytest.param(
-            504, ANTHROPIC_504, anthropic.GatewayTimeoutError, TRANSIENT, id="GatewayTimeout-504"
-        ),
+        pytest.param(504, ANTHROPIC_504, ANTHROPIC_504_CLASS, TRANSIENT, id="GatewayTimeout-504"),
         pytest.param(400, ANTHROPIC_400, anthropic.BadRequestError, NEVER, id="BadRequest-400"),
     ],
 )
@@ -407,7 +415,7 @@ def chat_anthropic_status_error(status: int, body: dict[str, Any]) -> BaseExcept
     return chat_anthropic_error(anthropic_status_error(status, body))
 
 
-def chat_anthropic_transport_error(raised: type[httpx2.TransportError]) -> BaseException:
+def chat_anthropic_transport_error(raised: type[BaseException]) -> BaseException:
     return chat_anthropic_error(anthropic_transport_error(raised))
 
 
@@ -460,13 +468,13 @@ def test_langchain_anthropic_errors_are_classified_like_the_sdk_errors_they_wrap
         ),
         pytest.param(
             anthropic_transport_error,
-            httpx2.ConnectError,
+            anthropic_http.ConnectError,
             anthropic.APIConnectionError,
             id="anthropic",
         ),
         pytest.param(
             anthropic_transport_error,
-            httpx2.ReadTimeout,
+            anthropic_http.ReadTimeout,
             anthropic.APITimeoutError,
             id="anthropic-timeout",
         ),
@@ -481,13 +489,13 @@ def test_langchain_anthropic_errors_are_classified_like_the_sdk_errors_they_wrap
         ),
         pytest.param(
             chat_anthropic_transport_error,
-            httpx2.ConnectError,
+            anthropic_http.ConnectError,
             AnthropicConnectionError,
             id="lc-anthropic",
         ),
         pytest.param(
             chat_anthropic_transport_error,
-            httpx2.ReadTimeout,
+            anthropic_http.ReadTimeout,
             AnthropicTimeoutError,
             id="lc-anthropic-timeout",
         ),
@@ -503,11 +511,15 @@ def test_sdk_and_langchain_connection_failures_and_timeouts_are_transient(
     _check(error, built_as, TRANSIENT)
 
 
-def test_anthropic_rides_on_httpx2_whose_errors_are_not_httpx_errors() -> None:
-    error = anthropic_transport_error(httpx2.ConnectError)
-    assert not isinstance(error.__cause__, httpx.HTTPError)
-    assert error.__cause__ is not None
-    assert is_transient(error.__cause__)
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=lambda m: m.__name__)
+def test_transport_errors_of_both_httpx_lines_are_transient_though_unrelated(module: Any) -> None:
+    # anthropic 2.x (and langsmith) raise httpx2's, anthropic 0.x and openai httpx's: the
+    # classifier must know both families whichever one the installed SDK happens to use.
+    request = module.Request("POST", f"{UNUSED_URL}/v1/messages")
+    error = module.ConnectError("[Errno 111] Connection refused", request=request)
+    other = httpx2 if module is httpx else httpx
+    assert not isinstance(error, other.HTTPError)
+    assert is_transient(error)
 
 
 def test_langchain_is_retryable_does_not_make_a_500_transient() -> None:
@@ -1282,7 +1294,7 @@ def _requests_stream(url: str) -> None:
         # The SDKs do not wrap a cut stream: the raw transport error reaches the caller.
         pytest.param(OPENAI_CHUNK, _openai_stream, httpx.RemoteProtocolError, id="openai"),
         pytest.param(
-            ANTHROPIC_START, _anthropic_stream, httpx2.RemoteProtocolError, id="anthropic"
+            ANTHROPIC_START, _anthropic_stream, anthropic_http.RemoteProtocolError, id="anthropic"
         ),
         pytest.param(OPENAI_CHUNK, _httpx_stream, httpx.RemoteProtocolError, id="httpx"),
         pytest.param(

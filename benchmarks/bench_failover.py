@@ -29,13 +29,20 @@ consumer that empties its buffer on the event, the "restart listener", is checke
 
 A third table runs ours again with opt-in settings on the failure kinds they are for:
 ``member_retry=RetryPolicy(...)`` (a 429 or 5xx retried on the same member, a short
-``Retry-After`` waited out) and ``mid_stream="raise"`` / ``"continue"``.
+``Retry-After`` waited out), ``mid_stream="raise"`` / ``"continue"`` (under
+``"continue"`` the secondary's server gives the primary's reply, as a model continuing
+the same answer would) and ``cooldown=`` on a flapping primary.
+
+Failure kinds beyond the outages: a content filter (a refused prompt, and an answer cut
+with ``finish_reason: "content_filter"``), a secondary that rejects an assistant prefill
+(it matters only under ``"continue"``), and a flapping primary that fails every other
+request it gets: its cell is the total time of ``FLAPS`` calls in a row.
 
 Faults, options and option values that are not (yet) in this checkout are skipped with a
 printed ``pending`` line, so the script runs on any revision.
 
-    python benchmarks/bench_failover.py            # ~2 min on 2 cores
-    python benchmarks/bench_failover.py --quick    # one call per cell, ~40 s
+    python benchmarks/bench_failover.py            # ~2.5 min on 2 cores
+    python benchmarks/bench_failover.py --quick    # one call per cell, ~1 min
     python benchmarks/bench_failover.py --reps 5   # more calls per cell
 
 Progress lines (one per cell) go to stderr; the tables to stdout.
@@ -93,6 +100,8 @@ LIMIT = 1.0
 LONGEST = 10.0
 #: Chunks of content the primary streams before a mid-stream fault.
 AFTER = 3
+#: Calls in a row against a flapping primary (it fails every other request it gets).
+FLAPS = 4
 #: Gap before each of the primary reply's 8 chunks in the "healthy but slow" row: under
 #: LIMIT, so a stream must not be cut; a non-streamed answer takes 8 gaps, over LIMIT.
 SLOW_GAP = 0.25
@@ -122,6 +131,12 @@ class Kind:
     shapes: tuple[str, ...] = SHAPES
     #: Every request to the primary fails (``default_fault``), not only the first.
     persistent: bool = False
+    #: What the secondary answers every request with (``default_fault``), or None (ok).
+    secondary: Callable[[], Fault] | None = None
+    #: A flapping primary: the primary's script for ``calls`` calls in a row, timed and
+    #: reported together (the cell's seconds are the total of the ``calls`` calls).
+    sequence: Callable[[], list[Fault]] | None = None
+    calls: int = 1
 
 
 STREAMS = ("stream", "astream")
@@ -166,6 +181,40 @@ KINDS = (
     ),
     Kind("missing [DONE]", "missing_done", lambda: Fault.missing_done(), shapes=STREAMS),
     Kind(
+        f"stream cut after {AFTER} chunks, secondary rejects prefill",
+        "prefill_rejected",
+        lambda: Fault.drop_mid_stream(after_chunks=AFTER),
+        shapes=STREAMS,
+        secondary=lambda: Fault.prefill_rejected(),
+    ),
+    Kind(
+        "content filter: prompt refused (400 content_filter)",
+        "content_filtered",
+        lambda: Fault.content_filtered(prompt=True),
+    ),
+    Kind(
+        f"content filter: answer cut after {AFTER} chunks",
+        "content_filtered",
+        lambda: Fault.content_filtered(after_chunks=AFTER),
+    ),
+    Kind(
+        f"flapping primary (503, ok, 503, ok): {FLAPS} calls",
+        "status",
+        None,
+        shapes=("invoke", "stream"),
+        sequence=lambda: [Fault.status(503), Fault.ok()] * (FLAPS // 2),
+        calls=FLAPS,
+    ),
+    Kind(
+        f"flapping primary (hang, ok, hang, ok): {FLAPS} calls",
+        "hang",
+        None,
+        needs=("first_token_timeout",),
+        shapes=("invoke", "stream"),
+        sequence=lambda: [Fault.hang(DELAY), Fault.ok()] * (FLAPS // 2),
+        calls=FLAPS,
+    ),
+    Kind(
         "context too long (secondary larger)",
         "context_length_exceeded",
         lambda: Fault.context_length_exceeded("openai", tokens=130_000, maximum=128_000),
@@ -184,6 +233,8 @@ class Variant:
     kinds: tuple[str, ...]
     #: A value the option must accept (checked before running), or None.
     requires_value: str | None = None
+    #: The secondary gives the primary's answer, as a model continuing it would.
+    same_reply: bool = False
 
 
 def _member_retry() -> dict[str, Any]:
@@ -192,12 +243,20 @@ def _member_retry() -> dict[str, Any]:
     return {"member_retry": RetryPolicy(attempts=2, base_delay=0.1, max_delay=0.8, jitter=0)}
 
 
+def _cooldown() -> dict[str, Any]:
+    from llm_resilience import Cooldown
+
+    return {"cooldown": Cooldown(failures=1, window=60, duration=30)}
+
+
 RETRIED = ("429, no Retry-After", "429, retry-after-ms: 500", "500 once", "503 persistent")
 MID_STREAM = tuple(
     k.label
     for k in KINDS
-    if k.factory in ("drop_mid_stream", "stall_mid_stream", "malformed_chunk")
+    if k.factory in ("drop_mid_stream", "stall_mid_stream", "malformed_chunk", "prefill_rejected")
 )
+FLAPPING = tuple(k.label for k in KINDS if k.sequence is not None)
+CONTENT_FILTER = tuple(k.label for k in KINDS if k.factory == "content_filtered")
 
 VARIANTS = (
     Variant(
@@ -213,8 +272,15 @@ VARIANTS = (
         'mid_stream="continue"',
         "mid_stream",
         lambda: {"mid_stream": "continue"},
-        MID_STREAM,
+        MID_STREAM + CONTENT_FILTER,
         "continue",
+        same_reply=True,
+    ),
+    Variant(
+        "cooldown=Cooldown(failures=1, window=60, duration=30)",
+        "cooldown",
+        _cooldown,
+        FLAPPING,
     ),
 )
 
@@ -299,11 +365,15 @@ def contenders(primary: FaultInjectingServer, secondary: FaultInjectingServer) -
 
 class Restarts(BaseCallbackHandler):
     def __init__(self) -> None:
-        self.count = 0
+        self.count = 0  # restarts from the beginning (the consumer should discard)
+        self.continued = 0  # continuations (the consumer keeps what it holds)
 
     def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
         if name == STREAM_RESTART_EVENT:
-            self.count += 1
+            if isinstance(data, dict) and data.get("continued"):
+                self.continued += 1
+            else:
+                self.count += 1
 
 
 @dataclass
@@ -316,18 +386,33 @@ def _who(text: str) -> str | None:
     return REPLIES.get(text.replace(" ", ""))
 
 
-def _describe_text(text: str, restarts: int, after_restart: str) -> str:
+def _describe_text(text: str, restarts: Restarts, after_restart: str) -> str:
     who = _who(text)
     if who is not None:
+        if restarts.continued and not restarts.count:
+            return f"one answer ({who}'s text, continued by the secondary)"
         return f"one answer ({who})"
     squeezed = text.replace(" ", "")
+    if squeezed and any(reply.startswith(squeezed) for reply in REPLIES):
+        return f"answer cut short ({len(text)} chars)"
+    restarts_count = restarts.count
     for reply, who in REPLIES.items():
         if squeezed.endswith(reply) and len(squeezed) > len(reply):
-            if not restarts:
+            if not restarts_count:
                 return f"prefix+answer ({who}), no restart event"
             listener = "one answer" if _who(after_restart) else "not one answer"
             return f"prefix+answer ({who}); a restart listener: {listener}"
     return f"corrupted ({len(text)} chars)"
+
+
+def _describe_call(text: str) -> str:
+    who = _who(text)
+    if who is not None:
+        return who
+    squeezed = text.replace(" ", "")
+    if squeezed and any(reply.startswith(squeezed) for reply in REPLIES):
+        return f"answer cut short ({len(text)} chars)"
+    return f"wrong answer {text!r}"
 
 
 def _text(message: Any) -> str:
@@ -344,14 +429,14 @@ def call_sync(runnable: Runnable[Any, Any], shape: str) -> Outcome:
     try:
         if shape == "invoke":
             message = runnable.invoke(MESSAGES, config=config)
-            got = _who(_text(message)) or f"wrong answer {_text(message)!r}"
+            got = _describe_call(_text(message))
         else:
             for chunk in runnable.stream(MESSAGES, config=config):
                 if restarts.count != seen:  # the event came before this chunk
                     seen, after_restart = restarts.count, ""
                 text += _text(chunk)
                 after_restart += _text(chunk)
-            got = _describe_text(text, restarts.count, after_restart)
+            got = _describe_text(text, restarts, after_restart)
     except Exception as exc:
         got = _error(exc, text, shape)
     return Outcome(time.perf_counter() - start, got)
@@ -366,14 +451,14 @@ async def call_async(runnable: Runnable[Any, Any], shape: str) -> Outcome:
     try:
         if shape == "ainvoke":
             message = await runnable.ainvoke(MESSAGES, config=config)
-            got = _who(_text(message)) or f"wrong answer {_text(message)!r}"
+            got = _describe_call(_text(message))
         else:
             async for chunk in runnable.astream(MESSAGES, config=config):
                 if restarts.count != seen:  # the event came before this chunk
                     seen, after_restart = restarts.count, ""
                 text += _text(chunk)
                 after_restart += _text(chunk)
-            got = _describe_text(text, restarts.count, after_restart)
+            got = _describe_text(text, restarts, after_restart)
     except Exception as exc:
         got = _error(exc, text, shape)
     return Outcome(time.perf_counter() - start, got)
@@ -413,6 +498,7 @@ def run(
         FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
         FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
     ):
+        servers = (primary, secondary)
         models = contenders(primary, secondary)
         # Warm-up: the first call of each client builds its SDK client and connection pool.
         for shape in SHAPES:
@@ -429,14 +515,8 @@ def run(
                 for rep in range(reps):
                     order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
                     for name in order:
-                        primary.reset()
-                        secondary.reset()
-                        fault = kind.build() if kind.build else Fault.ok()
-                        primary.default_fault = fault if kind.persistent else Fault.ok()
-                        if not kind.persistent:
-                            primary.script(fault)
-                        outcomes[name].append(_one(models[name], shape, loop))
-                primary.default_fault = Fault.ok()
+                        trial = _trial(kind, lambda name=name: models[name], shape, loop, servers)
+                        outcomes[name].append(trial)
                 results[(kind.label, shape)] = {n: _summary(o) for n, o in outcomes.items()}
                 cells = results[(kind.label, shape)]
                 print(
@@ -450,10 +530,22 @@ def run(
                 skipped.append(f"pending: {variant.label}: {why}")
                 print(skipped[-1], file=sys.stderr)
                 continue
-            model = FallbackChatModel(
-                models=[_openai(primary, LONGEST), _anthropic(secondary, LONGEST)],
-                **{**ours_settings(), **variant.settings()},
-            )
+            members = [_openai(primary, LONGEST), _anthropic(secondary, LONGEST)]
+            settings = {**ours_settings(), **variant.settings()}
+            model = FallbackChatModel(models=members, **settings)
+
+            def fresh(
+                model: FallbackChatModel = model,
+                members: list[Any] = members,
+                settings: dict[str, Any] = settings,
+            ) -> FallbackChatModel:
+                # A chain with a breaker starts each flapping trial closed; the members
+                # (and their warm connection pools) are the same.
+                if "cooldown" not in settings:
+                    return model
+                return FallbackChatModel(models=members, **settings)
+
+            secondary.reply = PRIMARY_REPLY if variant.same_reply else SECONDARY_REPLY
             for shape in SHAPES:
                 _one(model, shape, loop)  # warm-up
             for kind in KINDS:
@@ -462,14 +554,7 @@ def run(
                 for shape in kind.shapes:
                     runs: list[Outcome] = []
                     for _ in range(reps):
-                        primary.reset()
-                        secondary.reset()
-                        fault = kind.build() if kind.build else Fault.ok()
-                        primary.default_fault = fault if kind.persistent else Fault.ok()
-                        if not kind.persistent:
-                            primary.script(fault)
-                        runs.append(_one(model, shape, loop))
-                    primary.default_fault = Fault.ok()
+                        runs.append(_trial(kind, fresh, shape, loop, servers))
                     cell = _summary(runs)
                     variants[(kind.label, shape, variant.label)] = cell
                     print(
@@ -478,6 +563,36 @@ def run(
                         file=sys.stderr,
                     )
     return results, skipped
+
+
+def _trial(
+    kind: Kind,
+    model: Callable[[], Runnable[Any, Any]],
+    shape: str,
+    loop: asyncio.AbstractEventLoop,
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> Outcome:
+    """One timed trial of ``kind``: one call, or a flapping primary's ``calls`` calls."""
+    primary, secondary = servers
+    primary.reset()
+    secondary.reset()
+    secondary.default_fault = kind.secondary() if kind.secondary else Fault.ok()
+    try:
+        if kind.sequence is None:
+            fault = kind.build() if kind.build else Fault.ok()
+            primary.default_fault = fault if kind.persistent else Fault.ok()
+            if not kind.persistent:
+                primary.script(fault)
+            return _one(model(), shape, loop)
+        primary.script(*kind.sequence())
+        runnable = model()
+        outcomes = [_one(runnable, shape, loop) for _ in range(kind.calls)]
+        served = collections.Counter(o.got for o in outcomes)
+        got = ", ".join(f"{n} x {what}" for what, n in sorted(served.items()))
+        return Outcome(sum(o.seconds for o in outcomes), got)
+    finally:
+        primary.default_fault = Fault.ok()
+        secondary.default_fault = Fault.ok()
 
 
 #: Cells of the opt-in variants, by (failure kind, call, variant label).

@@ -40,9 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -51,6 +49,7 @@ from typing import Any, TypeVar
 import tenacity
 
 from llm_resilience import _checks
+from llm_resilience._warned import WarnedOnce
 from llm_resilience.errors import (
     BudgetExceededError,
     RateLimitBackendError,
@@ -346,28 +345,8 @@ def policy_option(value: object) -> RetryPolicy:
 
 # -- wrapped objects that retry by themselves ----------------------------------------------
 
-# Objects already warned about, by id, each with a weak reference whose callback forgets
-# the id once the object is gone (so a process that wraps a model per request neither
-# grows this table nor stays silent about a new object that reuses an old address).
-_warned: dict[int, weakref.ref[Any] | None] = {}
-_warned_lock = threading.RLock()
-
-
-def _first_time(candidate: object) -> bool:
-    key = id(candidate)
-    with _warned_lock:
-        if key in _warned:
-            return False
-        try:
-            _warned[key] = weakref.ref(candidate, lambda _: _forget(key))
-        except TypeError:  # not weakly referenceable: remembered for the process's life
-            _warned[key] = None
-        return True
-
-
-def _forget(key: int) -> None:
-    with _warned_lock:
-        _warned.pop(key, None)
+#: Objects already warned about (see ``WarnedOnce``): each is warned about once.
+_warned = WarnedOnce()
 
 
 def warn_of_multiplied_retries(wrapped: object, policy: RetryPolicy, *, wrapper: str) -> None:
@@ -385,7 +364,7 @@ def warn_of_multiplied_retries(wrapped: object, policy: RetryPolicy, *, wrapper:
         setting = self_retry_setting(candidate)
         if setting is None:
             continue
-        if not _first_time(candidate):
+        if not _warned.first(candidate):
             continue
         name, retries = setting
         attempts = policy.max_attempts

@@ -22,6 +22,7 @@ from langchain_core.callbacks.manager import ahandle_event, handle_event
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import add_usage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import (
     Runnable,
@@ -47,19 +48,22 @@ from langchain_llm_resilience._delegate import (
     without_tracing,
 )
 from langchain_llm_resilience._restart import SINK_KWARG, STREAM_RESTART_EVENT, RestartSink
+from llm_resilience.budget import served_model
 from llm_resilience.fallback import (
     Cooldown,
     FallbackChain,
+    LoserUsage,
     MemberHealth,
     MemberProfile,
     RequestNeeds,
     StreamRestart,
     resolve_member_profiles,
-    warn_if_self_retrying,
 )
+from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.usage import Usage, reported_usage
 
 __all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
 
@@ -94,12 +98,18 @@ class FallbackChatModel(BaseChatModel):
     ``mid_stream="raise"`` a stream that fails after it delivered content raises
     :class:`~llm_resilience.errors.StreamInterruptedError` (its ``delivered_text`` is the
     text streamed so far) instead, so a plain ``"".join(...)`` consumer never reads a
-    broken prefix followed by a second answer.
+    broken prefix followed by a second answer. With ``mid_stream="continue"`` the next
+    member, when it takes an assistant prefill (a ``ChatAnthropic``, or one declared
+    ``MemberProfile(assistant_prefill=True)``), is sent the text delivered as a last
+    ``AIMessage`` and streams only the rest, so that consumer reads one answer; the
+    event still fires, with ``"continued": True``.
 
     ``bind_tools`` and ``with_structured_output`` bind every member (each in its own
-    provider's format), so a fallback keeps the tools. Members should be built with
-    ``max_retries=0``: a model that retries by itself delays failover by its whole retry
-    schedule (a warning says so once).
+    provider's format), so a fallback keeps the tools. Attributes the chain does not have
+    are read from the first member, as ``with_fallbacks`` reads them
+    (``model.model_name``, ``model.temperature``); writes stay on the chain. Members
+    should be built with ``max_retries=0``: a model that retries by itself delays
+    failover by its whole retry schedule (a warning says so once).
 
     A prompt too long for a member (LangChain's ``ContextOverflowError``) goes to the
     next member whose context window is larger, and propagates when there is none; a
@@ -130,12 +140,19 @@ class FallbackChatModel(BaseChatModel):
     """Opt-in circuit breaker: skip a member for a while after repeated failures."""
     mid_stream: str = "restart"
     """A stream that fails after content: ``"restart"`` on the next member (with the
-    event) or ``"raise"`` ``StreamInterruptedError``."""
+    event), ``"continue"`` from the delivered text on a member that takes an assistant
+    prefill (``ChatAnthropic``; else restart with the event) or ``"raise"``
+    ``StreamInterruptedError``."""
     classifier: Callable[[BaseException], bool] | None = Field(default=None, exclude=True)
     """Replaces the default transient rule, e.g. ``TransientClassifier.with_server_errors()``."""
     member_profiles: list[MemberProfile | None] | None = Field(default=None, exclude=True)
     """Per member, what the chain should know beyond (or instead of) its LangChain model
     profile: e.g. ``MemberProfile(context_window=128_000)``; declared fields win."""
+    hedge_after: float | timedelta | None = None
+    """Hedged requests (default None: off): a member that has sent no content within
+    this many seconds is joined by the next member on the same request; the first to
+    produce content wins and the other is cancelled. Up to 2x requests; see
+    ``docs/fallback.md``."""
     member_retry: RetryPolicy | None = Field(default=None, exclude=True)
     """Retry a member that answered 429 (``Retry-After`` within the policy's
     ``max_delay``) or a 5xx before moving on; None (the default): each member once."""
@@ -158,6 +175,7 @@ class FallbackChatModel(BaseChatModel):
             classifier=data.get("classifier"),
             cooldown=data.get("cooldown"),
             member_retry=data.get("member_retry"),
+            hedge_after=data.get("hedge_after"),
             mid_stream=data.get("mid_stream", "restart"),
             clients_option="models",
             member_profiles=resolve_member_profiles(
@@ -173,8 +191,6 @@ class FallbackChatModel(BaseChatModel):
             )
         super().__init__(**data)
         self._chain = chain
-        for position, model in enumerate(chain.clients):
-            warn_if_self_retrying(model, position=position)
 
     # -- identity ------------------------------------------------------------------
 
@@ -213,6 +229,15 @@ class FallbackChatModel(BaseChatModel):
     def find_layer(self, cls: type[Any]) -> Any:
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)
+
+    def __getattr__(self, name: str) -> Any:
+        """Reads the chain cannot answer go to its first member, as ``with_fallbacks``'s
+        do: ``chain.model_name``, ``chain.temperature``, a custom attribute. Private and
+        dunder names never do, and writes stay on the chain."""
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]  # pydantic's privates
+        except AttributeError as missing:
+            return read_from_primary(self, name, self.__dict__.get("models"), missing)
 
     def _resolve_model_profile(self) -> ModelProfile | None:
         return _merge_profiles([model.profile for model in self.models])
@@ -271,10 +296,14 @@ class FallbackChatModel(BaseChatModel):
             merged.pop(key, None)
         return merged
 
-    def _needs(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> list[RequestNeeds]:
+    def _needs(
+        self, messages: list[BaseMessage], kwargs: dict[str, Any]
+    ) -> list[RequestNeeds] | None:
         # Each member's own arguments say what its request carries: the same
         # with_structured_output is a response format for one provider, a tool for another.
         images = _carries_images(messages)
+        if not images and not self.member_kwargs and _NEEDS_KWARGS.isdisjoint(kwargs):
+            return None  # a plain request: nothing any member could lack
         return [
             _request_needs(self._kwargs_for(index, kwargs), images=images)
             for index in range(len(self.models))
@@ -293,7 +322,10 @@ class FallbackChatModel(BaseChatModel):
             return index, generate_inner(model, messages, stop, run_manager, member_kwargs)
 
         needs = self._needs(messages, kwargs)
-        index, result = private_state(self)["_chain"].invoke(attempt, needs=needs)
+        chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
+        index, result = chain.invoke(
+            attempt, needs=needs, hedge_usage=self._loser_usage(chain, messages)
+        )
         return _tagged(result, index)
 
     @signature_precomputed
@@ -309,7 +341,10 @@ class FallbackChatModel(BaseChatModel):
             return index, await agenerate_inner(model, messages, stop, run_manager, member_kwargs)
 
         needs = self._needs(messages, kwargs)
-        index, result = await private_state(self)["_chain"].ainvoke(attempt, needs=needs)
+        chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
+        index, result = await chain.ainvoke(
+            attempt, needs=needs, hedge_usage=self._loser_usage(chain, messages)
+        )
         return _tagged(result, index)
 
     def _stream(
@@ -319,18 +354,21 @@ class FallbackChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        def attempt(index: int, model: BaseChatModel) -> Iterator[ChatGenerationChunk]:
+        def attempt(
+            index: int, model: BaseChatModel, prefill: str | None = None
+        ) -> Iterator[ChatGenerationChunk]:
             member_kwargs = self._kwargs_for(index, kwargs)
+            sent = _prefilled(messages, prefill)
             held = _HeldMetadata()
             if streams(model, member_kwargs):
                 if model.rate_limiter is not None:
                     model.rate_limiter.acquire(blocking=True)
                 for chunk in model._stream(
-                    messages, stop=stop, run_manager=run_manager, **member_kwargs
+                    sent, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
                     yield held.take(chunk)
             else:
-                result = generate_inner(model, messages, stop, run_manager, member_kwargs)
+                result = generate_inner(model, sent, stop, run_manager, member_kwargs)
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
@@ -351,12 +389,16 @@ class FallbackChatModel(BaseChatModel):
                     metadata=run_manager.metadata,
                 )
 
-        yield from private_state(self)["_chain"].stream(
+        chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
+        yield from chain.stream(
             attempt,
             is_content=_has_content,
             on_restart=restarted,
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
+            continue_attempt=attempt,
+            drop_text=_drop_text,
+            hedge_usage=self._loser_usage(chain, messages),
         )
 
     async def _astream(
@@ -366,18 +408,21 @@ class FallbackChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async def attempt(index: int, model: BaseChatModel) -> AsyncIterator[ChatGenerationChunk]:
+        async def attempt(
+            index: int, model: BaseChatModel, prefill: str | None = None
+        ) -> AsyncIterator[ChatGenerationChunk]:
             member_kwargs = self._kwargs_for(index, kwargs)
+            sent = _prefilled(messages, prefill)
             held = _HeldMetadata()
             if streams(model, member_kwargs):
                 if model.rate_limiter is not None:
                     await model.rate_limiter.aacquire(blocking=True)
                 async for chunk in model._astream(
-                    messages, stop=stop, run_manager=run_manager, **member_kwargs
+                    sent, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
                     yield held.take(chunk)
             else:
-                result = await agenerate_inner(model, messages, stop, run_manager, member_kwargs)
+                result = await agenerate_inner(model, sent, stop, run_manager, member_kwargs)
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
@@ -398,14 +443,49 @@ class FallbackChatModel(BaseChatModel):
                     metadata=run_manager.metadata,
                 )
 
-        async for chunk in private_state(self)["_chain"].astream(
+        chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
+        async for chunk in chain.astream(
             attempt,
             is_content=_has_content,
             on_restart=restarted,
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
+            continue_attempt=attempt,
+            drop_text=_drop_text,
+            hedge_usage=self._loser_usage(chain, messages),
         ):
             yield chunk
+
+    def _loser_usage(
+        self, chain: FallbackChain[BaseChatModel], messages: list[BaseMessage]
+    ) -> LoserUsage | None:
+        """Reads a hedged attempt that lost: the usage its provider reported, if any
+        (None when the chain does not hedge: there is no loser to read)."""
+        if chain.hedge_after is None:
+            return None
+        prompt = [(message.type, message.text) for message in messages]
+
+        def read(index: int, outcome: Any) -> tuple[Usage, str | None] | None:
+            if isinstance(outcome, list):  # a stream's chunks; LangChain's usage adds up
+                usage = None
+                for chunk in outcome:
+                    usage = add_usage(usage, getattr(chunk.message, "usage_metadata", None))
+                named = None
+            else:  # a call's (index, ChatResult)
+                message: BaseMessage = outcome[1].generations[0].message
+                usage = getattr(message, "usage_metadata", None)
+                named = served_model(message.response_metadata.get("model_name"))
+            counts: dict[str, Any] = dict(usage or {})
+            reported = reported_usage(
+                counts.get("input_tokens"), counts.get("output_tokens"), prompt=prompt
+            )
+            if reported is None:
+                return None
+            member = self.models[index]
+            fallback_name = (getattr(member, name, None) for name in ("model_name", "model"))
+            return reported, served_model(named, *fallback_name)
+
+        return read
 
     # -- tools and structured output -------------------------------------------------
 
@@ -496,10 +576,15 @@ class FallbackChatModel(BaseChatModel):
 
 
 def _known_profile(model: BaseChatModel) -> MemberProfile | None:
-    """What a member's LangChain model profile says, as the core's description of it."""
+    """What a member's LangChain model profile says, as the core's description of it.
+
+    LangChain profiles say nothing of assistant prefill; Anthropic's Messages API takes
+    one, so a ``ChatAnthropic`` (or a subclass) is known to.
+    """
+    prefill = True if _is_anthropic(model) else None
     profile = getattr(model, "profile", None)
     if not profile:
-        return None
+        return MemberProfile(assistant_prefill=True) if prefill else None
     window = profile.get("max_input_tokens")
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 10**9:
         window = None
@@ -507,7 +592,21 @@ def _known_profile(model: BaseChatModel) -> MemberProfile | None:
         name: value if isinstance(value := profile.get(name), bool) else None
         for name in ("tool_calling", "image_inputs", "structured_output")
     }
-    return MemberProfile(context_window=window, **flags)
+    return MemberProfile(context_window=window, assistant_prefill=prefill, **flags)
+
+
+def _is_anthropic(model: BaseChatModel) -> bool:
+    return any(
+        klass.__name__ == "ChatAnthropic" and klass.__module__.startswith("langchain_anthropic")
+        for klass in type(model).__mro__
+    )
+
+
+#: The call arguments :func:`_request_needs` reads: a request without any of them (and
+#: without images) needs nothing a member could lack.
+_NEEDS_KWARGS = frozenset(
+    {"response_format", "output_config", "tools", "functions", "output_format"}
+)
 
 
 def _request_needs(member_kwargs: dict[str, Any], *, images: bool) -> RequestNeeds:
@@ -590,6 +689,8 @@ class _HeldMetadata:
 
     def take(self, chunk: ChatGenerationChunk) -> ChatGenerationChunk:
         message = chunk.message
+        if not message.response_metadata and not chunk.generation_info:
+            return chunk  # nothing to hold (most chunks)
         kept = {k: v for k, v in message.response_metadata.items() if k in _PER_CHUNK_KEYS}
         held = {
             **(chunk.generation_info or {}),
@@ -627,12 +728,42 @@ def _text_of(chunk: ChatGenerationChunk) -> str:
     return chunk.message.text
 
 
+def _prefilled(messages: list[BaseMessage], prefill: str | None) -> list[BaseMessage]:
+    """The messages a continuing member is sent: the prefill as a last ``AIMessage``."""
+    if prefill is None:
+        return messages
+    return [*messages, AIMessage(content=prefill)]
+
+
+def _drop_text(chunk: ChatGenerationChunk, count: int) -> ChatGenerationChunk:
+    """``chunk`` without the first ``count`` characters of its text (string or blocks)."""
+    message = chunk.message
+    content: Any = message.content
+    if isinstance(content, str):
+        content = content[count:]
+    else:
+        blocks: list[Any] = []
+        for block in content:
+            if count and isinstance(block, dict) and isinstance(block.get("text"), str):
+                cut = min(count, len(block["text"]))
+                block = {**block, "text": block["text"][cut:]}
+                count -= cut
+            elif count and isinstance(block, str):
+                cut = min(count, len(block))
+                block, count = block[cut:], count - cut
+            blocks.append(block)
+        content = blocks
+    trimmed = message.model_copy(update={"content": content})
+    return ChatGenerationChunk(message=trimmed, generation_info=chunk.generation_info)
+
+
 def _restart_data(restart: StreamRestart) -> dict[str, Any]:
     return {
         "failed_client": restart.failed_client,
         "next_client": restart.next_client,
         "chunks": restart.chunks,
         "error_type": type(restart.error).__name__,
+        "continued": restart.continued,
     }
 
 

@@ -53,6 +53,8 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from llm_resilience.testing._errors import fresh_error
+
 __all__ = [
     "FailingChatModel",
     "ScriptedChatModel",
@@ -556,11 +558,13 @@ class ScriptedChatModel(BaseChatModel):
 class FailingChatModel(BaseChatModel):
     """A chat model that always fails, the way providers fail.
 
-    Every call raises ``error`` (the same object each time; default
-    :func:`rate_limit_error`, an HTTP 429). Before raising it can hang for
-    ``hang_seconds`` (sync calls wait on an event that :meth:`release` sets early;
-    async calls sleep, so a timeout or cancellation ends them), and a stream first
-    yields ``chunks_before_error`` chunks of text. ``bind_tools`` and
+    Every call raises a fresh copy of ``error`` (default :func:`rate_limit_error`, an
+    HTTP 429): same type, message and attributes, with a traceback of its own, so
+    thousands of failing calls keep nothing alive; :attr:`last_error` is the copy the
+    latest call raised. Before raising it can hang for ``hang_seconds`` (sync calls wait
+    on an event that :meth:`release` sets early; async calls sleep, so a timeout or
+    cancellation ends them), and a stream first yields ``chunks_before_error`` chunks of
+    text. ``bind_tools`` and
     ``with_structured_output`` bind nothing useful but succeed, so the model can be the
     primary of a chain with tools bound.
 
@@ -572,7 +576,7 @@ class FailingChatModel(BaseChatModel):
 
     model_name: str = Field(default="failing-chat", alias="model")
     error: BaseException = Field(default_factory=rate_limit_error)
-    """Raised by every call."""
+    """Copied and raised by every call."""
     hang_seconds: float | None = None
     """Seconds to stall before raising (after any streamed chunks)."""
     chunks_before_error: int = 0
@@ -581,11 +585,17 @@ class FailingChatModel(BaseChatModel):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _calls: int = PrivateAttr(default=0)
     _released: threading.Event = PrivateAttr(default_factory=threading.Event)
+    _last_error: BaseException | None = PrivateAttr(default=None)
 
     @property
     def calls(self) -> int:
         """How many requests (invoke or stream) reached this model."""
         return self._calls
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The copy of ``error`` the latest call raised (None before the first failure)."""
+        return self._last_error
 
     def release(self) -> None:
         """End every sync hang now (for threads a timed-out chain left behind)."""
@@ -616,6 +626,13 @@ class FailingChatModel(BaseChatModel):
         with self._lock:
             self._calls += 1
 
+    def _failure(self) -> BaseException:
+        # Never ``self.error`` itself: each raise would prepend its frames to that one
+        # object's traceback, keeping every failed call's frames alive.
+        error = fresh_error(self.error)
+        self._last_error = error
+        return error
+
     def _hang(self) -> None:
         if self.hang_seconds is not None:
             self._released.wait(self.hang_seconds)
@@ -633,7 +650,7 @@ class FailingChatModel(BaseChatModel):
     ) -> ChatResult:
         self._start()
         self._hang()
-        raise self.error
+        raise self._failure()
 
     async def _agenerate(
         self,
@@ -644,7 +661,7 @@ class FailingChatModel(BaseChatModel):
     ) -> ChatResult:
         self._start()
         await self._ahang()
-        raise self.error
+        raise self._failure()
 
     def _partial(self, index: int) -> ChatGenerationChunk:
         return ChatGenerationChunk(message=AIMessageChunk(content=f"partial-{index} "))
@@ -660,7 +677,7 @@ class FailingChatModel(BaseChatModel):
         for index in range(self.chunks_before_error):
             yield self._partial(index)
         self._hang()
-        raise self.error
+        raise self._failure()
 
     async def _astream(
         self,
@@ -674,4 +691,4 @@ class FailingChatModel(BaseChatModel):
             await asyncio.sleep(0)
             yield self._partial(index)
         await self._ahang()
-        raise self.error
+        raise self._failure()

@@ -226,7 +226,7 @@ def test_every_member_failing_raises_the_last_members_own_error() -> None:
     last = FailingChatModel()
     with pytest.raises(type(last.error)) as raised:
         FallbackChatModel(models=[FailingChatModel(), last]).invoke("x")
-    assert raised.value is last.error
+    assert raised.value is last.last_error
 
 
 def test_a_hung_primary_times_out_and_the_last_timeout_is_a_timeout_error() -> None:
@@ -255,6 +255,7 @@ async def test_astream_restart_reaches_callbacks_and_astream_events() -> None:
         "next_client": 1,
         "chunks": 2,
         "error_type": "RateLimitError",
+        "continued": False,
     }
     assert run_id == recorder.starts[0][0]
 
@@ -422,6 +423,26 @@ def test_a_member_that_retries_by_itself_is_warned_about_once(
     assert len(warnings) == 1
     assert "ChatOpenAI(gpt-4o)" in warnings[0]
     assert "max_retries" in warnings[0]
+
+
+def test_a_retrying_provider_under_a_nested_chain_or_limiter_is_warned_about_once_by_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    from langchain_llm_resilience import RateLimitedChatModel
+
+    retrying = ChatOpenAI(model="gpt-4o-mini", api_key="x")  # type: ignore[arg-type]
+    inner = FallbackChatModel(models=[retrying, ScriptedChatModel()])
+    assert inner.max_retries == retrying.max_retries  # forwarded: not the chain's own
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
+        FallbackChatModel(models=[inner, ScriptedChatModel()])
+        FallbackChatModel(
+            models=[RateLimitedChatModel(inner=inner, requests_per_minute=60), ScriptedChatModel()]
+        )
+    warnings = [r.getMessage() for r in caplog.records if "retries by itself" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "ChatOpenAI(gpt-4o-mini)" in warnings[0]
 
 
 def test_find_layer_probes_the_stack() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.exceptions import ContextOverflowError
@@ -169,7 +170,7 @@ async def test_a_plain_bad_request_still_propagates_at_once(
     small.script(Fault.status(400))
     model = FallbackChatModel(models=[openai_member(small, "gpt-4o-mini"), anthropic_member(large)])
 
-    with pytest.raises(Exception, match="Invalid request") as raised:
+    with pytest.raises(openai.BadRequestError, match="Invalid request") as raised:
         await call(shape, model)
 
     assert not isinstance(raised.value, ContextOverflowError)

@@ -3,8 +3,12 @@
 What a plain consumer, one that concatenates ``chunk.content`` and listens for nothing,
 reads when the primary's stream is cut after three words: under ``"restart"`` (the
 default) the failed prefix and then the next member's whole answer, with the restart
-event for consumers that listen; under ``"raise"`` the prefix and then a clean
-``StreamInterruptedError`` carrying it, never a second answer glued on.
+event for consumers that listen; under ``"continue"`` exactly one answer, the
+``ChatAnthropic`` fallback carrying on from the prefix sent as an assistant prefill
+(or, where the fallback rejects prefill, a restart with the event, never the
+rejection); under ``"raise"`` the prefix and then a clean ``StreamInterruptedError``
+carrying it, never a second answer glued on. A content filter is not an outage: it
+propagates (a refused prompt) or ends the answer (a filtered completion), untouched.
 """
 
 from __future__ import annotations
@@ -12,16 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessageChunk
+from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableConfig
 from langchain_openai import ChatOpenAI
 
 from langchain_llm_resilience import STREAM_RESTART_EVENT, FallbackChatModel
-from llm_resilience import StreamInterruptedError, is_transient
+from llm_resilience import MemberProfile, StreamInterruptedError, is_transient
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 PRIMARY_REPLY = "one two three four five six seven eight"
@@ -106,7 +112,9 @@ async def aconsume(
 def test_mid_stream_is_validated_naming_the_option_and_the_values() -> None:
     with FaultInjectingServer() as server:
         models = [member("openai", server), member("anthropic", server)]
-        with pytest.raises(ValueError, match=r"mid_stream must be one of 'restart', 'raise'"):
+        with pytest.raises(
+            ValueError, match=r"mid_stream must be one of 'restart', 'continue', 'raise'"
+        ):
             FallbackChatModel(models=models, mid_stream="retry")
         assert FallbackChatModel(models=models).mid_stream == "restart"
 
@@ -216,3 +224,158 @@ def test_raise_survives_bind_tools(
 
     bound = model.bind_tools([capital])
     assert bound.bound.mid_stream == "raise"  # type: ignore[attr-defined]
+
+
+# -- continue ----------------------------------------------------------------------------
+
+
+def continuing(
+    provider: str,
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    **options: Any,
+) -> FallbackChatModel:
+    """The primary (``provider``) and a ``ChatAnthropic`` fallback that would give the
+    same answer, as two models asked the same question about a fact do."""
+    primary, secondary = servers
+    secondary.reply = PRIMARY_REPLY
+    return FallbackChatModel(
+        models=[member(provider, primary), member("anthropic", secondary)],
+        mid_stream="continue",
+        **options,
+    )
+
+
+def events_of(events: RestartEvents) -> list[tuple[int, int, int, bool]]:
+    return [
+        (e["failed_client"], e["next_client"], e["chunks"], e["continued"]) for e in events.events
+    ]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_continue_gives_a_plain_consumer_exactly_one_answer_through_chat_anthropic(
+    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    events = RestartEvents()
+    received: list[str] = []
+    assert consume(continuing(provider, servers), received, {"callbacks": [events]}) == (
+        PRIMARY_REPLY
+    )
+    assert [piece for piece in received if piece][:4] == ["one", " two", " three", " four"]
+    assert events_of(events) == [(0, 1, 3, True)]
+    # The fallback was asked to continue, not to start over.
+    assert [r.prefilled for r in secondary.requests] == [True]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_continue_gives_an_async_plain_consumer_exactly_one_answer(
+    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    events = RestartEvents()
+    answer = await aconsume(continuing(provider, servers), [], {"callbacks": [events]})
+    assert answer == PRIMARY_REPLY
+    assert events_of(events) == [(0, 1, 3, True)]
+    assert [r.prefilled for r in secondary.requests] == [True]
+
+
+def test_continue_feeds_a_str_output_parser_one_coherent_answer(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, _ = servers
+    primary.script(Fault.malformed_chunk(after_chunks=2))
+    model = continuing("openai", servers)
+    assert "".join((model | StrOutputParser()).stream("Capital of France?")) == PRIMARY_REPLY
+
+
+def test_continue_restarts_with_the_event_on_a_fallback_that_takes_no_prefill(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    # ChatOpenAI is not known to take a prefill: the request starts over, announced.
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    events = RestartEvents()
+    model = chain("anthropic", servers, mid_stream="continue")
+    assert consume(model, [], {"callbacks": [events]}) == DELIVERED + SECONDARY_REPLY
+    assert events_of(events) == [(0, 1, 3, False)]
+    assert [r.prefilled for r in secondary.requests] == [False]
+
+
+def test_a_declared_profile_switches_prefill_off_for_chat_anthropic(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    model = continuing(
+        "openai", servers, member_profiles=[None, MemberProfile(assistant_prefill=False)]
+    )
+    assert consume(model, []) == DELIVERED + PRIMARY_REPLY
+    assert [r.prefilled for r in secondary.requests] == [False]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_prefill_rejection_ends_in_a_complete_answer_via_restart_never_the_rejection(
+    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    secondary.default_fault = Fault.prefill_rejected()
+    events = RestartEvents()
+    model = continuing(provider, servers)
+    answer = consume(model, [], {"callbacks": [events]})
+    assert answer == DELIVERED + PRIMARY_REPLY
+    assert events_of(events) == [(0, 1, 3, True), (1, 1, 3, False)]
+    assert [r.prefilled for r in secondary.requests] == [True, False]
+    # The chain remembers: the next cut goes straight to a restart on that member.
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    assert consume(model, []) == DELIVERED + PRIMARY_REPLY
+    assert [r.prefilled for r in secondary.requests] == [True, False, False]
+
+
+async def test_an_async_prefill_rejection_ends_in_a_complete_answer_via_restart(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.drop_mid_stream(after_chunks=3))
+    secondary.default_fault = Fault.prefill_rejected()
+    events = RestartEvents()
+    answer = await aconsume(continuing("openai", servers), [], {"callbacks": [events]})
+    assert answer == DELIVERED + PRIMARY_REPLY
+    assert events_of(events) == [(0, 1, 3, True), (1, 1, 3, False)]
+
+
+# -- content filter ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mid_stream", ["restart", "continue"])
+def test_a_filtered_prompt_propagates_and_is_never_sent_to_the_fallback(
+    mid_stream: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
+) -> None:
+    primary, secondary = servers
+    model = chain("openai", servers, mid_stream=mid_stream)
+    primary.script(Fault.content_filtered(prompt=True))
+    with pytest.raises(openai.BadRequestError) as caught:
+        model.invoke("Capital of France?")
+    assert caught.value.code == "content_filter"
+    primary.script(Fault.content_filtered(prompt=True))
+    with pytest.raises(openai.BadRequestError):
+        consume(model, [])
+    assert secondary.requests == []
+
+
+async def test_a_filtered_completion_ends_the_stream_as_the_provider_ended_it(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, secondary = servers
+    primary.script(Fault.content_filtered(after_chunks=2))
+    model = chain("openai", servers, mid_stream="continue")
+    merged = None
+    async for chunk in model.astream("Capital of France?"):
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None
+    assert merged.text == "one two"
+    assert merged.response_metadata["finish_reason"] == "content_filter"
+    assert merged.response_metadata["fallback_client"] == 0
+    assert secondary.requests == []

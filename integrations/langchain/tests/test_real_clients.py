@@ -153,7 +153,13 @@ def _assert_streamed(fault: str, chunks: list[AIMessageChunk], restarts: Restart
         # The prefix the primary managed to send stays yielded; the secondary restarts.
         assert text == "one two three" + SECONDARY_REPLY
         assert restarts.events == [
-            {"failed_client": 0, "next_client": 1, "chunks": 3, "error_type": "RemoteProtocolError"}
+            {
+                "failed_client": 0,
+                "next_client": 1,
+                "chunks": 3,
+                "error_type": "RemoteProtocolError",
+                "continued": False,
+            }
         ]
     else:
         assert text == SECONDARY_REPLY

@@ -110,7 +110,13 @@ def test_a_malformed_event_mid_stream_restarts_the_stream_on_the_next_member(
     chunks = list(model.stream("Capital of France?", {"callbacks": [restarts]}))
     assert after_restart(chunks, "one two") == SECONDARY_REPLY
     assert restarts.events == [
-        {"failed_client": 0, "next_client": 1, "chunks": 2, "error_type": "JSONDecodeError"}
+        {
+            "failed_client": 0,
+            "next_client": 1,
+            "chunks": 2,
+            "error_type": "JSONDecodeError",
+            "continued": False,
+        }
     ]
     answer = merged(chunks)
     assert answer.response_metadata["fallback_client"] == 1

@@ -491,7 +491,9 @@ def test_qdrant_forbidden_is_raised_at_once(
     faults = Faults(monkeypatch, qdrant_store.client, "query_points", qdrant_error(403))
     store = RetryingVectorStore(inner=qdrant_store, policy=policy)
 
-    with pytest.raises(Exception, match="403") as caught:
+    from qdrant_client.http.exceptions import UnexpectedResponse
+
+    with pytest.raises(UnexpectedResponse, match="403") as caught:
         store.similarity_search("alpha")
 
     assert type(caught.value).__name__ == "UnexpectedResponse"

@@ -81,7 +81,7 @@ def test_service_unavailable_error_is_a_real_openai_503_the_transient_rule_recog
 # -- FailingChatModel -------------------------------------------------------------------
 
 
-def test_failing_model_raises_its_configured_error_object_on_every_call() -> None:
+def test_failing_model_raises_a_fresh_copy_of_its_configured_error_on_every_call() -> None:
     model = FailingChatModel()
 
     with pytest.raises(openai.RateLimitError) as first:
@@ -89,7 +89,11 @@ def test_failing_model_raises_its_configured_error_object_on_every_call() -> Non
     with pytest.raises(openai.RateLimitError) as second:
         list(model.stream("Hello"))
 
-    assert first.value is second.value is model.error
+    assert first.value is not second.value
+    assert second.value is model.last_error
+    for raised in (first.value, second.value):
+        assert (raised.status_code, str(raised)) == (429, str(model.error))
+    assert model.error.__traceback__ is None  # never raised itself, so it grows nothing
     assert model.calls == 2
 
 
@@ -147,7 +151,7 @@ def test_failing_model_sync_hang_ends_early_when_released() -> None:
     worker.join(timeout=5)
 
     assert time.monotonic() - started < 5
-    assert outcome == [model.error]
+    assert outcome == [model.last_error]
 
 
 async def test_failing_model_async_hang_is_cancellable_by_a_timeout() -> None:

@@ -188,7 +188,13 @@ def _assert_restarted(fault: str, chunks: list[AIMessageChunk], restarts: Restar
         assert text == SECONDARY_REPLY
         expected = 0
     assert restarts.events == [
-        {"failed_client": 0, "next_client": 1, "chunks": expected, "error_type": "TimeoutError"}
+        {
+            "failed_client": 0,
+            "next_client": 1,
+            "chunks": expected,
+            "error_type": "TimeoutError",
+            "continued": False,
+        }
     ]
     merged = chunks[0]
     for chunk in chunks[1:]:

@@ -146,7 +146,8 @@ async def test_a_non_transient_error_propagates_without_trying_the_next_llm(meth
     with pytest.raises(type(bad_request)) as raised:
         await call(llm, method)
 
-    assert raised.value is bad_request
+    assert raised.value is primary.last_error
+    assert str(raised.value) == str(bad_request)
     assert secondary.calls == 0
 
 
@@ -159,7 +160,8 @@ async def test_when_every_llm_fails_the_last_llms_own_error_is_raised(method: st
     with pytest.raises(type(last)) as raised:
         await call(FallbackLLM(llms=[primary, secondary]), method)
 
-    assert raised.value is last
+    assert raised.value is secondary.last_error
+    assert str(raised.value) == str(last)
 
 
 async def test_the_primary_answers_when_it_is_healthy() -> None:

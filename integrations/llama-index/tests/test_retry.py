@@ -486,7 +486,9 @@ def test_qdrant_forbidden_is_raised_at_once(
     store.add(qdrant_nodes())
     faults = Faults(qdrant_client, "query_points", qdrant_error(403))
 
-    with pytest.raises(Exception, match="403"):
+    from qdrant_client.http.exceptions import UnexpectedResponse
+
+    with pytest.raises(UnexpectedResponse, match="403"):
         store.query(VectorStoreQuery(query_embedding=[0.0, 1.0], similarity_top_k=1))
 
     assert (faults.calls, slept) == (1, [])

@@ -23,24 +23,44 @@ Rules, in short (``docs/fallback.md`` has the long form):
   ``TimeoutError`` naming the limit). The caller's own cancellation is never rerouted;
 * a stream that fails after yielding chunks is restarted from the beginning on the next
   client; chunks already yielded stay yielded and ``on_restart`` hooks are told. With
-  ``mid_stream="raise"`` a stream that fails after content raises
-  :class:`~llm_resilience.errors.StreamInterruptedError` (carrying what was delivered)
-  instead;
+  ``mid_stream="continue"`` a next client that accepts an assistant prefill
+  (``MemberProfile.assistant_prefill``) carries on from the text delivered instead
+  (see :mod:`~llm_resilience.fallback._continuation`); with ``mid_stream="raise"`` a
+  stream that fails after content raises
+  :class:`~llm_resilience.errors.StreamInterruptedError` (carrying what was delivered);
+* with ``hedge_after``, a client that has produced no content within it is joined by
+  the next client on the same request; the first to produce content wins and the other
+  is cancelled (a sync call's loser runs to its end on its worker, its result discarded);
 * an optional :class:`Cooldown` skips, for a while, a client that keeps failing, then
   gives it one trial call before using it again; :meth:`FallbackChain.health` reads
   each client's circuit (:class:`MemberHealth`).
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
 ``_breaker`` (the cooldown breaker), ``_routing`` (``MemberProfile``, ``RequestNeeds``:
-which member may take a request, where a prompt too long goes), ``_engine``
+which member may take a request, where a prompt too long goes), ``_continuation``
+(``mid_stream="continue"``: prefill, whitespace, a rejected prefill), ``_engine``
 (``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
 ``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
-(``member_retry=``: short waits on the same member) and ``_self_retry`` (inner models
-that retry by themselves). Import from ``llm_resilience.fallback``.
+(``member_retry=``: short waits on the same member), ``_self_retry`` (inner models
+that retry by themselves) and ``_hedge`` (``hedge_after=``: a slow first token also
+starts the request on the next member) and ``_hedge_inbox`` (how a loser's reported
+usage reaches the cost layer: a :class:`HedgeInbox`). Import from ``llm_resilience.fallback``.
 """
 
 from llm_resilience.fallback._breaker import MemberHealth
+from llm_resilience.fallback._continuation import is_prefill_rejection
 from llm_resilience.fallback._engine import FallbackChain
+from llm_resilience.fallback._hedge import LoserUsage
+from llm_resilience.fallback._hedge_inbox import (
+    HedgeInbox,
+    HedgeLoser,
+    ahedge_inbox_stream,
+    bind_hedge_ticket,
+    current_hedge_inbox,
+    hedge_inbox,
+    hedge_inbox_stream,
+    hedges_below,
+)
 from llm_resilience.fallback._options import Classifier as Classifier
 from llm_resilience.fallback._options import Cooldown, StreamRestart
 from llm_resilience.fallback._options import RestartHook as RestartHook
@@ -56,12 +76,22 @@ from llm_resilience.fallback._self_retry import self_retry_setting, warn_if_self
 __all__ = [
     "Cooldown",
     "FallbackChain",
+    "HedgeInbox",
+    "HedgeLoser",
+    "LoserUsage",
     "MemberProfile",
     "MemberHealth",
     "RequestNeeds",
     "StreamRestart",
+    "ahedge_inbox_stream",
+    "bind_hedge_ticket",
+    "current_hedge_inbox",
+    "hedge_inbox",
+    "hedge_inbox_stream",
+    "hedges_below",
     "context_limit_of",
     "is_context_overflow",
+    "is_prefill_rejection",
     "resolve_member_profiles",
     "self_retry_setting",
     "warn_if_self_retrying",

@@ -22,7 +22,22 @@ from typing import Generic, TypeVar
 
 from llm_resilience.errors import PerClientTimeoutError, StreamInterruptedError
 from llm_resilience.fallback._breaker import MemberHealth, _Breaker, _closed
+from llm_resilience.fallback._continuation import (
+    _Delivered,
+    _HeldWhitespace,
+    is_prefill_rejection,
+    prefilled_attempt,
+    split_prefill,
+)
 from llm_resilience.fallback._deadlines import TimeLimit, _AttemptClock, _TimeLimits
+from llm_resilience.fallback._hedge import (
+    LoserUsage,
+    checked_hedge_after,
+    hedged_ainvoke,
+    hedged_astream,
+    hedged_invoke,
+    hedged_stream,
+)
 from llm_resilience.fallback._member_retry import _MemberRetry, member_retry_option
 from llm_resilience.fallback._options import (
     Classifier,
@@ -38,6 +53,7 @@ from llm_resilience.fallback._routing import (
     _Routing,
     is_context_overflow,
 )
+from llm_resilience.fallback._self_retry import warn_if_self_retrying
 from llm_resilience.fallback._sources import (
     _aclose,
     _AttemptTimedOut,
@@ -78,8 +94,10 @@ class FallbackChain(Generic[ClientT]):
     default transient rule (:func:`~llm_resilience.transient.is_transient`), for example
     with ``TransientClassifier.with_server_errors()``. ``cooldown`` enables the circuit
     breaker. ``on_restart`` is called with a :class:`StreamRestart` whenever a stream
-    restarts on the next client. ``mid_stream="raise"`` (default ``"restart"``) makes a
-    stream that fails after it delivered content raise
+    goes on after a failure mid-way. ``mid_stream`` (default ``"restart"``) decides what a
+    stream that fails after it delivered content does: ``"continue"`` carries on from the
+    delivered text on a next client whose profile accepts an assistant prefill (others
+    restart), ``"raise"`` raises
     :class:`~llm_resilience.errors.StreamInterruptedError` instead of restarting; a
     failure before any content still falls through quietly. ``clock`` is the monotonic
     clock the breaker reads.
@@ -95,6 +113,12 @@ class FallbackChain(Generic[ClientT]):
     ``Retry-After`` within the policy's ``max_delay`` is waited out exactly, other
     failures wait the policy's backoff; a stream only before its first chunk; the waits
     count toward the attempt's time bound (see :mod:`~llm_resilience.fallback._member_retry`).
+
+    ``hedge_after`` (seconds or ``timedelta``; default None: off, shorter than
+    ``first_token_timeout`` and ``per_client_timeout``) hedges a slow first token: the next
+    client also gets the request, and the first to produce content wins, the other is
+    cancelled (see :mod:`~llm_resilience.fallback._hedge`). Each call shape then takes a
+    ``hedge_usage`` reader, so a loser's reported usage can be recorded as spend.
 
     Raises ``ValueError``/``TypeError`` naming the option for bad input.
     """
@@ -112,6 +136,7 @@ class FallbackChain(Generic[ClientT]):
         "clients",
         "cooldown",
         "first_token_timeout",
+        "hedge_after",
         "idle_timeout",
         "member_retry",
         "mid_stream",
@@ -131,6 +156,7 @@ class FallbackChain(Generic[ClientT]):
         mid_stream: str = "restart",
         member_profiles: Sequence[MemberProfile | None] | None = None,
         member_retry: RetryPolicy | None = None,
+        hedge_after: float | timedelta | None = None,
         clock: Callable[[], float] = time.monotonic,
         clients_option: str = "clients",
     ) -> None:
@@ -145,6 +171,9 @@ class FallbackChain(Generic[ClientT]):
                 f"got {len(clients)}"
             )
         limits = _TimeLimits.checked(per_client_timeout, first_token_timeout, idle_timeout)
+        #: Seconds without a first token before the next client also gets the request
+        #: (hedged requests, :mod:`~llm_resilience.fallback._hedge`), or None (off).
+        self.hedge_after: float | None = checked_hedge_after(hedge_after, limits)
         if classifier is not None and not callable(classifier):
             raise _OptionTypeError(
                 f"classifier must be a callable taking an exception (for example a "
@@ -154,7 +183,8 @@ class FallbackChain(Generic[ClientT]):
             raise _OptionTypeError(f"cooldown must be None or a Cooldown(...); got {cooldown!r}")
         if on_restart is not None and not callable(on_restart):
             raise _OptionTypeError(f"on_restart must be a callable; got {on_restart!r}")
-        #: What a stream that fails after delivering content does: "restart" or "raise".
+        #: What a stream that fails after delivering content does: "restart", "continue"
+        #: or "raise".
         self.mid_stream = checked_mid_stream(mid_stream)
         #: The clients, in the order they are tried.
         self.clients: tuple[ClientT, ...] = tuple(clients)
@@ -183,6 +213,8 @@ class FallbackChain(Generic[ClientT]):
         self._member_retry = (
             _MemberRetry(policy, self._timeout, clock) if policy is not None else None
         )
+        for position, client in enumerate(self.clients):
+            warn_if_self_retrying(client, position=position)
 
     def layers_below(self) -> tuple[ClientT, ...]:
         """The clients, in the order they are tried (the core's layer contract)."""
@@ -243,6 +275,7 @@ class FallbackChain(Generic[ClientT]):
         attempt: Callable[[int, ClientT], ResultT],
         *,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
+        hedge_usage: LoserUsage | None = None,
     ) -> ResultT:
         """Run ``attempt(index, client)`` against each client in turn until one succeeds.
 
@@ -254,6 +287,8 @@ class FallbackChain(Generic[ClientT]):
         returns, and its result is discarded. Worker threads are reused (see
         :class:`_Workers`), so a timed attempt costs a hand-off, not a thread start.
         """
+        if self.hedge_after is not None:
+            return hedged_invoke(self, attempt, needs=needs, usage_of=hedge_usage)
         order = self._order(needs)
         if self._member_retry is not None:
             attempt = self._member_retry.call(attempt)
@@ -317,12 +352,15 @@ class FallbackChain(Generic[ClientT]):
         attempt: Callable[[int, ClientT], Awaitable[ResultT]],
         *,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
+        hedge_usage: LoserUsage | None = None,
     ) -> ResultT:
         """Async :meth:`invoke`: ``await attempt(index, client)`` on each client in turn.
 
         The bound (as in :meth:`invoke`) cancels the attempt's await; the caller's own
         cancellation propagates at once and is never rerouted.
         """
+        if self.hedge_after is not None:
+            return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
         order = self._order(needs)
         if self._member_retry is not None:
             attempt = self._member_retry.acall(attempt)
@@ -371,6 +409,9 @@ class FallbackChain(Generic[ClientT]):
         on_restart: RestartHook | None = None,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
         text_of: Callable[[ChunkT], str] | None = None,
+        continue_attempt: Callable[[int, ClientT, str], Iterable[ChunkT]] | None = None,
+        drop_text: Callable[[ChunkT, int], ChunkT] | None = None,
+        hedge_usage: LoserUsage | None = None,
     ) -> Iterator[ChunkT]:
         """Yield the chunks of ``attempt(index, client)``, falling through on failure.
 
@@ -385,79 +426,98 @@ class FallbackChain(Generic[ClientT]):
         when iteration starts, not before. Under ``mid_stream="raise"`` a failure after
         content raises :class:`~llm_resilience.errors.StreamInterruptedError` instead of
         restarting; ``text_of`` gives a content chunk's text for its ``delivered_text``.
+
+        Under ``mid_stream="continue"`` a next client whose profile accepts an assistant
+        prefill is called as ``continue_attempt(index, client, prefill)`` (the delivered
+        text, trailing whitespace removed) and streams the rest; ``drop_text(chunk, n)``
+        returns ``chunk`` without the first ``n`` characters of its text, so whitespace
+        the consumer already holds is not delivered twice. Without ``continue_attempt``
+        and ``text_of`` the stream restarts (see :mod:`~llm_resilience.fallback._continuation`).
         """
+        if self.hedge_after is not None:
+            yield from hedged_stream(
+                self,
+                attempt,
+                is_content=is_content,
+                on_restart=on_restart,
+                needs=needs,
+                text_of=text_of,
+                usage_of=hedge_usage,
+            )
+            return
         order = self._order(needs)
+        plain = attempt
         if self._member_retry is not None:
-            attempt = self._member_retry.stream(attempt)
-        last = len(order) - 1
-        for position, index in enumerate(order):
+            plain = self._member_retry.stream(attempt)
+        can_continue = self._continues(continue_attempt, text_of)
+        held = _Delivered()
+        position = 0
+        prefill: str | None = None
+        # Without time limits no wait is bounded: the clock is neither asked nor told.
+        timed = self._limits.any
+        keeps_text = self._keeps_text(text_of)
+        while True:
+            index = order[position]
             client = self.clients[index]
+            current = plain
+            trim: _HeldWhitespace[ChunkT] | None = None
+            if prefill is not None:
+                assert continue_attempt is not None
+                assert text_of is not None
+                current = prefilled_attempt(continue_attempt, prefill)
+                if self._member_retry is not None:
+                    current = self._member_retry.stream(current)
+                trim = _HeldWhitespace(split_prefill(held.text())[1], text_of, drop_text)
             source: _Source[ChunkT]
-            if self._limits.any:
-                source = _ThreadedSource(attempt, index, client)
+            if timed:
+                source = _ThreadedSource(current, index, client)
             else:
-                source = _DirectSource(attempt, index, client)
+                source = _DirectSource(current, index, client)
             clock = _AttemptClock(self._limits)
             started = False
             content = 0
-            delivered: list[str] = []
             try:
                 while True:
-                    wait = clock.next_wait()
-                    began = time.monotonic()
+                    wait = clock.next_wait() if timed else None
+                    began = time.monotonic() if timed else 0.0
                     try:
                         chunk = source.next(None if wait is None else wait[0])
                     except StopIteration:
                         break
                     except _AttemptTimedOut as timed_out:
                         assert wait is not None
-                        option = wait[1]
-                        self._failed(index, None)
-                        if content and self.mid_stream == "raise":
-                            interrupted = self._interrupted(index, content, delivered)
-                            raise interrupted from timed_out.cause
-                        if position == last:
-                            raise self._timeout_error(
-                                index, timed_out.cause, option
-                            ) from timed_out.cause
-                        self._log_stream_failure(index, started, content, timed_out=option)
-                        if started:
-                            self._restarted(
-                                on_restart,
-                                StreamRestart(index, order[position + 1], content, timed_out.cause),
-                            )
+                        step = self._after_stream_failure(
+                            timed_out.cause, wait[1], order, position, started, content, held,
+                            prefill, can_continue,
+                        )  # fmt: skip
+                        position, prefill, restart = step
+                        if restart is not None:
+                            self._restarted(on_restart, restart)
                         break
                     except BaseException as error:
-                        if not self._moves_on(error, order, position):
-                            raise
-                        last = len(order) - 1
-                        self._failed(index, error)
-                        if content and self.mid_stream == "raise":
-                            raise self._interrupted(index, content, delivered) from error
-                        if position == last:
-                            raise
-                        if not is_context_overflow(error):  # routing logged why it moves on
-                            self._log_stream_failure(index, started, content, timed_out=None)
-                        if started:
-                            self._restarted(
-                                on_restart,
-                                StreamRestart(index, order[position + 1], content, error),
-                            )
+                        step = self._after_stream_failure(
+                            error, None, order, position, started, content, held, prefill,
+                            can_continue,
+                        )  # fmt: skip
+                        position, prefill, restart = step
+                        if restart is not None:
+                            self._restarted(on_restart, restart)
                         break
+                    if trim is not None:
+                        chunk = trim(chunk)
                     carries = is_content is None or is_content(chunk)
-                    clock.waited(time.monotonic() - began, content=carries)
+                    if timed:
+                        clock.waited(time.monotonic() - began, content=carries)
                     started = True
                     if carries:
                         content += 1
-                        if text_of is not None and self.mid_stream == "raise":
-                            delivered.append(text_of(chunk))
+                        held.add(text_of(chunk) if text_of is not None and keeps_text else None)
                     yield chunk
                 if source.finished:
                     self._succeeded(index)
                     return
             finally:
                 source.close()
-        raise AssertionError("unreachable: the last client either finishes or raises")
 
     async def astream(
         self,
@@ -467,25 +527,57 @@ class FallbackChain(Generic[ClientT]):
         on_restart: RestartHook | None = None,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
         text_of: Callable[[ChunkT], str] | None = None,
+        continue_attempt: Callable[[int, ClientT, str], AsyncIterable[ChunkT]] | None = None,
+        drop_text: Callable[[ChunkT, int], ChunkT] | None = None,
+        hedge_usage: LoserUsage | None = None,
     ) -> AsyncIterator[ChunkT]:
         """Async :meth:`stream`. ``on_restart`` hooks may be coroutine functions.
 
         A time limit that fires cancels the wait for the next chunk (closing the
         attempt's HTTP request); the caller's own cancellation propagates at once.
         """
+        if self.hedge_after is not None:
+            hedged = hedged_astream(
+                self,
+                attempt,
+                is_content=is_content,
+                on_restart=on_restart,
+                needs=needs,
+                text_of=text_of,
+                usage_of=hedge_usage,
+            )
+            try:
+                async for chunk in hedged:
+                    yield chunk
+            finally:
+                await hedged.aclose()  # closed with this stream: no attempt outlives it
+            return
         order = self._order(needs)
+        plain = attempt
         if self._member_retry is not None:
-            attempt = self._member_retry.astream(attempt)
-        last = len(order) - 1
+            plain = self._member_retry.astream(attempt)
+        can_continue = self._continues(continue_attempt, text_of)
+        held = _Delivered()
+        position = 0
+        prefill: str | None = None
         loop = asyncio.get_running_loop()
-        for position, index in enumerate(order):
+        while True:
+            index = order[position]
             client = self.clients[index]
+            current = plain
+            trim: _HeldWhitespace[ChunkT] | None = None
+            if prefill is not None:
+                assert continue_attempt is not None
+                assert text_of is not None
+                current = prefilled_attempt(continue_attempt, prefill)
+                if self._member_retry is not None:
+                    current = self._member_retry.astream(current)
+                trim = _HeldWhitespace(split_prefill(held.text())[1], text_of, drop_text)
             clock = _AttemptClock(self._limits)
             iterator: AsyncIterator[ChunkT] | None = None
             started = False
             finished = False
             content = 0
-            delivered: list[str] = []
             try:
                 while True:
                     wait = clock.next_wait()
@@ -494,14 +586,14 @@ class FallbackChain(Generic[ClientT]):
                     try:
                         if wait is None:
                             if iterator is None:
-                                iterator = aiter(attempt(index, client))
+                                iterator = aiter(current(index, client))
                             chunk = await anext(iterator)
                         else:
                             # A chunk that is ready (or the end of the stream) is taken
                             # even when no time is left: only a wait can run out.
                             async with asyncio.timeout(wait[0]) as scope:
                                 if iterator is None:
-                                    iterator = aiter(attempt(index, client))
+                                    iterator = aiter(current(index, client))
                                 chunk = await anext(iterator)
                     except StopAsyncIteration:
                         finished = True
@@ -512,31 +604,23 @@ class FallbackChain(Generic[ClientT]):
                             and scope.expired()
                             and isinstance(error, TimeoutError)
                         )
-                        if not timed_out and not self._moves_on(error, order, position):
-                            raise
-                        last = len(order) - 1
                         option = wait[1] if timed_out and wait is not None else None
-                        self._failed(index, None if timed_out else error)
-                        if content and self.mid_stream == "raise":
-                            raise self._interrupted(index, content, delivered) from error
-                        if position == last:
-                            if option is not None:
-                                cause = error.__cause__ or error
-                                raise self._timeout_error(index, cause, option) from cause
-                            raise
-                        if option is not None or not is_context_overflow(error):
-                            self._log_stream_failure(index, started, content, timed_out=option)
-                        if started:
-                            restart = StreamRestart(index, order[position + 1], content, error)
+                        step = self._after_stream_failure(
+                            error, option, order, position, started, content, held, prefill,
+                            can_continue,
+                        )  # fmt: skip
+                        position, prefill, restart = step
+                        if restart is not None:
                             await self._arestarted(on_restart, restart)
                         break
+                    if trim is not None:
+                        chunk = trim(chunk)
                     carries = is_content is None or is_content(chunk)
                     clock.waited(loop.time() - began, content=carries)
                     started = True
                     if carries:
                         content += 1
-                        if text_of is not None and self.mid_stream == "raise":
-                            delivered.append(text_of(chunk))
+                        held.add(self._kept_text(text_of, chunk))
                     yield chunk
             finally:
                 if iterator is not None:
@@ -544,7 +628,82 @@ class FallbackChain(Generic[ClientT]):
             if finished:
                 self._succeeded(index)
                 return
-        raise AssertionError("unreachable: the last client either finishes or raises")
+
+    def _continues(self, continue_attempt: object, text_of: object) -> bool:
+        if self.mid_stream != "continue":
+            return False
+        return continue_attempt is not None and text_of is not None
+
+    def _keeps_text(self, text_of: Callable[[ChunkT], str] | None) -> bool:
+        # Text is kept only where a policy reads it: "raise" reports it, "continue" sends it.
+        return text_of is not None and self.mid_stream != "restart"
+
+    def _kept_text(self, text_of: Callable[[ChunkT], str] | None, chunk: ChunkT) -> str | None:
+        if text_of is None or not self._keeps_text(text_of):
+            return None
+        return text_of(chunk)
+
+    def _after_stream_failure(
+        self,
+        error: BaseException,
+        option: TimeLimit | None,
+        order: list[int],
+        position: int,
+        started: bool,
+        content: int,
+        held: _Delivered,
+        prefill: str | None,
+        can_continue: bool,
+    ) -> tuple[int, str | None, StreamRestart | None]:
+        """Where a stream goes after its attempt at ``order[position]`` failed.
+
+        ``option`` is the time limit that fired (None: ``error`` is the member's own).
+        Returns the next position, the prefill that attempt carries (None: from the
+        beginning) and what the ``on_restart`` hooks are told (None: nothing); raises
+        what the caller gets when the stream goes nowhere. Called in the ``except``
+        block of the failure, so a bare failure re-raised keeps its traceback.
+        """
+        index = order[position]
+        if prefill is not None and not content and option is None and is_prefill_rejection(error):
+            # The member answered, so it is healthy: it gets the request again, plain.
+            self._routing.refused_prefill(index)
+            again = StreamRestart(index, index, held.chunks, error, continued=False)
+            held.clear()
+            return position, None, again
+        if option is None and not self._moves_on(error, order, position):
+            raise error
+        self._failed(index, None if option is not None else error)
+        if content and self.mid_stream == "raise":
+            raise self._interrupted(index, content, [held.text()]) from error
+        if position == len(order) - 1:
+            if option is not None:
+                cause = error.__cause__ or error
+                raise self._timeout_error(index, cause, option) from cause
+            raise error
+        following = order[position + 1]
+        next_prefill = None
+        if can_continue and self._routing.accepts_prefill(following):
+            next_prefill = held.prefill()
+        if next_prefill is not None:
+            logger.warning(
+                "Streaming client %d failed mid-stream after %d token(s); client %d "
+                "continues from the text delivered.",
+                index,
+                content,
+                following,
+            )
+            return (
+                position + 1,
+                next_prefill,
+                StreamRestart(index, following, held.chunks, error, continued=True),
+            )
+        if option is not None or not is_context_overflow(error):  # routing logged why
+            self._log_stream_failure(index, started, content, timed_out=option)
+        restart: StreamRestart | None = None
+        if started or held.chunks:
+            restart = StreamRestart(index, following, held.chunks, error)
+        held.clear()
+        return position + 1, None, restart
 
     def _interrupted(
         self, index: int, content: int, delivered: list[str]

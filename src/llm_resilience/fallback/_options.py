@@ -15,9 +15,11 @@ Classifier = Callable[[BaseException], bool]
 _OptionTypeError = OptionTypeError
 
 #: What a chain does when a stream fails after it delivered content: ``"restart"`` the
-#: request on the next client (the default; ``on_restart`` hooks are told) or
-#: ``"raise"`` :class:`~llm_resilience.errors.StreamInterruptedError`.
-MID_STREAM_POLICIES: tuple[str, ...] = ("restart", "raise")
+#: request on the next client (the default; ``on_restart`` hooks are told),
+#: ``"continue"`` it on the next client from the text already delivered, sent as an
+#: assistant prefill where that client accepts one (else restart, with the hooks told),
+#: or ``"raise"`` :class:`~llm_resilience.errors.StreamInterruptedError`.
+MID_STREAM_POLICIES: tuple[str, ...] = ("restart", "continue", "raise")
 
 
 def checked_mid_stream(value: object, option: str = "mid_stream") -> str:
@@ -71,16 +73,26 @@ class Cooldown:
 
 @dataclass(frozen=True, slots=True)
 class StreamRestart:
-    """What an ``on_restart`` hook is told when a stream restarts on the next client."""
+    """What an ``on_restart`` hook is told when a stream goes on after a failure mid-way.
 
-    #: Index of the client that failed mid-stream.
+    ``continued`` tells the two cases apart: False, the next client streams the answer
+    again from the beginning and the consumer should discard the ``chunks`` it holds;
+    True (``mid_stream="continue"``), the next client carries on from the text
+    delivered, so the consumer keeps it. After a client rejected a prefill it gets the
+    request again as a restart: ``failed_client == next_client``, ``continued=False``.
+    """
+
+    #: Index of the client that failed mid-stream (or rejected the prefill).
     failed_client: int
-    #: Index of the client that will stream the response again from the beginning.
+    #: Index of the client that streams next.
     next_client: int
-    #: Content chunks the failed client had yielded (to be discarded by the consumer).
+    #: Content chunks the consumer holds of the answer since it last started from the
+    #: beginning: to be discarded on a restart, kept on a continuation.
     chunks: int
     #: The failure (a ``TimeoutError`` when a time limit of the chain fired).
     error: BaseException
+    #: True when the next client continues from the delivered text; False on a restart.
+    continued: bool = False
 
 
 RestartHook = Callable[[StreamRestart], object]

@@ -59,7 +59,7 @@ class MemberProfile:
     ...     MemberProfile(context_window=200_000, image_inputs=True, tool_calling=True)
     ... )  # doctest: +NORMALIZE_WHITESPACE
     MemberProfile(context_window=128000, tool_calling=True, image_inputs=False,
-                  structured_output=None)
+                  structured_output=None, assistant_prefill=None)
     """
 
     #: Tokens of input the member accepts (an int from 1 to 1e9), or None.
@@ -70,6 +70,10 @@ class MemberProfile:
     image_inputs: bool | None = None
     #: Whether the member supports a native structured-output mode, or None.
     structured_output: bool | None = None
+    #: Whether the member accepts a final assistant message as the start of its answer
+    #: (an assistant prefill), or None. True lets ``mid_stream="continue"`` send it the
+    #: text already delivered; the adapters set it for Anthropic clients.
+    assistant_prefill: bool | None = None
 
     def __post_init__(self) -> None:
         if self.context_window is not None:
@@ -79,7 +83,7 @@ class MemberProfile:
                 minimum=1,
                 maximum=MAX_CONTEXT_WINDOW,
             )
-        for name in _CAPABILITIES:
+        for name in (*_CAPABILITIES, "assistant_prefill"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise OptionTypeError(
@@ -253,7 +257,7 @@ def _chain(exc: BaseException | None) -> Iterable[BaseException]:
 class _Routing:
     """A chain's member profiles, and the two routing rules that read them."""
 
-    __slots__ = ("_profiles",)
+    __slots__ = ("_no_prefill", "_profiles")
 
     def __init__(
         self,
@@ -261,6 +265,8 @@ class _Routing:
         size: int,
         option: str = "profiles",
     ) -> None:
+        # Members that rejected a prefill: never sent one again by this chain.
+        self._no_prefill: set[int] = set()
         if profiles is None:
             self._profiles: tuple[MemberProfile | None, ...] = (None,) * size
             return
@@ -361,6 +367,24 @@ class _Routing:
             self._window(larger[0]),
         )
         return True
+
+    def accepts_prefill(self, index: int) -> bool:
+        """Whether member ``index`` is known to take a prefill and never refused one."""
+        profile = self._profiles[index]
+        return (
+            profile is not None
+            and profile.assistant_prefill is True
+            and index not in self._no_prefill
+        )
+
+    def refused_prefill(self, index: int) -> None:
+        """Member ``index`` rejected a prefill: treat it as not taking one from now on."""
+        if index not in self._no_prefill:
+            self._no_prefill.add(index)
+            logger.warning(
+                "Client %d rejected an assistant prefill; it will get plain restarts from now on.",
+                index,
+            )
 
     def _window(self, index: int) -> int | None:
         profile = self._profiles[index]

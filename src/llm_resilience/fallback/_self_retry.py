@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
-import threading
+
+from llm_resilience._warned import WarnedOnce
+from llm_resilience.layers import layers_below, leaves
 
 # Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
 logger = logging.getLogger("llm_resilience.fallback")
 
 
 _CLIENT_ATTRIBUTES = ("root_client", "client", "_client", "root_async_client", "async_client")
-_warned: set[tuple[str, int]] = set()
-_warned_lock = threading.Lock()
+
+
+_warned = WarnedOnce()
 
 
 def self_retry_setting(model: object) -> tuple[str, int] | None:
@@ -19,8 +22,13 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
 
     Looks at the model's ``max_retries`` and, when that is unset, at the
     ``max_retries`` of the SDK client it holds (``ChatOpenAI(max_retries=None)`` leaves
-    the openai client's default of 2 in force). Returns None when no retrying is found.
+    the openai client's default of 2 in force). Returns None when no retrying is found,
+    and for a wrapper of ours (a layer with layers below it): it retries only through
+    what it wraps, which is checked on its own (a chain would otherwise answer with
+    its primary's ``max_retries``, which it forwards).
     """
+    if layers_below(model):
+        return None
     own = getattr(model, "max_retries", None)
     if isinstance(own, int) and not isinstance(own, bool):
         return ("max_retries", own) if own > 0 else None
@@ -36,15 +44,19 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
 
 
 def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback chain") -> None:
-    """Warn once per model object that its own retries delay failover."""
+    """Warn once per model object that its own retries delay failover: ``model``
+    itself, or the providers at the bottom of it when it is a wrapper (a rate-limited
+    member, a nested chain)."""
+    for leaf in leaves(model):
+        _warn_once(leaf, position=position, role=role)
+
+
+def _warn_once(model: object, *, position: int, role: str) -> None:
     setting = self_retry_setting(model)
     if setting is None:
         return
-    key = (type(model).__qualname__, id(model))
-    with _warned_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
+    if not _warned.first(model):
+        return
     name, retries = setting
     label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
     described = f"{type(model).__name__}({label})" if label else type(model).__name__

@@ -4,7 +4,10 @@
 Messages APIs on ``127.0.0.1``, so real SDK clients (and the LangChain and LlamaIndex
 models built on them) run against it unchanged, while a script of :class:`Fault` values
 makes chosen requests fail with 429s, 5xx, hangs, refused connections, slow first
-tokens, or streams that stall or are cut mid-body.
+tokens, streams that stall or are cut mid-body, a content filter
+(:meth:`Fault.content_filtered`) or a refused assistant prefill
+(:meth:`Fault.prefill_rejected`). A request that ends with an assistant message is
+answered with the rest of the reply after it, as a provider that takes a prefill does.
 
 >>> from llm_resilience.testing import Fault, FaultInjectingServer
 >>> with FaultInjectingServer(reply="Paris.") as server:

@@ -19,6 +19,9 @@ FaultKind = Literal[
     "stall_mid_stream",
     "malformed_chunk",
     "missing_done",
+    "prefill_rejected",
+    "content_filtered",
+    "error_event",
 ]
 Provider = Literal["openai", "anthropic"]
 
@@ -209,6 +212,66 @@ class Fault:
         return cls("missing_done")
 
     @classmethod
+    def prefill_rejected(cls) -> Fault:
+        """Refuse an assistant prefill as a model without prefill support does.
+
+        A request whose last message is the assistant's gets a 400 with the provider's
+        error body and the message "This model does not support assistant message
+        prefill. The conversation must end with a user message."; any other request is
+        answered normally. As ``default_fault`` it makes the server a model that never
+        takes a prefill.
+
+        >>> Fault.prefill_rejected()
+        Fault(kind='prefill_rejected')
+        """
+        return cls("prefill_rejected")
+
+    @classmethod
+    def content_filtered(cls, after_chunks: int = 1, *, prompt: bool = False) -> Fault:
+        """The provider's content filter stops the answer.
+
+        By default the answer stops after ``after_chunks`` content chunks with OpenAI's
+        ``finish_reason: "content_filter"`` (Anthropic: ``stop_reason: "refusal"``), in
+        a stream and in a call alike: a 200 whose answer is cut short. With
+        ``prompt=True`` the prompt itself is refused: a 400 whose error ``code`` is
+        ``"content_filter"`` (the body Azure OpenAI sends; Anthropic's route says the
+        same in an ``invalid_request_error``).
+
+        >>> Fault.content_filtered(after_chunks=2)
+        Fault(kind='content_filtered', after_chunks=2)
+        >>> Fault.content_filtered(prompt=True).status_code
+        400
+        """
+        if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
+            raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
+        if not isinstance(prompt, bool):
+            raise TypeError(f"prompt must be True or False; got {prompt!r}")
+        if prompt:
+            return cls("content_filtered", status_code=400)
+        return cls("content_filtered", after_chunks=after_chunks)
+
+    @classmethod
+    def error_event(cls, code: int = 529, after_chunks: int = 1) -> Fault:
+        """Stream ``after_chunks`` content chunks, then the provider's own SSE error event
+        for status ``code``, and end the stream there.
+
+        What a provider does when it fails after the stream started: the response already
+        said 200, so the failure travels in the body. Anthropic sends ``event: error``
+        with its error body (``overloaded_error`` for 529, ``api_error`` for 500,
+        ``rate_limit_error`` for 429); OpenAI a ``data:`` event whose object holds
+        ``error`` (``type`` ``"server_error"`` for a 5xx). A non-streaming request gets
+        the plain ``code`` answer, as :meth:`status` sends it.
+
+        >>> Fault.error_event(529, after_chunks=2)
+        Fault(kind='error_event', status_code=529, after_chunks=2)
+        """
+        if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
+            raise ValueError(f"code must be an HTTP error status between 400 and 599; got {code!r}")
+        if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
+            raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
+        return cls("error_event", status_code=code, after_chunks=after_chunks)
+
+    @classmethod
     def refuse(cls) -> Fault:
         """Close the connection at once, without a response."""
         return cls("refuse")
@@ -242,3 +305,5 @@ class ServedRequest:
     tool_call: bool
     #: ``time.monotonic()`` when the request was read.
     at: float
+    #: Whether the request ended with an assistant message (a prefill to continue).
+    prefilled: bool = False

@@ -33,7 +33,12 @@ from llm_resilience.testing._wire import (
     _number,
     _tool_to_call,
     _ToolCall,
+    content_filter_body,
+    error_event,
     malformed_event,
+    prefill_of,
+    prefill_problem,
+    prefill_rejection_body,
 )
 
 __all__ = ["Fault", "FaultInjectingServer", "FaultKind", "Provider", "ServedRequest"]
@@ -71,6 +76,14 @@ class FaultInjectingServer:
     of ``reply``, JSON content that satisfies the schema: the required properties of each
     object, one item per array (or ``minItems``), the first ``enum`` or ``anyOf`` choice,
     numbers inside their bounds, ``"test"`` for strings.
+
+    Assistant prefill: a request whose last message is the assistant's is answered
+    with the rest of ``reply`` after that text (as Anthropic, and the OpenAI-compatible
+    servers that continue a final assistant message, do), so the prefill and the answer
+    joined are ``reply``; a prefill that is not the start of ``reply`` gets all of it.
+    On the Anthropic route a prefill ending in whitespace gets Anthropic's 400 ("final
+    assistant content cannot end with trailing whitespace").
+    :meth:`Fault.prefill_rejected` plays a model that takes no prefill at all.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
@@ -310,6 +323,7 @@ class _Handler(BaseHTTPRequestHandler):
             fault=Fault.ok(),
             tool_call=tool is not None,
             at=time.monotonic(),
+            prefilled=prefill_of(payload) is not None,
         )
         fault = owner._next_fault(record)
         logger.debug("%s: %s %s -> %s", owner.name, provider, path, fault.kind)
@@ -329,8 +343,19 @@ class _Handler(BaseHTTPRequestHandler):
         fault: Fault,
     ) -> None:
         stopping = self.server.owner._stopping
-        if fault.kind == "status":
+        if fault.kind == "status" or (fault.kind == "error_event" and not record.stream):
             self._send_status_fault(provider, fault)
+            return
+        prefill = prefill_of(payload)
+        if fault.kind == "prefill_rejected" and prefill is not None:
+            self._send_json(400, prefill_rejection_body(provider), provider=provider)
+            return
+        problem = prefill_problem(provider, prefill)
+        if problem is not None:
+            self._send_json(400, problem, provider=provider)
+            return
+        if fault.kind == "content_filtered" and fault.status_code is not None:
+            self._send_json(fault.status_code, content_filter_body(provider), provider=provider)
             return
         if fault.kind == "refuse" or (fault.kind == "drop_mid_stream" and not record.stream):
             self._drop()
@@ -342,7 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Stopped
             self._drop()
             return
-        answer = _Answer(provider, payload, self.server.owner.reply, tool)
+        filtered = fault.after_chunks if fault.kind == "content_filtered" else None
+        answer = _Answer(provider, payload, self.server.owner.reply, tool, filtered_after=filtered)
         delay = fault.delay_per_chunk or 0.0
         first_token_delay = (fault.seconds or 0.0) if fault.kind == "slow_first_token" else 0.0
         if not record.stream:
@@ -352,7 +378,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Stopped
             self._send_json(200, answer.body(), provider=provider)
             return
-        cut = fault.kind in ("drop_mid_stream", "stall_mid_stream")
+        cut = fault.kind in ("drop_mid_stream", "stall_mid_stream", "error_event")
         limit = fault.after_chunks if cut else None
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -374,6 +400,12 @@ class _Handler(BaseHTTPRequestHandler):
                 # A stall is a drop after a silence with the connection still open.
                 if fault.kind == "stall_mid_stream" and stopping.wait(fault.seconds):
                     raise _Stopped
+                if fault.kind == "error_event":
+                    # The provider's error event ends a well-formed body: no cut socket.
+                    self._write_chunk(error_event(provider, cast(int, fault.status_code)))
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    return
                 self._drop()
                 return
             if phase == "content":

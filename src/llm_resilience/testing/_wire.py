@@ -64,6 +64,71 @@ def _error_body(provider: Provider, code: int) -> dict[str, Any]:
     }
 
 
+PREFILL_REJECTION = (
+    "This model does not support assistant message prefill. "
+    "The conversation must end with a user message."
+)
+_TRAILING_WHITESPACE = "messages: final assistant content cannot end with trailing whitespace"
+_CONTENT_FILTER = (
+    "The response was filtered due to the prompt triggering Azure OpenAI's content "
+    "management policy. Please modify your prompt and retry."
+)
+
+
+def _invalid_request(provider: Provider, message: str, code: str | None = None) -> dict[str, Any]:
+    """A 400 body in ``provider``'s shape carrying ``message`` (and OpenAI's ``code``)."""
+    if provider == "openai":
+        error = {"message": message, "type": "invalid_request_error", "param": "messages"}
+        return {"error": {**error, "code": code}}
+    return {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": message},
+        "request_id": f"req_{uuid.uuid4().hex}",
+    }
+
+
+def prefill_rejection_body(provider: Provider) -> dict[str, Any]:
+    return _invalid_request(provider, PREFILL_REJECTION)
+
+
+def content_filter_body(provider: Provider) -> dict[str, Any]:
+    if provider == "openai":
+        body = _invalid_request(provider, _CONTENT_FILTER, "content_filter")
+        body["error"]["param"] = "prompt"
+        body["error"]["status"] = 400
+        # Azure names the policy and which of its filters fired.
+        body["error"]["innererror"] = {
+            "code": "ResponsibleAIPolicyViolation",
+            "content_filter_result": {
+                "hate": {"filtered": False, "severity": "safe"},
+                "jailbreak": {"filtered": True, "detected": True},
+                "self_harm": {"filtered": False, "severity": "safe"},
+                "sexual": {"filtered": False, "severity": "safe"},
+                "violence": {"filtered": False, "severity": "safe"},
+            },
+        }
+        return body
+    return _invalid_request(provider, _CONTENT_FILTER)
+
+
+def prefill_of(payload: Mapping[str, Any]) -> str | None:
+    """The text of a final assistant message (a prefill to continue), or None."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return None
+    return "".join(_texts(last.get("content")))
+
+
+def prefill_problem(provider: Provider, prefill: str | None) -> dict[str, Any] | None:
+    """The 400 body Anthropic sends for a prefill it will not take as sent, or None."""
+    if provider == "anthropic" and prefill and prefill != prefill.rstrip():
+        return _invalid_request(provider, _TRAILING_WHITESPACE)
+    return None
+
+
 def _texts(content: object) -> Iterator[str]:
     """The text parts of a message's content (a string or a list of typed blocks)."""
     if isinstance(content, str):
@@ -292,15 +357,36 @@ class _Answer:
     """The normal answer to one request, as one JSON body or as SSE events."""
 
     def __init__(
-        self, provider: Provider, payload: Mapping[str, Any], reply: str, tool: _ToolCall | None
+        self,
+        provider: Provider,
+        payload: Mapping[str, Any],
+        reply: str,
+        tool: _ToolCall | None,
+        *,
+        filtered_after: int | None = None,
     ) -> None:
         self.provider = provider
         self.payload = payload
         self.tool = tool
         self.model = str(payload.get("model") or "fault-server-model")
         structured = _structured_content(provider, payload) if tool is None else None
-        self.text = reply if structured is None else structured
-        self.pieces = _word_chunks(json.dumps(tool.arguments) if tool is not None else self.text)
+        text = reply if structured is None else structured
+        prefill = prefill_of(payload) if tool is None else None
+        if prefill and text.startswith(prefill):
+            # A prefilled answer continues from the prefill: only the rest is sent.
+            text = text[len(prefill) :]
+        self.pieces = _word_chunks(json.dumps(tool.arguments) if tool is not None else text)
+        if filtered_after is not None:
+            self.pieces = self.pieces[:filtered_after]
+            text = "".join(self.pieces)
+        self.text = text
+        self.filtered = filtered_after is not None
+        if provider == "openai":
+            finish = "tool_calls" if tool is not None else "stop"
+            self.finish = "content_filter" if self.filtered else finish
+        else:
+            finish = "tool_use" if tool is not None else "end_turn"
+            self.finish = "refusal" if self.filtered else finish
         self.input_tokens = _prompt_words(provider, payload)
         self.output_tokens = max(1, len(self.pieces))
         self.created = int(time.time())
@@ -371,7 +457,7 @@ class _Answer:
                     "index": 0,
                     "message": message,
                     "logprobs": None,
-                    "finish_reason": "tool_calls" if self.tool is not None else "stop",
+                    "finish_reason": self.finish,
                 }
             ],
             "usage": self._openai_usage(),
@@ -403,12 +489,12 @@ class _Answer:
             for piece in self.pieces:
                 delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
                 yield chunk(delta), "content"
-            yield chunk({}, "tool_calls"), "tail"
+            yield chunk({}, self.finish), "tail"
         else:
             yield chunk({"role": "assistant", "content": "", "refusal": None}), "head"
             for piece in self.pieces:
                 yield chunk({"content": piece}), "content"
-            yield chunk({}, "stop"), "tail"
+            yield chunk({}, self.finish), "tail"
         if with_usage:
             final = {
                 **self._openai_envelope("chat.completion.chunk"),
@@ -446,7 +532,7 @@ class _Answer:
             "role": "assistant",
             "model": self.model,
             "content": [self._anthropic_block(streaming=False)] if done else [],
-            "stop_reason": (("tool_use" if self.tool else "end_turn") if done else None),
+            "stop_reason": self.finish if done else None,
             "stop_sequence": None,
             "usage": self._anthropic_usage(self.output_tokens if done else 1),
         }
@@ -470,7 +556,7 @@ class _Answer:
                 delta = {"type": "text_delta", "text": piece}
             yield event({"type": "content_block_delta", "index": 0, "delta": delta}), "content"
         yield event({"type": "content_block_stop", "index": 0}), "tail"
-        stop_reason = "tool_use" if self.tool is not None else "end_turn"
+        stop_reason = self.finish
         yield (
             event(
                 {
@@ -502,3 +588,16 @@ def malformed_event(provider: Provider) -> bytes:
     if provider == "openai":
         return b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "cho\n\n'
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
+
+
+def error_event(provider: Provider, code: int) -> bytes:
+    """The SSE event a provider sends when it fails after its stream started.
+
+    Anthropic: ``event: error`` carrying its error body (``overloaded_error`` for 529).
+    OpenAI: a ``data:`` event whose object holds ``error`` in the API's error shape.
+    """
+    body = _error_body(provider, code)
+    if provider == "openai":
+        return _sse({"error": body["error"]})
+    body.pop("request_id", None)
+    return b"event: error\n" + _sse(body)

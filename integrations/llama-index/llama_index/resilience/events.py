@@ -29,7 +29,8 @@ __all__ = ["FallbackStreamRestartEvent"]
 
 
 class FallbackStreamRestartEvent(BaseEvent):
-    """A stream restarted on the next LLM; discard the chunks received so far.
+    """A stream failed mid-way and goes on: discard the chunks received so far, unless
+    ``continued`` (``mid_stream="continue"``: the next LLM carries on from their text).
 
     Emitted through the ``llama_index.resilience.fallback`` dispatcher (it propagates to
     the root dispatcher) in the thread or task that consumes the stream, inside the
@@ -45,6 +46,9 @@ class FallbackStreamRestartEvent(BaseEvent):
     #: Class name of the failure (``PerClientTimeoutError``-style timeouts show as
     #: ``TimeoutError``); never its message, which may quote provider output.
     error_type: str
+    #: True when the next LLM continues from the text delivered (keep the chunks); False
+    #: when it streams the response again from the beginning (discard them).
+    continued: bool = False
 
     @classmethod
     def class_name(cls) -> str:

@@ -59,6 +59,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
+    TextBlock,
 )
 from llama_index.core.bridge.pydantic import (
     BaseModel,
@@ -74,19 +75,22 @@ from llama_index.core.llms.llm import LLM, ToolSelection
 from llama_index.resilience._delegate import undecorated_call
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
+from llm_resilience.budget import served_model
 from llm_resilience.fallback import (
     Cooldown,
     FallbackChain,
+    LoserUsage,
     MemberHealth,
     MemberProfile,
     RequestNeeds,
     StreamRestart,
     resolve_member_profiles,
-    warn_if_self_retrying,
 )
+from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.usage import StreamUsage, Usage, reported_usage
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -137,15 +141,26 @@ class FallbackLLM(FunctionCallingLLM):
     With ``mid_stream="raise"`` (default ``"restart"``) such a stream raises
     :class:`~llm_resilience.errors.StreamInterruptedError` instead (its
     ``delivered_text`` is the text streamed so far); a failure before any content
-    still falls through quietly.
+    still falls through quietly. With ``mid_stream="continue"`` a ``stream_chat`` goes
+    on from the text delivered on the next LLM declared to take an assistant prefill
+    (``member_profiles=[..., MemberProfile(assistant_prefill=True)]``; LlamaIndex's
+    ``Anthropic`` is known to), sent as a last assistant ``ChatMessage``: the deltas
+    join into one answer and the event says ``continued=True``. Other LLMs, and
+    ``stream_complete``, restart with the event.
     ``cooldown`` (a :class:`llm_resilience.Cooldown`) skips an LLM that keeps failing;
     ``classifier`` replaces the transient rule. Options are fixed at construction.
+    Attributes the chain does not have are read from the first LLM (``llm.model``,
+    ``llm.temperature``); writes stay on the chain.
 
     Members that retry by themselves (LlamaIndex's ``OpenAI`` defaults to
     ``max_retries=3``) are warned about once: their retries delay every failover.
     ``member_retry=RetryPolicy(...)`` (default None: each LLM once) retries an LLM that
     answered 429 (``Retry-After`` within the policy's ``max_delay``) or a 5xx before moving
     on, a stream only before its first chunk; see ``docs/fallback.md``.
+    ``hedge_after`` (seconds or ``timedelta``; default None: off) hedges a slow first
+    token: an LLM that has produced no content within it is joined by the next LLM on the
+    same request, the first to produce content wins and the other is cancelled (up to 2x
+    requests; a sync ``chat``'s loser runs to its end on its worker thread).
 
     A prompt too long for a member (OpenAI's ``context_length_exceeded``, Anthropic's
     "prompt is too long") goes to the next LLM whose ``metadata.context_window`` is
@@ -198,12 +213,21 @@ class FallbackLLM(FunctionCallingLLM):
         exclude=True,
         description="Per LLM, a MemberProfile (or None) overriding what its metadata says.",
     )
+    hedge_after: float | None = Field(
+        default=None,
+        frozen=True,
+        description=(
+            "Seconds without a first token before the next LLM also gets the request; "
+            "the first to produce content wins (None: off)."
+        ),
+    )
     mid_stream: str = Field(
         default="restart",
         frozen=True,
         description=(
             'A stream that fails after content: "restart" on the next LLM (with the '
-            'event) or "raise" StreamInterruptedError.'
+            'event), "continue" from the delivered text on an LLM that takes an '
+            'assistant prefill, or "raise" StreamInterruptedError.'
         ),
     )
 
@@ -221,6 +245,7 @@ class FallbackLLM(FunctionCallingLLM):
         member_profiles: Sequence[MemberProfile | None] | None = None,
         member_retry: RetryPolicy | None = None,
         mid_stream: str = "restart",
+        hedge_after: float | timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         # The engine validates first, so its errors (naming the option and the allowed
@@ -237,6 +262,7 @@ class FallbackLLM(FunctionCallingLLM):
             clients_option="llms",
             member_profiles=_resolved_profiles(member_profiles, llms),
             member_retry=member_retry,
+            hedge_after=hedge_after,
         )
         for position, member in enumerate(chain.clients):
             if not isinstance(member, LLM):
@@ -254,11 +280,10 @@ class FallbackLLM(FunctionCallingLLM):
             member_profiles=member_profiles,
             member_retry=member_retry,
             mid_stream=chain.mid_stream,
+            hedge_after=chain.hedge_after,
             **kwargs,
         )
         self._chain = chain
-        for position, member in enumerate(chain.clients):
-            warn_if_self_retrying(member, position=position)
 
     @classmethod
     def class_name(cls) -> str:
@@ -288,6 +313,15 @@ class FallbackLLM(FunctionCallingLLM):
         (:func:`llm_resilience.layers.find_layer`).
         """
         return find_layer(self, cls)
+
+    def __getattr__(self, name: str) -> Any:
+        """Reads the chain cannot answer go to its first member (``llm.model``,
+        ``llm.temperature``, a custom attribute). Private and dunder names never do, and
+        writes stay on the chain."""
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]  # pydantic's privates
+        except AttributeError as missing:
+            return read_from_primary(self, name, self.__dict__.get("llms"), missing)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -321,7 +355,8 @@ class FallbackLLM(FunctionCallingLLM):
             )
             return _served(response, index)
 
-        return self._chain.invoke(attempt, needs=_needs(messages, tool_request, kwargs))
+        needs = _needs(messages, tool_request, kwargs)
+        return self._chain.invoke(attempt, needs=needs, hedge_usage=_loser_usage(self, messages))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -335,16 +370,22 @@ class FallbackLLM(FunctionCallingLLM):
             return _served(response, index)
 
         needs = _needs(messages, tool_request, kwargs)
-        return await self._chain.ainvoke(attempt, needs=needs)
+        return await self._chain.ainvoke(
+            attempt, needs=needs, hedge_usage=_loser_usage(self, messages)
+        )
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
 
-        def attempt(index: int, member: LLM) -> Iterator[ChatResponse]:
+        def attempt(index: int, member: LLM, prefill: str | None = None) -> Iterator[ChatResponse]:
             call = undecorated_call(member, "stream_chat", is_async=False)
             return _relay(
-                lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
+                lambda: call(
+                    **_chat_kwargs(member, index, messages, kwargs, tool_request, prefill)
+                ),
+                index,
+                prefill,
             )
 
         # The engine's stream is a generator (LlamaIndex's callback wraps generators
@@ -354,6 +395,9 @@ class FallbackLLM(FunctionCallingLLM):
             is_content=_carries_content,
             needs=_needs(messages, tool_request, kwargs),
             text_of=_text_of,
+            continue_attempt=attempt,
+            drop_text=_drop_text,
+            hedge_usage=_loser_usage(self, messages),
         )
         return cast(ChatResponseGen, stream)
 
@@ -363,10 +407,16 @@ class FallbackLLM(FunctionCallingLLM):
     ) -> ChatResponseAsyncGen:
         tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
 
-        def attempt(index: int, member: LLM) -> AsyncIterator[ChatResponse]:
+        def attempt(
+            index: int, member: LLM, prefill: str | None = None
+        ) -> AsyncIterator[ChatResponse]:
             call = undecorated_call(member, "astream_chat", is_async=True)
             return _arelay(
-                lambda: call(**_chat_kwargs(member, index, messages, kwargs, tool_request)), index
+                lambda: call(
+                    **_chat_kwargs(member, index, messages, kwargs, tool_request, prefill)
+                ),
+                index,
+                prefill,
             )
 
         stream = self._chain.astream(
@@ -374,6 +424,9 @@ class FallbackLLM(FunctionCallingLLM):
             is_content=_carries_content,
             needs=_needs(messages, tool_request, kwargs),
             text_of=_text_of,
+            continue_attempt=attempt,
+            drop_text=_drop_text,
+            hedge_usage=_loser_usage(self, messages),
         )
         return cast(ChatResponseAsyncGen, stream)
 
@@ -386,7 +439,7 @@ class FallbackLLM(FunctionCallingLLM):
             response: CompletionResponse = call(prompt, formatted=formatted, **kwargs)
             return _served(response, index)
 
-        return self._chain.invoke(attempt)
+        return self._chain.invoke(attempt, hedge_usage=_loser_usage(self, prompt))
 
     @llm_completion_callback()
     async def acomplete(
@@ -397,7 +450,7 @@ class FallbackLLM(FunctionCallingLLM):
             response: CompletionResponse = await call(prompt, formatted=formatted, **kwargs)
             return _served(response, index)
 
-        return await self._chain.ainvoke(attempt)
+        return await self._chain.ainvoke(attempt, hedge_usage=_loser_usage(self, prompt))
 
     @llm_completion_callback()
     def stream_complete(
@@ -407,7 +460,12 @@ class FallbackLLM(FunctionCallingLLM):
             call = undecorated_call(member, "stream_complete", is_async=False)
             return _relay(lambda: call(prompt, formatted=formatted, **kwargs), index)
 
-        stream = self._chain.stream(attempt, is_content=_carries_content, text_of=_text_of)
+        stream = self._chain.stream(
+            attempt,
+            is_content=_carries_content,
+            text_of=_text_of,
+            hedge_usage=_loser_usage(self, prompt),
+        )
         return cast(CompletionResponseGen, stream)
 
     @llm_completion_callback()
@@ -418,7 +476,12 @@ class FallbackLLM(FunctionCallingLLM):
             call = undecorated_call(member, "astream_complete", is_async=True)
             return _arelay(lambda: call(prompt, formatted=formatted, **kwargs), index)
 
-        stream = self._chain.astream(attempt, is_content=_carries_content, text_of=_text_of)
+        stream = self._chain.astream(
+            attempt,
+            is_content=_carries_content,
+            text_of=_text_of,
+            hedge_usage=_loser_usage(self, prompt),
+        )
         return cast(CompletionResponseAsyncGen, stream)
 
     # -- function calling -----------------------------------------------------------
@@ -586,15 +649,24 @@ def _known_profile(member: object) -> MemberProfile | None:
     """What a member's LlamaIndex metadata says, as the core's description of it."""
     if not isinstance(member, LLM):
         return None
+    prefill = True if _is_anthropic(member) else None
     try:
         metadata = member.metadata
     except Exception:
         # Some integrations raise for a model name they do not know.
-        return None
+        return MemberProfile(assistant_prefill=True) if prefill else None
     window = metadata.context_window
     known_window = window if isinstance(window, int) and 1 <= window <= 10**9 else None
     tools = isinstance(member, FunctionCallingLLM) and metadata.is_function_calling_model
-    return MemberProfile(context_window=known_window, tool_calling=tools)
+    return MemberProfile(context_window=known_window, tool_calling=tools, assistant_prefill=prefill)
+
+
+def _is_anthropic(member: LLM) -> bool:
+    # LlamaIndex's Anthropic LLM speaks the Messages API, which takes an assistant prefill.
+    return any(
+        klass.__name__ == "Anthropic" and klass.__module__.startswith("llama_index.llms.anthropic")
+        for klass in type(member).__mro__
+    )
 
 
 def _needs(
@@ -624,10 +696,17 @@ def _chat_kwargs(
     messages: Sequence[ChatMessage],
     kwargs: dict[str, Any],
     tool_request: _ToolRequest | None,
+    prefill: str | None = None,
 ) -> dict[str, Any]:
     if tool_request is None:
-        return {"messages": messages, **kwargs}
-    return {**tool_request.prepare(member, index), **kwargs}
+        prepared = {"messages": messages, **kwargs}
+    else:
+        prepared = {**tool_request.prepare(member, index), **kwargs}
+    if prefill is not None:
+        # mid_stream="continue": the text delivered, as the assistant's unfinished turn.
+        prefilled = ChatMessage(role=MessageRole.ASSISTANT, content=prefill)
+        prepared["messages"] = [*prepared["messages"], prefilled]
+    return prepared
 
 
 def _served(response: _ResponseT, index: int) -> _ResponseT:
@@ -641,12 +720,14 @@ def _served(response: _ResponseT, index: int) -> _ResponseT:
     )
 
 
-def _relay(open_stream: Callable[[], Iterable[_ResponseT]], index: int) -> Iterator[_ResponseT]:
+def _relay(
+    open_stream: Callable[[], Iterable[_ResponseT]], index: int, prefill: str | None = None
+) -> Iterator[_ResponseT]:
     # A generator, so the member's request starts when the engine pulls the first chunk.
     stream = open_stream()
     try:
         for chunk in stream:
-            yield _served(chunk, index)
+            yield _served(_after_prefill(chunk, prefill), index)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
@@ -656,12 +737,13 @@ def _relay(open_stream: Callable[[], Iterable[_ResponseT]], index: int) -> Itera
 async def _arelay(
     open_stream: Callable[[], Awaitable[AsyncIterable[_ResponseT]] | AsyncIterable[_ResponseT]],
     index: int,
+    prefill: str | None = None,
 ) -> AsyncIterator[_ResponseT]:
     opened = open_stream()
     stream = await opened if inspect.isawaitable(opened) else opened
     try:
         async for chunk in stream:
-            yield _served(chunk, index)
+            yield _served(_after_prefill(chunk, prefill), index)
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
@@ -689,10 +771,58 @@ def _text_of(chunk: ChatResponse | CompletionResponse) -> str:
     return chunk.delta or ""
 
 
+def _after_prefill(chunk: _ResponseT, prefill: str | None) -> _ResponseT:
+    """A continuing member's chunk whose accumulated message starts with the prefill.
+
+    LlamaIndex chunks carry the message so far; a continuation's own starts after the
+    prefill, so the prefill is put in front: the last chunk's message is the answer.
+    """
+    message = getattr(chunk, "message", None)
+    if prefill is None or not isinstance(message, ChatMessage):
+        return chunk
+    blocks = list(message.blocks)
+    if blocks and isinstance(blocks[0], TextBlock):
+        blocks[0] = TextBlock(text=prefill + blocks[0].text)
+    else:
+        blocks.insert(0, TextBlock(text=prefill))
+    return chunk.model_copy(update={"message": message.model_copy(update={"blocks": blocks})})
+
+
+def _drop_text(chunk: ChatResponse, count: int) -> ChatResponse:
+    """``chunk`` without the first ``count`` characters of its delta (whitespace the
+    consumer already holds); its accumulated message is left whole."""
+    return chunk.model_copy(update={"delta": (chunk.delta or "")[count:]})
+
+
 def _smallest_known(values: Iterable[int]) -> int:
     numbers = list(values)
     known = [n for n in numbers if n > 0]
     return min(known) if known else min(numbers)
+
+
+def _loser_usage(llm: FallbackLLM, request: Sequence[ChatMessage] | str) -> LoserUsage:
+    """Reads a hedged attempt that lost: the usage its provider reported, if any."""
+    # ``_usage`` reads this module's SERVED_BY_KEY, so it is imported when first needed.
+    from llama_index.resilience._usage import prompt_pairs, raw_model, reported_tokens
+
+    prompt = prompt_pairs(request)
+
+    def read(index: int, outcome: Any) -> tuple[Usage, str | None] | None:
+        if isinstance(outcome, list):  # a stream's chunks before it lost
+            tally = StreamUsage()
+            model = None
+            for chunk in outcome:
+                tally.add(*reported_tokens(chunk))
+                model = model or raw_model(chunk)
+            counts = (tally.input_tokens, tally.output_tokens)
+        else:
+            counts, model = reported_tokens(outcome), raw_model(outcome)
+        usage = reported_usage(*counts, prompt=prompt)
+        if usage is None:
+            return None
+        return usage, served_model(model, llm.llms[index].metadata.model_name)
+
+    return read
 
 
 def _announce_restart(restart: StreamRestart) -> None:
@@ -702,5 +832,6 @@ def _announce_restart(restart: StreamRestart) -> None:
             next_client=restart.next_client,
             chunks=restart.chunks,
             error_type=type(restart.error).__name__,
+            continued=restart.continued,
         )
     )

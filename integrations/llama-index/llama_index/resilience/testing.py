@@ -40,6 +40,8 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
+from llm_resilience.testing._errors import fresh_error
+
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
@@ -60,10 +62,12 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
     'Hello'
 
     Every request first counts in :attr:`calls`. Then, for a plain call, it hangs
-    ``hang_seconds`` (if set) and raises ``error`` (if set) before answering. A stream
-    yields ``fail_after_chunks`` word chunks (default 0: hang and fail before the first
-    chunk), then hangs and/or fails. Streams end with an empty-delta chunk carrying the
-    usage, as OpenAI's do with ``include_usage``. Hangs wait on an event, so
+    ``hang_seconds`` (if set) and raises a fresh copy of ``error`` (if set) before
+    answering (its own traceback each time, so failing calls keep nothing alive;
+    :attr:`last_error` is the latest copy). A stream yields ``fail_after_chunks`` word
+    chunks (default 0: hang and fail before the first chunk), then hangs and/or fails.
+    Streams end with an empty-delta chunk carrying the usage, as OpenAI's do with
+    ``include_usage``. Hangs wait on an event, so
     :meth:`release` ends every hang at once (call it when a test is done with a hung
     fake so abandoned worker threads finish).
 
@@ -84,7 +88,7 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
         default=None, description="The tool call to make when that tool is offered."
     )
     error: BaseException | None = Field(
-        default=None, exclude=True, description="Raised by every request, if set."
+        default=None, exclude=True, description="Copied and raised by every request, if set."
     )
     fail_after_chunks: int = Field(
         default=0, ge=0, description="Chunks a stream yields before it hangs or fails."
@@ -106,6 +110,7 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
     _tool_call_parses: int = PrivateAttr(default=0)
     _released: threading.Event = PrivateAttr(default_factory=threading.Event)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _last_error: BaseException | None = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -115,6 +120,11 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
     def calls(self) -> int:
         """Requests received so far (every chat and completion method counts)."""
         return self._calls
+
+    @property
+    def last_error(self) -> BaseException | None:
+        """The copy of ``error`` the latest failing request raised (None before one)."""
+        return self._last_error
 
     @property
     def tool_call_parses(self) -> int:
@@ -237,11 +247,18 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
         with self._lock:
             self._calls += 1
 
+    def _failure(self, error: BaseException) -> BaseException:
+        # Never ``error`` itself: each raise would prepend its frames to that one
+        # object's traceback, keeping every failed request's frames alive.
+        copied = fresh_error(error)
+        self._last_error = copied
+        return copied
+
     def _disrupt(self) -> None:
         if self.hang_seconds is not None:
             self._released.wait(self.hang_seconds)
         if self.error is not None:
-            raise self.error
+            raise self._failure(self.error)
 
     async def _adisrupt(self) -> None:
         if self.hang_seconds is not None:
@@ -251,7 +268,7 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
             while not self._released.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
         if self.error is not None:
-            raise self.error
+            raise self._failure(self.error)
 
     def _faulty(self, chunks: list[_ChunkT]) -> Generator[_ChunkT, None, None]:
         # Past the last chunk, the fault comes at the end of the stream.

@@ -28,6 +28,7 @@ median of per-round ratios, with the interquartile range. ``gc`` stays enabled.
     python benchmarks/bench_stack.py            # ~6 s on 2 cores
     python benchmarks/bench_stack.py --quick    # ~2 s, for a smoke run
     python benchmarks/bench_stack.py --profile  # cProfile of ours (memory ledger) instead
+    python benchmarks/bench_stack.py --floor    # the SQLite work per call alone
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import logging
 import os
 import platform
@@ -333,15 +335,78 @@ def profile(shape: str, calls: int) -> str:
     return "".join(lines)
 
 
+def floor(settings: Settings) -> str:
+    """The SQLite work per call alone, no model and no LangChain: the anchor's callback
+    (one ``INSERT``, autocommit) against our least per call (the gate's read, then the
+    entry and its totals in one transaction) as raw ``sqlite3`` statements on our schema,
+    and as our ledger runs it (``spend`` + ``record``, each a bounded operation)."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from llm_resilience.ledger import LedgerEntry
+    from llm_resilience.ledger._schema import (
+        driver_run,
+        prepare_sqlite,
+        sqlite_insert,
+        sqlite_spend,
+    )
+
+    with tempfile.TemporaryDirectory() as folder:
+        anchor = SqliteUsageHandler(Path(folder) / "anchor.db")
+        ledger = SqlCostLedger(f"sqlite:///{Path(folder) / 'ours.db'}")
+        raw = sqlite3.connect(Path(folder) / "ours.db", isolation_level=None)
+        raw.execute("PRAGMA synchronous = NORMAL")
+        prepare_sqlite(raw)
+        run = functools.partial(driver_run, raw)
+
+        def entry() -> LedgerEntry:
+            return LedgerEntry(datetime.now(UTC), "chat", 12, 5, Decimal("0.000111"))
+
+        def insert_row() -> None:
+            with anchor.lock:
+                anchor.connection.execute(
+                    "INSERT INTO usage VALUES (?, ?, ?, ?)", (time.time(), "gpt-4o-mini", 12, 5)
+                )
+
+        def raw_minimum() -> None:
+            sqlite_spend(run, "day", None, datetime.now(UTC))
+            run("BEGIN IMMEDIATE", ())
+            sqlite_insert(run, entry())
+            run("COMMIT", ())
+
+        def ours() -> None:
+            ledger.spend("day")
+            ledger.record(entry())
+
+        calls = {"anchor INSERT": insert_row, "raw read + write": raw_minimum, "ledger": ours}
+        samples = run_sync(calls, settings)
+        raw.close()
+        ledger.close()
+    lines = [
+        "### SQLite work per call, no model (µs)",
+        "",
+        "| anchor: one `INSERT` (autocommit) | ours, raw `sqlite3`: read + `BEGIN IMMEDIATE`, "
+        "`INSERT`, totals upsert, `COMMIT` | ours: `spend()` + `record()` |",
+        "| ---: | ---: | ---: |",
+        "| " + " | ".join(f"{_us(samples[name]):.0f}" for name in calls) + " |",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--profile", action="store_true", help="cProfile of ours instead")
     parser.add_argument("--no-stream", action="store_true", help="invoke / ainvoke only")
+    parser.add_argument("--floor", action="store_true", help="SQLite work per call alone")
     args = parser.parse_args(argv)
     configure_logging()
     if args.profile:
         print(profile("invoke", 2_000))
+        return 0
+    if args.floor:
+        print(f"Machine: {machine()}\n")
+        print(floor(Settings(rounds=100, warmup=5, batch_ns=5_000_000, budget_s=8.0)))
         return 0
     settings = (
         Settings(rounds=10, warmup=2, batch_ns=3_000_000, budget_s=1.5, min_rounds=6, probe=20)

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeAlias
 from llm_resilience import _checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
-from llm_resilience.ledger._protocol import checked_entry
+from llm_resilience.ledger._protocol import batch_reader, checked_entry
 from llm_resilience.money import ModelPrice, Money, cost_of, money, optional_money
 from llm_resilience.redact import scrubbed
 from llm_resilience.telemetry import record_llm_usage
@@ -41,6 +41,7 @@ from llm_resilience.usage import Usage
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_TOKENS",
+    "HEDGE_KIND",
     "BudgetGate",
     "BudgetTicket",
     "CostBudget",
@@ -56,6 +57,10 @@ logger = logging.getLogger(__name__)
 #: neither the call nor the model caps its output (no ``max_output_tokens``, no
 #: :attr:`ServingModel.max_output_tokens`).
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
+
+#: The ``kind`` of a ledger entry recording a hedged attempt that lost
+#: (:meth:`BudgetTicket.record_hedge`): spend, but not the call's answer.
+HEDGE_KIND = "hedge"
 
 Surface = Literal["chat", "embedding"]
 #: One limit the gate applies: the window, whose spend it reads (None: the global total),
@@ -212,7 +217,7 @@ class CostBudget:
         >>> budget.price_for("gpt-4o-2024-08-06").output_per_mtok
         Decimal('8')
         """
-        if model is not None:
+        if model is not None and self.prices:
             exact = self.prices.get(model)
             if exact is not None:
                 return exact
@@ -262,9 +267,11 @@ class BudgetGate:
 
     Default mode: for each configured window, day first then month, the gate reads the
     window's spend (an unconfigured window is not read) and raises
-    :class:`~llm_resilience.errors.BudgetExceededError` once ``spend >= limit``. It is a
-    pre-call check, so calls admitted concurrently can overshoot a limit by up to the cost
-    of every call in flight.
+    :class:`~llm_resilience.errors.BudgetExceededError` once ``spend >= limit``. Every
+    window the budget needs (day and month, the scope's and the global) is read at once:
+    one round trip on our ledgers (``spends``), one ``spend`` per window on a ledger
+    without ``spends`` (stopping at the first refusal). It is a pre-call check, so calls
+    admitted concurrently can overshoot a limit by up to the cost of every call in flight.
 
     Strict mode (``CostBudget(strict=True)``): the gate reserves the call's worst-case cost
     (:meth:`worst_case_cost`: ``estimated_input_tokens`` plus each model's output cap,
@@ -286,7 +293,7 @@ class BudgetGate:
     ``now`` returns the current timezone-aware time (UTC by default); inject it in tests.
     """
 
-    __slots__ = ("_now", "budget", "ledger")
+    __slots__ = ("_now", "_unscoped", "budget", "ledger")
 
     def __init__(
         self,
@@ -302,6 +309,8 @@ class BudgetGate:
         #: Where spend is recorded and read back.
         self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else _ledger(ledger)
         self._now = now
+        #: The unscoped limits, computed once per budget (the budget is immutable).
+        self._unscoped: tuple[CostBudget, list[_Limit]] | None = None
         if ledger is None:  # a ledger given by name, in memory or not, was a choice
             logger.warning(_IN_MEMORY_WARNING)
 
@@ -403,6 +412,16 @@ class BudgetGate:
             except Exception as exc:
                 self._ungated(exc, surface, limits)
         else:
+            read_all = batch_reader(self.ledger, "spends") if len(limits) > 1 else None
+            if read_all is not None:
+                try:
+                    windows = [(window, spend_scope) for window, spend_scope, _ in limits]
+                    spends = read_all(windows, now=now)
+                except Exception as exc:
+                    self._ungated(exc, surface, limits)
+                else:
+                    _check_spends(limits, spends)
+                return BudgetTicket(self, surface, scope, model, reservation)
             for window, spend_scope, limit in limits:
                 try:
                     spend = self.ledger.spend(window, scope=spend_scope, now=now)
@@ -445,6 +464,16 @@ class BudgetGate:
             except Exception as exc:
                 self._ungated(exc, surface, limits)
         else:
+            read_all = batch_reader(self.ledger, "aspends") if len(limits) > 1 else None
+            if read_all is not None:
+                try:
+                    windows = [(window, spend_scope) for window, spend_scope, _ in limits]
+                    spends = await read_all(windows, now=now)
+                except Exception as exc:
+                    self._ungated(exc, surface, limits)
+                else:
+                    _check_spends(limits, spends)
+                return BudgetTicket(self, surface, scope, model, reservation)
             for window, spend_scope, limit in limits:
                 try:
                     spend = await self.ledger.aspend(window, scope=spend_scope, now=now)
@@ -511,10 +540,22 @@ class BudgetGate:
                 model=model,
                 may_serve=may_serve,
             )
-        return self.now(), self.budget.limits_for(scope), amount
+        return self.now(), self._limits_for(scope), amount
+
+    def _limits_for(self, scope: str | None) -> list[_Limit]:
+        """The budget's limits for ``scope``; the unscoped ones are kept (read-only)."""
+        budget = self.budget
+        if scope is not None:
+            return budget.limits_for(scope)
+        cached = self._unscoped
+        if cached is None or cached[0] is not budget:
+            cached = self._unscoped = (budget, budget.limits_for(None))
+        return cached[1]
 
     def now(self) -> datetime:
         """The injected clock's time, in UTC (a naive time raises ``ValueError``)."""
+        if self._now is _utcnow:
+            return datetime.now(UTC)  # aware and in UTC already
         current = self._now()
         if current.tzinfo is None or current.utcoffset() is None:
             raise ValueError(f"now() must return a timezone-aware datetime, got {current!r}")
@@ -628,6 +669,54 @@ class BudgetTicket:
             await _shielded(
                 ledger.asettle(self.reservation, None), lambda exc: _unreleased(exc, ledger)
             )
+
+    def record_hedge(self, usage: Usage, *, model: str | None = None) -> LedgerEntry:
+        """Record a hedged attempt that lost: its own entry, of kind ``"hedge"``.
+
+        A fallback chain's ``hedge_after`` may send the call to two members at once;
+        the one that did not win is cancelled, but its provider may already have billed
+        (and reported) tokens. They are spend too, so they are recorded beside the
+        call's own entry, with ``kind="hedge"`` (``surface`` stays the call's), priced
+        at ``model``'s price (default: the gate's). Neither ends the ticket nor touches
+        a strict-mode hold; may be called after ``finish``. A ledger that cannot be
+        written logs a WARNING and raises nothing.
+        """
+        entry = self._hedge_entry(usage, model)
+        ledger = self._gate.ledger
+        try:
+            ledger.record(entry)
+        except Exception as exc:
+            _unwritable(exc, self.surface, ledger)
+        return entry
+
+    async def arecord_hedge(self, usage: Usage, *, model: str | None = None) -> LedgerEntry:
+        """Async :meth:`record_hedge` (the write finishes even if the caller is cancelled)."""
+        entry = self._hedge_entry(usage, model)
+        ledger = self._gate.ledger
+        surface = self.surface
+        await _shielded(ledger.arecord(entry), lambda exc: _unwritable(exc, surface, ledger))
+        return entry
+
+    def _hedge_entry(self, usage: Usage, model: str | None) -> LedgerEntry:
+        served = model if model is not None else self.model
+        cost = cost_of(usage, self._gate.budget.price_for(served), surface=self.surface)
+        record_llm_usage(
+            surface=self.surface,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=cost,
+        )
+        return LedgerEntry(
+            timestamp=self._gate.now(),
+            kind=HEDGE_KIND,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=cost,
+            model=served,
+            estimated=usage.estimated,
+            surface=self.surface,
+            scope=self.scope,
+        )
 
     def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
         if self._done:
@@ -749,6 +838,13 @@ def dearest_model(
 def _first_count(*counts: int | None) -> int:
     """The first count that is not None (the last one always is a count)."""
     return next(count for count in counts if count is not None)
+
+
+def _check_spends(limits: list[_Limit], spends: Sequence[Decimal]) -> None:
+    """Refuse at the first limit, day first, whose spend has reached it."""
+    for (window, spend_scope, limit), spend in zip(limits, spends, strict=True):
+        if spend >= limit:
+            raise BudgetExceededError(window, limit, spend, spend_scope)
 
 
 def _mapping(limits: list[_Limit]) -> dict[tuple[Window, str | None], Decimal]:

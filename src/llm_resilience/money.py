@@ -157,10 +157,11 @@ def cost_of(
         rate = (
             price.input_per_mtok if price.embedding_per_mtok is None else price.embedding_per_mtok
         )
-        total = EXACT.multiply(Decimal(usage.input_tokens), rate)
+        total = EXACT.multiply(usage.input_tokens, rate)
     else:
+        # The context converts the integer counts exactly (no ``Decimal`` built for them).
         total = EXACT.add(
-            EXACT.multiply(Decimal(usage.input_tokens), price.input_per_mtok),
-            EXACT.multiply(Decimal(usage.output_tokens), price.output_per_mtok),
+            EXACT.multiply(usage.input_tokens, price.input_per_mtok),
+            EXACT.multiply(usage.output_tokens, price.output_per_mtok),
         )
     return EXACT.divide(total, TOKENS_PER_MTOK)

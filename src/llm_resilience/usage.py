@@ -152,7 +152,13 @@ def reported_usage(
         return None
     if reported_input == 0 and len(prompt) > 0:
         return None
-    return Usage(reported_input, reported_output, estimated=False)
+    # Both counts were checked just above: built without ``Usage``'s checks again.
+    usage = object.__new__(Usage)
+    assign = object.__setattr__
+    assign(usage, "input_tokens", reported_input)
+    assign(usage, "output_tokens", reported_output)
+    assign(usage, "estimated", False)
+    return usage
 
 
 def _is_count(value: int | None) -> TypeGuard[int]:

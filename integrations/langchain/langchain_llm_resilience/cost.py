@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
 from pydantic import Field, PrivateAttr
 
-from langchain_llm_resilience._delegate import DelegatingChatModel, private_state
+from langchain_llm_resilience._delegate import (
+    DelegatingChatModel,
+    merged_usage_and_metadata,
+    private_state,
+    signature_precomputed,
+)
 from llm_resilience import _checks
 from llm_resilience.budget import (
     BudgetGate,
@@ -22,8 +28,21 @@ from llm_resilience.budget import (
     dearest_model,
     served_model,
 )
+from llm_resilience.fallback import (
+    ahedge_inbox_stream,
+    bind_hedge_ticket,
+    hedge_inbox,
+    hedge_inbox_stream,
+    hedges_below,
+)
 from llm_resilience.layers import find_layer, leaves
-from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
+from llm_resilience.usage import (
+    Usage,
+    chat_usage,
+    embedding_usage,
+    partial_stream_usage,
+    reported_usage,
+)
 
 __all__ = ["SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
 
@@ -96,6 +115,21 @@ def _prompt(messages: list[BaseMessage]) -> list[tuple[str, str]]:
     return [(message.type, message.text) for message in messages]
 
 
+#: A stand-in prompt of one message: whether a provider's counts are a report depends
+#: only on whether the prompt is empty (:func:`~llm_resilience.usage.reported_usage`).
+_SOME_PROMPT = (("", ""),)
+
+
+def _reported(messages: list[BaseMessage], usage: Any) -> Usage | None:
+    """The provider's usage (an ``usage_metadata`` or None) if it is a report, else None."""
+    counts = usage or {}
+    return reported_usage(
+        counts.get("input_tokens"),
+        counts.get("output_tokens"),
+        prompt=_SOME_PROMPT if messages else (),
+    )
+
+
 class CostTrackedChatModel(DelegatingChatModel):
     """A chat model that refuses calls once a spend limit is reached, and records spend.
 
@@ -119,6 +153,8 @@ class CostTrackedChatModel(DelegatingChatModel):
     reported so far, else the prompt and the delivered text estimated); one that failed
     with an error records nothing (a failover inside a ``FallbackChatModel`` below is not
     seen here). Streams ask OpenAI-compatible providers for their usage (``stream_usage``).
+    Under a hedged ``FallbackChatModel`` (``hedge_after``) the attempt that lost is
+    recorded too, as its own entry of kind ``"hedge"``, when its provider reported usage.
     In strict mode the hold covers every model below that may serve, each up to its own
     output cap (the call's ``max_tokens``, else the model's ``max_tokens`` or
     ``max_completion_tokens``, else its profile's ``max_output_tokens``).
@@ -137,6 +173,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     _stream_usage: bool = PrivateAttr(default=False)
     _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
     _inner_model: str | None = PrivateAttr(default=None)
+    _hedged: bool = PrivateAttr(default=False)
 
     def __init__(self, **data: Any) -> None:
         _checks.scope("scope", data.get("scope"))
@@ -146,8 +183,12 @@ class CostTrackedChatModel(DelegatingChatModel):
         super().__init__(**data)
         self._gate = gate
         self._stream_usage = _asks_stream_usage(self.inner)
-        # Read once: pydantic's attribute probing costs ~10 µs a call on a hot path.
-        self._inner_model = _model_name(self.inner)
+        # Read once: pydantic's attribute probing costs ~10 µs a call on a hot path. Only a
+        # lone provider names the call in advance: a chain forwards attribute reads to its
+        # primary, which may not be the member that answers.
+        providers = leaves(self.inner)
+        self._inner_model = _model_name(providers[0]) if len(providers) == 1 else None
+        self._hedged = hedges_below(self.inner)
         # Strict holds cover every model that may answer (any fallback leg) up to its cap.
         self._may_serve = tuple(
             ServingModel(_model_name(leaf), _output_cap(leaf)) for leaf in leaves(self.inner)
@@ -165,7 +206,7 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     def _stream_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         call_kwargs = super()._stream_kwargs(kwargs)
-        if self._stream_usage:
+        if private_state(self)["_stream_usage"]:
             call_kwargs.setdefault("stream_usage", True)
         return call_kwargs
 
@@ -176,27 +217,119 @@ class CostTrackedChatModel(DelegatingChatModel):
         state = private_state(self)
         return {
             "scope": scope,
-            "prompt": _prompt(messages),
+            # Only a strict hold counts the prompt's tokens: the gate reads nothing else.
+            "prompt": _prompt(messages) if state["_gate"].budget.strict else None,
             "max_output_tokens": max_tokens,
             "model": state["_inner_model"],
             "may_serve": state["_may_serve"],
         }
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:
-        return self.gate.begin("chat", **self._ticket_args(messages, kwargs))
+        ticket = self.gate.begin("chat", **self._ticket_args(messages, kwargs))
+        bind_hedge_ticket(ticket)
+        return ticket
 
     async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:
-        return await self.gate.abegin("chat", **self._ticket_args(messages, kwargs))
+        ticket = await self.gate.abegin("chat", **self._ticket_args(messages, kwargs))
+        bind_hedge_ticket(ticket)
+        return ticket
+
+    # A hedged fallback chain below reports the attempt that lost to the inbox each call
+    # opens here; its ticket records it as a "hedge" entry (see llm_resilience.fallback).
+    @signature_precomputed
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if not private_state(self)["_hedged"]:
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        with hedge_inbox():
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    @signature_precomputed
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if not private_state(self)["_hedged"]:
+            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        with hedge_inbox():
+            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        stream = super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+        return hedge_inbox_stream(stream) if private_state(self)["_hedged"] else stream
+
+    def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        stream = super()._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
+        return ahedge_inbox_stream(stream) if private_state(self)["_hedged"] else stream
 
     def _usage(self, messages: list[BaseMessage], message: BaseMessage) -> tuple[Any, str | None]:
-        reported = getattr(message, "usage_metadata", None) or {}
-        usage = chat_usage(
-            reported.get("input_tokens"),
-            reported.get("output_tokens"),
-            prompt=_prompt(messages),
-            response_text=message.text,
-        )
+        reported = getattr(message, "usage_metadata", None)
+        usage = _reported(messages, reported)
+        if usage is None:  # estimated: only now are the prompt and the answer's text read
+            counts = reported or {}
+            usage = chat_usage(
+                counts.get("input_tokens"),
+                counts.get("output_tokens"),
+                prompt=_prompt(messages),
+                response_text=message.text,
+            )
         return usage, self._served(message)
+
+    def _streamed(
+        self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> tuple[Usage, str | None] | None:
+        """What a completed stream used and who served, read from its chunks as
+        :meth:`_usage` reads their merged message; None when the merge is needed (no
+        reported usage, so the answer's text is estimated; chunks of another kind)."""
+        parts = merged_usage_and_metadata(chunks)
+        if parts is None:
+            return None
+        reported, metadata = parts
+        usage = _reported(messages, reported)
+        if usage is None:
+            return None
+        named = served_model(metadata.get("model_name"), metadata.get("model"))
+        return usage, served_model(named, private_state(self)["_inner_model"])
+
+    def _end_stream(
+        self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> None:
+        read = self._streamed(messages, chunks)
+        if read is None:
+            super()._end_stream(context, messages, chunks)
+            return
+        ticket: BudgetTicket = context
+        ticket.finish(read[0], model=read[1])
+
+    async def _aend_stream(
+        self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
+    ) -> None:
+        read = self._streamed(messages, chunks)
+        if read is None:
+            await super()._aend_stream(context, messages, chunks)
+            return
+        ticket: BudgetTicket = context
+        await ticket.afinish(read[0], model=read[1])
 
     def _served(self, message: BaseMessage | None) -> str | None:
         """The model the answer names, else the inner model's name."""

@@ -12,9 +12,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models import FakeListChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableBinding
 from langchain_core.tools import tool
@@ -103,7 +105,7 @@ def test_a_stream_that_fails_mid_way_records_nothing_and_releases_its_hold(
     tmp_path: Path,
 ) -> None:
     failing, ledger = sql_tracked(tmp_path, FailingChatModel(chunks_before_error=2), strict=True)
-    with pytest.raises(Exception, match="scripted"):
+    with pytest.raises(openai.RateLimitError, match="scripted"):
         list(failing.stream("x"))
     assert ledger.entries() == []
     assert ledger.spend("day") == 0
@@ -337,6 +339,19 @@ def test_the_entry_names_and_prices_the_fallback_leg_that_served() -> None:
         entry.cost
         == (Decimal(usage["input_tokens"]) * 1 + Decimal(usage["output_tokens"]) * 2) / 10**6
     )
+
+
+def test_a_fallback_leg_that_names_no_model_is_never_recorded_as_the_primary() -> None:
+    # The chain forwards attribute reads to its primary (``chain.model_name`` is the
+    # primary's), yet the primary did not answer: the entry must not name it.
+    chain = FallbackChatModel(
+        models=[FailingChatModel(model="gpt-4o"), FakeListChatModel(responses=["Paris."])]
+    )
+    assert chain.model_name == "gpt-4o"
+    model, ledger = tracked(chain)
+    model.invoke("x")
+    (entry,) = ledger.entries()
+    assert entry.model != "gpt-4o"
 
 
 def test_scopes_have_their_own_windows_and_the_per_call_scope_wins() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import openai
 import pytest
 from llama_index.core import Document, Settings, VectorStoreIndex
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
@@ -196,7 +197,7 @@ async def test_one_call_still_emits_exactly_one_llm_event_pair(
 async def test_a_failed_call_records_nothing(method: str) -> None:
     llm = tracked(FakeFunctionCallingLLM(error=rate_limit_error()))
 
-    with pytest.raises(Exception, match="429"):
+    with pytest.raises(openai.RateLimitError, match="429"):
         await call(llm, method)
 
     assert entries(llm) == []
@@ -340,7 +341,7 @@ def test_a_stream_whose_usage_came_before_its_text_is_not_undercounted_when_clos
 async def test_a_stream_failing_mid_way_records_nothing(method: str) -> None:
     llm = tracked(FakeFunctionCallingLLM(error=rate_limit_error(), fail_after_chunks=2))
 
-    with pytest.raises(Exception, match="429"):
+    with pytest.raises(openai.RateLimitError, match="429"):
         await call(llm, method)
 
     assert entries(llm) == []

@@ -18,6 +18,8 @@ model is never called) and records one ledger entry after it:
   the prompt and the delivered text estimated); one that failed with an error records
   nothing (a failover inside a :class:`~llama_index.resilience.FallbackLLM` below is
   not seen here);
+* a hedged ``FallbackLLM`` below (``hedge_after``): the attempt that lost is recorded as
+  its own entry of kind ``"hedge"`` when its provider reported usage;
 * embeddings: always estimated over the input texts.
 
 Every entry names the model that served, by the core's rule
@@ -31,9 +33,11 @@ records nothing.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from llama_index.core.base.llms.types import ChatResponse, CompletionResponse
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms.llm import LLM
@@ -65,11 +69,20 @@ from llm_resilience.budget import (
     dearest_model,
     served_model,
 )
+from llm_resilience.fallback import (
+    ahedge_inbox_stream,
+    bind_hedge_ticket,
+    hedge_inbox,
+    hedge_inbox_stream,
+    hedges_below,
+)
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.ledger import CostLedger
 from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
 
 __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
+
+_ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
 
 #: Per-call keyword that overrides a :class:`CostTrackedLLM`'s ``scope`` (never sent on).
 BUDGET_SCOPE_KWARG = "budget_scope"
@@ -119,6 +132,7 @@ class CostTrackedLLM(DelegatingLLM):
     _call_options = (BUDGET_SCOPE_KWARG,)
     _gate: BudgetGate = PrivateAttr()
     _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
+    _hedged: bool = PrivateAttr(default=False)
 
     def __init__(
         self,
@@ -132,6 +146,7 @@ class CostTrackedLLM(DelegatingLLM):
         gate = _gate(budget, ledger, scope)
         super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
         self._gate = gate
+        self._hedged = hedges_below(inner)
         # Strict holds cover every model that may answer (any fallback leg) up to its cap.
         self._may_serve = tuple(
             ServingModel(served_model(leaf.metadata.model_name), output_cap(leaf))
@@ -166,12 +181,60 @@ class CostTrackedLLM(DelegatingLLM):
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
         gate_kwargs, call = self._admit(request, kwargs)
         call.ticket = self._gate.begin("chat", **gate_kwargs)
+        bind_hedge_ticket(call.ticket)
         return call
 
     async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
         gate_kwargs, call = self._admit(request, kwargs)
         call.ticket = await self._gate.abegin("chat", **gate_kwargs)
+        bind_hedge_ticket(call.ticket)
         return call
+
+    # A hedged FallbackLLM below reports the attempt that lost to the inbox each call
+    # opens here; its ticket records it as a "hedge" entry (see llm_resilience.fallback).
+    def _call(
+        self,
+        kind: CallKind,
+        request: Request,
+        kwargs: dict[str, Any],
+        invoke: Callable[[], _ResponseT],
+    ) -> _ResponseT:
+        if not self._hedged:
+            return super()._call(kind, request, kwargs, invoke)
+        with hedge_inbox():
+            return super()._call(kind, request, kwargs, invoke)
+
+    async def _acall(
+        self,
+        kind: CallKind,
+        request: Request,
+        kwargs: dict[str, Any],
+        invoke: Callable[[], Awaitable[_ResponseT]],
+    ) -> _ResponseT:
+        if not self._hedged:
+            return await super()._acall(kind, request, kwargs, invoke)
+        with hedge_inbox():
+            return await super()._acall(kind, request, kwargs, invoke)
+
+    def _stream(
+        self,
+        kind: CallKind,
+        request: Request,
+        kwargs: dict[str, Any],
+        invoke: Callable[[], Iterator[_ResponseT]],
+    ) -> Generator[_ResponseT, None, None]:
+        stream = super()._stream(kind, request, kwargs, invoke)
+        return hedge_inbox_stream(stream) if self._hedged else stream
+
+    def _astream(
+        self,
+        kind: CallKind,
+        request: Request,
+        kwargs: dict[str, Any],
+        invoke: Callable[[], Awaitable[AsyncIterator[_ResponseT]] | AsyncIterator[_ResponseT]],
+    ) -> AsyncGenerator[_ResponseT, None]:
+        stream = super()._astream(kind, request, kwargs, invoke)
+        return ahedge_inbox_stream(stream) if self._hedged else stream
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
         call: _Call = context

@@ -4,8 +4,10 @@ An error is transient when trying the same request elsewhere (or later) may succ
 
 * it carries HTTP status 429 or 503 (``status_code``, ``response.status_code``,
   ``status`` or ``code``, which between them cover openai, anthropic, httpx, requests,
-  aiohttp and google's clients; an Anthropic error event that arrives mid-stream, on a
-  response that already said 200, counts with the status its error type stands for);
+  aiohttp and google's clients; an error that arrives mid-stream, on a response that
+  already said 200, counts with the status its error type stands for: Anthropic's
+  ``error`` event by its type, OpenAI's in-stream ``error`` object of type
+  ``server_error`` as a 500);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
   uses, httpcore, requests, urllib3, aiohttp, the SDKs' ``APIConnectionError``, builtin
@@ -137,6 +139,9 @@ _ANTHROPIC_ERROR_TYPE_STATUS: dict[str, int] = {
     "timeout_error": 504,
     "overloaded_error": 529,
 }
+# The error types of an OpenAI stream's in-body ``error`` object and the statuses they
+# stand for: a stream that fails after its 200 says ``server_error``, a 500's type.
+_OPENAI_STREAM_ERROR_TYPE_STATUS: dict[str, int] = {"server_error": 500}
 
 
 def status_code_of(exc: BaseException) -> int | None:
@@ -145,7 +150,9 @@ def status_code_of(exc: BaseException) -> int | None:
     Looks at ``status_code``, ``status`` and ``code`` on the error and on its
     ``response``; only integers that are HTTP error statuses (400-599) count. Failing
     those, an Anthropic error body (``{"type": "error", "error": {"type": ...}}``)
-    gives the status of its error type, e.g. 529 for ``overloaded_error``.
+    gives the status of its error type, e.g. 529 for ``overloaded_error``, and the
+    error object of an OpenAI stream (the ``body`` of the SDK's ``APIError``,
+    ``{"type": "server_error", ...}``) gives 500.
     """
     for holder in (exc, _safe_getattr(exc, "response")):
         if holder is None:
@@ -161,6 +168,12 @@ def status_code_of(exc: BaseException) -> int | None:
             error_type = error.get("type")
             if isinstance(error_type, str):
                 return _ANTHROPIC_ERROR_TYPE_STATUS.get(error_type)
+    if isinstance(body, Mapping) and "message" in body:
+        # OpenAI's SDK raises a bare ``APIError`` (no status) for an ``error`` object
+        # in a stream that already said 200; its ``body`` is that object.
+        error_type = body.get("type")
+        if isinstance(error_type, str):
+            return _OPENAI_STREAM_ERROR_TYPE_STATUS.get(error_type)
     return None
 
 

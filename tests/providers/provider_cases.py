@@ -1,0 +1,292 @@
+"""The provider conformance matrix: every failure, how each provider sends it, and what a
+fallback chain does with it under the default classifier and the server-errors preset.
+
+``test_matrix.py`` runs every cell listed here against real clients; ``render_providers.py`` writes
+``docs/providers.md`` from the same lists, so the page cannot claim what no test proves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from provider_surfaces import ROWS, Row
+
+from llm_resilience.testing import Fault
+
+Mode = Literal["call", "stream-before", "stream-after"]
+Outcome = Literal["falls back", "propagates"]
+Classifier = Literal["default", "server-errors"]
+# Special targets: the member points at no server at all.
+Target = Literal["server", "refused", "dns"]
+
+MODES: tuple[Mode, ...] = ("call", "stream-before", "stream-after")
+MODE_TITLES: dict[Mode, str] = {
+    "call": "call",
+    "stream-before": "stream, before the first chunk",
+    "stream-after": "stream, after the first chunk",
+}
+CLASSIFIERS: tuple[Classifier, ...] = ("default", "server-errors")
+#: The client timeout of a read-timeout cell; every other cell's member waits 10 s.
+READ_TIMEOUT = 0.2
+TIMEOUT = 10.0
+#: Content chunks a stream delivers before an after-the-first-chunk failure.
+DELIVERED = 2
+
+# -- Azure OpenAI's own error bodies ------------------------------------------------------
+
+_AZURE_429 = {
+    "error": {
+        "code": "429",
+        "message": (
+            "Requests to the ChatCompletions_Create Operation under Azure OpenAI API version "
+            "2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing "
+            "tier. Please retry after 1 second."
+        ),
+    }
+}
+_AZURE_401 = {
+    "error": {
+        "code": "401",
+        "message": (
+            "Access denied due to invalid subscription key or wrong API endpoint. Make sure "
+            "to provide a valid key for an active subscription and use a correct regional "
+            "API endpoint for your resource."
+        ),
+    }
+}
+_AZURE_404 = {
+    "error": {
+        "code": "DeploymentNotFound",
+        "message": (
+            "The API deployment for this resource does not exist. If you created the "
+            "deployment within the last 5 minutes, please wait a moment and try again."
+        ),
+    }
+}
+_OPENAI_OVERLOADED = {
+    "error": {
+        "message": "The engine is currently overloaded, please try again later.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One kind of failure, as each provider sends it."""
+
+    key: str
+    title: str
+    #: ``fault(row, mode)``: the scripted fault, or None where it cannot happen.
+    fault: Callable[[Row, Mode], Fault | None]
+    #: The expected outcome under each classifier; a mapping gives it per provider.
+    default: Outcome | Mapping[str, Outcome]
+    server_errors: Outcome | Mapping[str, Outcome]
+    #: Where the failing member points.
+    target: Target = "server"
+    #: The failing member's client timeout.
+    timeout: float = TIMEOUT
+    #: The status the propagated error carries (checked with ``status_code_of``).
+    status: int | None = None
+    #: What the provider sends, for the table's notes.
+    note: str = ""
+
+    def expected(self, classifier: Classifier, row: Row) -> Outcome:
+        outcome = self.default if classifier == "default" else self.server_errors
+        return outcome if isinstance(outcome, str) else outcome[row.provider]
+
+
+def _status(code: int, **options: Any) -> Callable[[Row, Mode], Fault | None]:
+    """A plain status answer; a stream gets it before any chunk."""
+
+    def fault(row: Row, mode: Mode) -> Fault | None:
+        return None if mode == "stream-after" else Fault.status(code, **options)
+
+    return fault
+
+
+def _azure_or(
+    azure: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (azure if row.provider == "Azure OpenAI" else other)(row, mode)
+
+
+def _rate_limited_with_retry_after(row: Row, mode: Mode) -> Fault | None:
+    if mode == "stream-after":
+        return None
+    if row.provider == "Azure OpenAI":
+        return Fault.status(429, retry_after=1, retry_after_ms=1000, body=_AZURE_429)
+    return Fault.status(429, retry_after=1)
+
+
+def _overloaded(row: Row, mode: Mode) -> Fault | None:
+    if row.wire == "anthropic":
+        if mode == "stream-after":
+            return Fault.error_event(529, after_chunks=DELIVERED)
+        return Fault.status(529)
+    if mode == "stream-after":
+        return None
+    if row.provider == "Azure OpenAI":
+        return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
+    return Fault.status(503, body=_OPENAI_OVERLOADED)
+
+
+def _server_error(row: Row, mode: Mode) -> Fault | None:
+    if mode == "stream-after":
+        return Fault.error_event(500, after_chunks=DELIVERED)
+    return Fault.status(500)
+
+
+def _read_timeout(row: Row, mode: Mode) -> Fault | None:
+    if mode == "call":
+        return Fault.hang()
+    if mode == "stream-before":
+        return Fault.slow_first_token(30)
+    return Fault.stall_mid_stream(after_chunks=DELIVERED)
+
+
+def _dropped(row: Row, mode: Mode) -> Fault | None:
+    return Fault.drop_mid_stream(after_chunks=DELIVERED if mode == "stream-after" else 0)
+
+
+def _no_server(row: Row, mode: Mode) -> Fault | None:
+    return Fault.ok() if mode != "stream-after" else None
+
+
+def _context(row: Row, mode: Mode) -> Fault | None:
+    return None if mode == "stream-after" else Fault.context_length_exceeded(row.wire)
+
+
+def _filtered(row: Row, mode: Mode) -> Fault | None:
+    return None if mode == "stream-after" else Fault.content_filtered(prompt=True)
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column(
+        "429", "rate limited (429)",
+        _azure_or(_status(429, body=_AZURE_429), _status(429)),
+        "falls back", "falls back",
+        note="Azure: its own body (`code` \"429\").",
+    ),
+    Column(
+        "429-retry-after", "rate limited (429 + `Retry-After`)", _rate_limited_with_retry_after,
+        "falls back", "falls back",
+        note="`retry-after: 1`; Azure adds `retry-after-ms: 1000`.",
+    ),
+    Column("503", "unavailable (503)", _status(503), "falls back", "falls back"),
+    Column(
+        "overloaded", "overloaded", _overloaded,
+        {"OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates"},
+        "falls back", status=529,
+        note=(
+            "Anthropic: 529 `overloaded_error` (mid-stream: its `error` event); OpenAI: 503 "
+            "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
+            "provisioned deployment at capacity)."
+        ),
+    ),
+    Column(
+        "500", "server error (500)", _server_error, "propagates", "falls back", status=500,
+        note=(
+            "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
+            "(`server_error`) on the 200 stream."
+        ),
+    ),
+    Column("502", "bad gateway (502)", _status(502), "propagates", "falls back", status=502),
+    Column("504", "gateway timeout (504)", _status(504), "propagates", "falls back", status=504),
+    Column(
+        "refused", "connection refused", _no_server, "falls back", "falls back",
+        target="refused", note="A closed port on 127.0.0.1.",
+    ),
+    Column(
+        "dns", "DNS failure", _no_server, "falls back", "falls back", target="dns",
+        note="The host `nonexistent.invalid`, which never resolves.",
+    ),
+    Column(
+        "read-timeout", "read timeout", _read_timeout, "falls back", "falls back",
+        timeout=READ_TIMEOUT,
+        note=(
+            f"The client's own {READ_TIMEOUT} s timeout: no response; a 200 stream whose "
+            "first token never comes; a stream silent after two chunks."
+        ),
+    ),
+    Column(
+        "dropped", "connection dropped", _dropped, "falls back", "falls back",
+        note="A call: closed before any response; a stream: body cut, never terminated.",
+    ),
+    Column("400", "bad request (400)", _status(400), "propagates", "propagates", status=400),
+    Column(
+        "401", "unauthorised (401)",
+        _azure_or(_status(401, body=_AZURE_401), _status(401)),
+        "propagates", "propagates", status=401,
+    ),
+    Column("403", "forbidden (403)", _status(403), "propagates", "propagates", status=403),
+    Column(
+        "404", "not found (404)",
+        _azure_or(_status(404, body=_AZURE_404), _status(404)),
+        "propagates", "propagates", status=404,
+        note="Azure: `DeploymentNotFound`.",
+    ),
+    Column(
+        "context", "context too long", _context, "propagates", "propagates", status=400,
+        note="OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\".",
+    ),
+    Column(
+        "content-filter", "content filtered", _filtered, "propagates", "propagates", status=400,
+        note="Azure's 400 `content_filter` with `innererror.code` `ResponsibleAIPolicyViolation`.",
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    row: Row
+    column: Column
+    mode: Mode
+    fault: Fault
+
+    @property
+    def id(self) -> str:
+        return f"{self.row.key}-{self.column.key}-{self.mode}"
+
+
+#: The cells the async paths (``ainvoke``/``astream``, ``achat``/``astream_chat``, the
+#: SDKs' async clients) run too: each outcome, before and after a stream's start.
+ASYNC_CELLS: frozenset[tuple[str, Mode]] = frozenset(
+    {
+        ("429", "call"),
+        ("429", "stream-before"),
+        ("500", "call"),
+        ("500", "stream-before"),
+        ("500", "stream-after"),
+        ("dropped", "stream-after"),
+        ("400", "call"),
+    }
+)
+
+
+def async_cells() -> list[Cell]:
+    return [cell for cell in cells() if (cell.column.key, cell.mode) in ASYNC_CELLS]
+
+
+def classifiers_to_prove(cell: Cell, *, every: bool) -> tuple[Classifier, ...]:
+    """Both classifiers; or, unless ``every``, only the default where they agree."""
+    column, row = cell.column, cell.row
+    if every or column.expected("default", row) != column.expected("server-errors", row):
+        return CLASSIFIERS
+    return ("default",)
+
+
+def cells() -> list[Cell]:
+    """Every (row, column, mode) where the failure can happen, in table order."""
+    found: list[Cell] = []
+    for row in ROWS:
+        for column in COLUMNS:
+            for mode in MODES:
+                fault = column.fault(row, mode)
+                if fault is not None:
+                    found.append(Cell(row, column, mode, fault))
+    return found

@@ -1,0 +1,410 @@
+"""The rows of the provider matrix: each a real SDK client or framework model, and how a
+fallback chain of two of them is called and streamed.
+
+Every row builds its members from the real packages (``openai``, ``anthropic``,
+``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
+``llama-index-llms-anthropic``) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+unresolvable host name), and runs them in the fallback chain of its surface: the core
+:class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
+for LangChain, ``FallbackLLM`` for LlamaIndex.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Wire = Literal["openai", "anthropic"]
+Surface = Literal["SDK", "LangChain", "LlamaIndex"]
+
+QUESTION = "What is the capital of France?"
+OPENAI_MODEL = "gpt-4o-mini"
+AZURE_DEPLOYMENT = "gpt-4o-mini-deployment"
+AZURE_API_VERSION = "2024-10-21"
+CLAUDE = "claude-haiku-4-5"
+# A host name that can never resolve (RFC 6761): a DNS failure without any network.
+UNRESOLVABLE_HOST = "nonexistent.invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a member sends its requests: a local port, or an unresolvable host."""
+
+    host: str
+    port: int
+
+    @property
+    def root(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One client of one provider, and the fallback chain it runs in."""
+
+    #: Stable id, used in test ids and the generated table.
+    key: str
+    #: The provider as the table names it: "OpenAI", "Azure OpenAI", "Anthropic".
+    provider: str
+    surface: Surface
+    #: The class the row exercises, as the table shows it.
+    client: str
+    #: The error bodies and stream format the provider's API sends.
+    wire: Wire
+    #: ``member(endpoint, timeout=..., max_retries=...)``: one chain member.
+    member: Callable[..., Any]
+    #: ``chain(members, classifier)``: the fallback chain over the members.
+    chain: Callable[[list[Any], Any], Any]
+    #: ``call(chain)``: one request; the reply text.
+    call: Callable[[Any], str]
+    #: ``stream(chain)``: one streamed request; the text of each content chunk, as it comes.
+    stream: Callable[[Any], Iterator[str]]
+    #: The package the row needs importable.
+    package: str
+    #: ``amember(endpoint, ...)``: a member for async calls (the SDKs' async clients).
+    amember: Callable[..., Any]
+    #: ``await acall(chain)``: one async request; the reply text.
+    acall: Callable[[Any], Awaitable[str]]
+    #: ``astream(chain)``: one async streamed request; each content chunk's text.
+    astream: Callable[[Any], AsyncIterator[str]]
+
+
+# -- the three surfaces' chains ----------------------------------------------------------
+
+
+def _core_chain(members: list[Any], classifier: Any) -> Any:
+    from llm_resilience.fallback import FallbackChain
+
+    return FallbackChain(members, classifier=classifier)
+
+
+def _langchain_chain(members: list[Any], classifier: Any) -> Any:
+    from langchain_llm_resilience import FallbackChatModel
+
+    return FallbackChatModel(models=members, classifier=classifier)
+
+
+def _llama_chain(members: list[Any], classifier: Any) -> Any:
+    from llama_index.resilience import FallbackLLM
+
+    return FallbackLLM(llms=members, classifier=classifier)
+
+
+def _langchain_call(chain: Any) -> str:
+    return str(chain.invoke(QUESTION).content)
+
+
+def _langchain_stream(chain: Any) -> Iterator[str]:
+    return (str(chunk.content) for chunk in chain.stream(QUESTION) if chunk.content)
+
+
+async def _langchain_acall(chain: Any) -> str:
+    return str((await chain.ainvoke(QUESTION)).content)
+
+
+async def _langchain_astream(chain: Any) -> AsyncIterator[str]:
+    async for chunk in chain.astream(QUESTION):
+        if chunk.content:
+            yield str(chunk.content)
+
+
+def _llama_messages() -> list[Any]:
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+    return [ChatMessage(role=MessageRole.USER, content=QUESTION)]
+
+
+def _llama_call(chain: Any) -> str:
+    return str(chain.chat(_llama_messages()).message.content)
+
+
+def _llama_stream(chain: Any) -> Iterator[str]:
+    return (part.delta for part in chain.stream_chat(_llama_messages()) if part.delta)
+
+
+async def _llama_acall(chain: Any) -> str:
+    return str((await chain.achat(_llama_messages())).message.content)
+
+
+async def _llama_astream(chain: Any) -> AsyncIterator[str]:
+    async for part in await chain.astream_chat(_llama_messages()):
+        if part.delta:
+            yield part.delta
+
+
+# -- OpenAI and Azure OpenAI through the bare SDK ---------------------------------------
+
+
+def _openai_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import openai
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return openai.OpenAI(
+        base_url=f"{endpoint.root}/v1", api_key="sk-FAKE-openai", timeout=timeout, **retries
+    )
+
+
+def _azure_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import openai
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return openai.AzureOpenAI(
+        azure_endpoint=endpoint.root,
+        azure_deployment=AZURE_DEPLOYMENT,
+        api_version=AZURE_API_VERSION,
+        api_key="sk-FAKE-azure",
+        timeout=timeout,
+        **retries,
+    )
+
+
+def _async_openai_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import openai
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return openai.AsyncOpenAI(
+        base_url=f"{endpoint.root}/v1", api_key="sk-FAKE-openai", timeout=timeout, **retries
+    )
+
+
+def _async_azure_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import openai
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return openai.AsyncAzureOpenAI(
+        azure_endpoint=endpoint.root,
+        azure_deployment=AZURE_DEPLOYMENT,
+        api_version=AZURE_API_VERSION,
+        api_key="sk-FAKE-azure",
+        timeout=timeout,
+        **retries,
+    )
+
+
+def _openai_request(client: Any, *, stream: bool) -> Any:
+    return client.chat.completions.create(
+        model=OPENAI_MODEL, messages=[{"role": "user", "content": QUESTION}], stream=stream
+    )
+
+
+def _openai_text(chunk: Any) -> str:
+    choices = getattr(chunk, "choices", None) or []
+    return (choices[0].delta.content or "") if choices else ""
+
+
+def _openai_sdk_call(chain: Any) -> str:
+    reply = chain.invoke(lambda _index, client: _openai_request(client, stream=False))
+    return str(reply.choices[0].message.content)
+
+
+def _openai_sdk_stream(chain: Any) -> Iterator[str]:
+    chunks: Iterable[Any] = chain.stream(
+        lambda _index, client: _openai_request(client, stream=True),
+        is_content=lambda chunk: bool(_openai_text(chunk)),
+    )
+    return (text for text in map(_openai_text, chunks) if text)
+
+
+async def _openai_sdk_acall(chain: Any) -> str:
+    reply = await chain.ainvoke(lambda _index, client: _openai_request(client, stream=False))
+    return str(reply.choices[0].message.content)
+
+
+async def _openai_chunks(client: Any) -> AsyncIterator[Any]:
+    async for chunk in await _openai_request(client, stream=True):
+        yield chunk
+
+
+async def _openai_sdk_astream(chain: Any) -> AsyncIterator[str]:
+    chunks: AsyncIterable[Any] = chain.astream(
+        lambda _index, client: _openai_chunks(client),
+        is_content=lambda chunk: bool(_openai_text(chunk)),
+    )
+    async for chunk in chunks:
+        if text := _openai_text(chunk):
+            yield text
+
+
+# -- Anthropic through the bare SDK ------------------------------------------------------
+
+
+def _anthropic_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import anthropic
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return anthropic.Anthropic(
+        base_url=endpoint.root, api_key="sk-FAKE-anthropic", timeout=timeout, **retries
+    )
+
+
+def _async_anthropic_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import anthropic
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return anthropic.AsyncAnthropic(
+        base_url=endpoint.root, api_key="sk-FAKE-anthropic", timeout=timeout, **retries
+    )
+
+
+def _anthropic_request(client: Any, *, stream: bool) -> Any:
+    return client.messages.create(
+        model=CLAUDE,
+        max_tokens=64,
+        messages=[{"role": "user", "content": QUESTION}],
+        stream=stream,
+    )
+
+
+def _anthropic_text(event: Any) -> str:
+    if getattr(event, "type", None) != "content_block_delta":
+        return ""
+    return str(getattr(event.delta, "text", "") or "")
+
+
+def _anthropic_sdk_call(chain: Any) -> str:
+    reply = chain.invoke(lambda _index, client: _anthropic_request(client, stream=False))
+    return "".join(block.text for block in reply.content if block.type == "text")
+
+
+def _anthropic_sdk_stream(chain: Any) -> Iterator[str]:
+    events: Iterable[Any] = chain.stream(
+        lambda _index, client: _anthropic_request(client, stream=True),
+        is_content=lambda event: bool(_anthropic_text(event)),
+    )
+    return (text for text in map(_anthropic_text, events) if text)
+
+
+async def _anthropic_sdk_acall(chain: Any) -> str:
+    reply = await chain.ainvoke(lambda _index, client: _anthropic_request(client, stream=False))
+    return "".join(block.text for block in reply.content if block.type == "text")
+
+
+async def _anthropic_events(client: Any) -> AsyncIterator[Any]:
+    async for event in await _anthropic_request(client, stream=True):
+        yield event
+
+
+async def _anthropic_sdk_astream(chain: Any) -> AsyncIterator[str]:
+    events: AsyncIterable[Any] = chain.astream(
+        lambda _index, client: _anthropic_events(client),
+        is_content=lambda event: bool(_anthropic_text(event)),
+    )
+    async for event in events:
+        if text := _anthropic_text(event):
+            yield text
+
+
+# -- LangChain ---------------------------------------------------------------------------
+
+
+def _chat_openai(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=OPENAI_MODEL,
+        base_url=f"{endpoint.root}/v1",
+        api_key="sk-FAKE-openai",  # type: ignore[arg-type]
+        timeout=timeout,
+        max_retries=max_retries,
+    )
+
+
+def _azure_chat_openai(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from langchain_openai import AzureChatOpenAI
+
+    return AzureChatOpenAI(
+        azure_endpoint=endpoint.root,
+        azure_deployment=AZURE_DEPLOYMENT,
+        api_version=AZURE_API_VERSION,
+        api_key="sk-FAKE-azure",  # type: ignore[arg-type]
+        timeout=timeout,
+        max_retries=max_retries,
+    )
+
+
+def _chat_anthropic(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from langchain_anthropic import ChatAnthropic
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return ChatAnthropic(  # type: ignore[call-arg]
+        model_name=CLAUDE,
+        base_url=endpoint.root,
+        api_key="sk-FAKE-anthropic",
+        timeout=timeout,
+        stop=None,
+        **retries,
+    )
+
+
+# -- LlamaIndex --------------------------------------------------------------------------
+
+
+def _llama_openai(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from llama_index.llms.openai import OpenAI
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return OpenAI(
+        model=OPENAI_MODEL,
+        api_base=f"{endpoint.root}/v1",
+        api_key="sk-FAKE-openai",
+        timeout=timeout,
+        **retries,
+    )
+
+
+def _llama_anthropic(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from llama_index.llms.anthropic import Anthropic
+
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return Anthropic(
+        model=CLAUDE,
+        base_url=endpoint.root,
+        api_key="sk-FAKE-anthropic",
+        timeout=timeout,
+        **retries,
+    )
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "openai-sdk", "OpenAI", "SDK", "openai.OpenAI", "openai",
+        _openai_sdk, _core_chain, _openai_sdk_call, _openai_sdk_stream, "openai",
+        amember=_async_openai_sdk, acall=_openai_sdk_acall, astream=_openai_sdk_astream,
+    ),
+    Row(
+        "openai-langchain", "OpenAI", "LangChain", "ChatOpenAI", "openai",
+        _chat_openai, _langchain_chain, _langchain_call, _langchain_stream, "langchain_openai",
+        amember=_chat_openai, acall=_langchain_acall, astream=_langchain_astream,
+    ),
+    Row(
+        "openai-llamaindex", "OpenAI", "LlamaIndex", "llama_index.llms.openai.OpenAI", "openai",
+        _llama_openai, _llama_chain, _llama_call, _llama_stream, "llama_index.llms.openai",
+        amember=_llama_openai, acall=_llama_acall, astream=_llama_astream,
+    ),
+    Row(
+        "azure-sdk", "Azure OpenAI", "SDK", "openai.AzureOpenAI", "openai",
+        _azure_sdk, _core_chain, _openai_sdk_call, _openai_sdk_stream, "openai",
+        amember=_async_azure_sdk, acall=_openai_sdk_acall, astream=_openai_sdk_astream,
+    ),
+    Row(
+        "azure-langchain", "Azure OpenAI", "LangChain", "AzureChatOpenAI", "openai",
+        _azure_chat_openai, _langchain_chain, _langchain_call, _langchain_stream,
+        "langchain_openai", amember=_azure_chat_openai, acall=_langchain_acall, astream=_langchain_astream,
+    ),
+    Row(
+        "anthropic-sdk", "Anthropic", "SDK", "anthropic.Anthropic", "anthropic",
+        _anthropic_sdk, _core_chain, _anthropic_sdk_call, _anthropic_sdk_stream, "anthropic",
+        amember=_async_anthropic_sdk, acall=_anthropic_sdk_acall, astream=_anthropic_sdk_astream,
+    ),
+    Row(
+        "anthropic-langchain", "Anthropic", "LangChain", "ChatAnthropic", "anthropic",
+        _chat_anthropic, _langchain_chain, _langchain_call, _langchain_stream,
+        "langchain_anthropic", amember=_chat_anthropic, acall=_langchain_acall, astream=_langchain_astream,
+    ),
+    Row(
+        "anthropic-llamaindex", "Anthropic", "LlamaIndex", "llama_index.llms.anthropic.Anthropic",
+        "anthropic", _llama_anthropic, _llama_chain, _llama_call, _llama_stream,
+        "llama_index.llms.anthropic", amember=_llama_anthropic, acall=_llama_acall, astream=_llama_astream,
+    ),
+)  # fmt: skip

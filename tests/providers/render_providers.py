@@ -1,0 +1,196 @@
+"""Write ``docs/providers.md`` from the cells ``test_matrix.py`` runs.
+
+    .venv/bin/python tests/providers/render_providers.py          # rewrite the page
+    .venv/bin/python tests/providers/render_providers.py --check  # exit 1 if the page is stale
+
+``test_providers_doc.py`` fails when the page differs from what this writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from provider_cases import (
+    ASYNC_CELLS,
+    CLASSIFIERS,
+    COLUMNS,
+    DELIVERED,
+    MODE_TITLES,
+    MODES,
+    READ_TIMEOUT,
+    Column,
+    Mode,
+    async_cells,
+    cells,
+    classifiers_to_prove,
+)
+from provider_surfaces import ROWS, Row
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
+COMMAND = ".venv/bin/python tests/providers/render_providers.py"
+
+_CHAINS = {
+    "SDK": "core `FallbackChain`",
+    "LangChain": "`FallbackChatModel`",
+    "LlamaIndex": "`FallbackLLM`",
+}
+
+_INTRO = f"""# Provider conformance
+
+Which failures of each provider make a fallback chain try the next member, and which reach
+you at once. Every cell below is a test (`tests/providers/test_matrix.py`): the real SDK,
+or the real LangChain or LlamaIndex class built on it, talks HTTP to a local server
+(`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
+its status, its headers (`Retry-After`, Azure's `retry-after-ms`) and its own error body.
+The chain is the failing member and a healthy one, both with `max_retries=0`; the test
+checks which member answered (or which error reached the caller, with its status) and that
+the failing member was asked exactly once.
+
+This page is generated from the same list of cases the tests run
+(`tests/providers/provider_cases.py`); after changing it, run `{COMMAND}`.
+
+**Reading a cell.** *falls back*: the next member answers (in a stream that had already
+delivered {DELIVERED} chunks, the next member restarts the request and those chunks stay
+delivered). *propagates*: the provider's error reaches the caller and no other member is
+asked. Where the two classifiers differ, the cell gives the default classifier
+(`is_transient`, `TransientClassifier()`: statuses 429 and 503, transport failures,
+timeouts) first and the server-errors preset (`TransientClassifier.with_server_errors()`:
+adds 500, 502, 504 and 529) after it. "—" marks a failure that cannot come there: a
+status code answers before a stream starts, so after the first chunk only the provider's
+error event (a server error, an overload), a silence or a cut connection can.
+"""
+
+_RETRIES = """## SDK retries and failover
+
+The SDKs retry on their own (`openai` and `anthropic` twice by default, on 408, 409, 429,
+5xx and connection errors, honouring `Retry-After` and `retry-after-ms`), and inside a
+chain that delays every failover: a member that keeps failing is asked again and again,
+waiting out each backoff, before the next member is tried. With the packages' defaults,
+against a server that answers 503 every time, the failing member is asked:
+
+| Client | its default | requests before failover |
+|---|---|---|
+| `openai.OpenAI`, `openai.AzureOpenAI`, `anthropic.Anthropic` | `max_retries=2` | 3 |
+| `ChatOpenAI`, `AzureChatOpenAI`, `ChatAnthropic` | the SDK's 2 | 3 |
+| LlamaIndex `OpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
+| LlamaIndex `Anthropic` | `max_retries=10` | 11 |
+
+Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
+`FallbackChatModel` and `FallbackLLM` log a warning (logger `llm_resilience.fallback`) for
+each member that retries by itself; the core `FallbackChain` over bare SDK clients does
+not yet. `tests/providers/test_sdk_retries.py` proves each line, counting the requests
+the server saw. Build the members of a chain with `max_retries=0`.
+
+## The wait a provider asks for
+
+Every client's rate-limit error carries the provider's headers through to
+`retry_after_of`: `Retry-After` in seconds, or Azure's `retry-after-ms` where it sends
+both (`tests/providers/test_retry_after.py`). With `Cooldown(honor_retry_after=True)` a
+chain skips that member for as long as its provider asked.
+
+## Usage from the provider's own response
+
+`tests/providers/test_usage.py` runs each provider's real response shape, a call and a
+stream, through `CostTrackedChatModel` (LangChain) and `CostTrackedLLM` (LlamaIndex) over
+a chain whose first member failed: the served member's reported token counts reach the
+ledger as reported (`estimated=False`), priced exactly. OpenAI reports a stream's usage
+only when asked (`stream_options={"include_usage": True}`): `ChatOpenAI` and
+`AzureChatOpenAI` ask by default; LlamaIndex's `OpenAI` does not, and its streams are
+recorded as estimated unless it is built with
+`additional_kwargs={"stream_options": {"include_usage": True}}`.
+"""
+
+_NOT_COVERED = """## Not covered yet
+
+- Google Gemini (`google-genai`, `langchain-google-genai`, `llama-index-llms-google-genai`),
+  AWS Bedrock (`boto3`, `langchain-aws`), Mistral, Cohere, Groq and Ollama: no rows yet.
+- LlamaIndex's `AzureOpenAI` (`llama-index-llms-azure-openai`) is not installed in the
+  test environment; Azure OpenAI is covered through `openai.AzureOpenAI` and
+  `AzureChatOpenAI`.
+- Cost with prompt caching (cache reads, cache writes, reasoning tokens priced apart).
+
+## Versions
+
+`llama-index-llms-anthropic` 0.12.3 fails on `anthropic` 2.x at its first call
+(`TypeError: Cannot instantiate typing.Union`) and on 1.x (an unexpected `temperature`);
+the development environment pins `anthropic>=0.120,<1`, which it and `langchain-anthropic`
+1.7 both run on.
+"""
+
+
+def _outcome_text(column: Column, row: Row) -> str:
+    default = column.expected("default", row)
+    preset = column.expected("server-errors", row)
+    if default == preset:
+        return default
+    return f"{default}; preset: {preset}"
+
+
+def _provider_table(provider: str, rows: list[Row]) -> list[str]:
+    covered = {(cell.row.key, cell.column.key, cell.mode) for cell in cells()}
+    lines = [f"## {provider}", ""]
+    clients = ", ".join(f"`{row.client}` ({row.surface}, {_CHAINS[row.surface]})" for row in rows)
+    lines += [f"Clients: {clients}.", ""]
+    header = ["Failure", *(MODE_TITLES[mode] for mode in MODES)]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    for column in COLUMNS:
+        row = rows[0]
+        texts: list[str] = []
+        for mode in MODES:
+            present = {(r.key, column.key, mode) in covered for r in rows}
+            if present != {True} and present != {False}:
+                raise AssertionError(f"{provider} rows differ on {column.key} {mode}")
+            texts.append(_outcome_text(column, row) if present == {True} else "—")
+        lines.append("| " + " | ".join([column.title, *texts]) + " |")
+    lines.append("")
+    return lines
+
+
+def _count(mode: Mode | None = None) -> int:
+    return sum(1 for cell in cells() if mode is None or cell.mode == mode) * len(CLASSIFIERS)
+
+
+def render() -> str:
+    lines = [_INTRO]
+    for provider in dict.fromkeys(row.provider for row in ROWS):
+        lines += _provider_table(provider, [row for row in ROWS if row.provider == provider])
+    lines += ["## What each failure is", ""]
+    for column in COLUMNS:
+        if column.note:
+            lines.append(f"- **{column.title}**: {column.note}")
+    chosen = async_cells()
+    async_titles = ", ".join(
+        f"{column.title} ({'; '.join(MODE_TITLES[m] for m in MODES if (column.key, m) in ASYNC_CELLS)})"
+        for column in COLUMNS
+        if any(cell.column is column for cell in chosen)
+    )
+    async_tests = sum(len(classifiers_to_prove(cell, every=False)) for cell in chosen)
+    lines += [
+        "",
+        f"{_count()} tests run the sync paths ({len(ROWS)} clients; a read-timeout cell waits out a "
+        f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
+        "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
+        f"`AsyncAzureOpenAI`, `AsyncAnthropic`) run {async_tests} more, for every client: "
+        f"{async_titles}; under both classifiers where they differ.",
+        "",
+        _RETRIES,
+        _NOT_COVERED,
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if PAGE.read_text(encoding="utf-8") != text:
+            print(f"{PAGE} is stale; run {COMMAND}", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

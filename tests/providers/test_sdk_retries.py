@@ -1,0 +1,118 @@
+"""An SDK's own retries inside a fallback chain: they delay failover, and we say so.
+
+The failing member's server answers every request with a 503 carrying
+``retry-after-ms: 10`` (the SDKs honour it, so their backoff costs milliseconds here).
+Left with its default ``max_retries``, a member is asked once plus once per retry before
+the chain moves on; built with ``max_retries=0`` it is asked once. Counts are the
+requests the server saw.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+from provider_surfaces import ROWS, Endpoint, Row
+
+from llm_resilience.testing import Fault, FaultInjectingServer
+
+HEALTHY_REPLY = "the healthy member answered this request"
+
+# Requests the failing member makes with its package's defaults. openai and anthropic
+# retry twice. LlamaIndex's OpenAI passes its max_retries=3 to the SDK (4 requests) and
+# also wraps each call in its own retry loop of 3 attempts: 12 requests, and waits of
+# a second or more between its attempts whatever the server asked for.
+REQUESTS_WITH_DEFAULTS = {
+    "openai-sdk": 3,
+    "openai-langchain": 3,
+    "openai-llamaindex": 12,
+    "azure-sdk": 3,
+    "azure-langchain": 3,
+    "anthropic-sdk": 3,
+    "anthropic-langchain": 3,
+    "anthropic-llamaindex": 11,
+}
+
+
+def _rows() -> list[object]:
+    params: list[object] = []
+    for row in ROWS:
+        marks = []
+        if importlib.util.find_spec(row.package.split(".")[0]) is None:
+            marks.append(pytest.mark.skip(reason=f"{row.package} not installed"))
+        params.append(pytest.param(row, id=row.key, marks=marks))
+    return params
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[FaultInjectingServer, FaultInjectingServer]]:
+    with (
+        FaultInjectingServer(
+            name="failing", default_fault=Fault.status(503, retry_after_ms=10)
+        ) as failing,
+        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy") as healthy,
+    ):
+        yield failing, healthy
+
+
+def _run(
+    row: Row, servers: tuple[FaultInjectingServer, FaultInjectingServer], max_retries: int | None
+) -> str:
+    failing, healthy = servers
+    members = [
+        row.member(Endpoint("127.0.0.1", failing.port), timeout=10, max_retries=max_retries),
+        row.member(Endpoint("127.0.0.1", healthy.port), timeout=10, max_retries=0),
+    ]
+    return row.call(row.chain(members, None))
+
+
+def _self_retry_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "llm_resilience.fallback" and "retries by itself" in record.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("row", _rows())
+def test_failover_waits_for_every_retry_of_a_member_left_with_its_sdk_default(
+    row: Row, servers: tuple[FaultInjectingServer, FaultInjectingServer]
+) -> None:
+    failing, healthy = servers
+    assert _run(row, servers, max_retries=None) == HEALTHY_REPLY
+    assert len(failing.requests) == REQUESTS_WITH_DEFAULTS[row.key]
+    assert len(healthy.requests) == 1
+
+
+@pytest.mark.parametrize("row", _rows())
+def test_a_member_built_with_max_retries_0_is_asked_once_and_fails_over_at_once(
+    row: Row,
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing, healthy = servers
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
+        assert _run(row, servers, max_retries=0) == HEALTHY_REPLY
+    assert len(failing.requests) == 1
+    assert len(healthy.requests) == 1
+    assert _self_retry_warnings(caplog) == []
+
+
+@pytest.mark.parametrize("row", _rows())
+def test_the_chain_warns_that_a_member_left_with_its_sdk_default_retries_by_itself(
+    row: Row,
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing, _ = servers
+    # The warning comes from the member's settings, not from a failure: a healthy first
+    # member spares the retry waits.
+    failing.default_fault = Fault.ok()
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
+        _run(row, servers, max_retries=None)
+    warnings = _self_retry_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert re.search(r"Client 0 of the fallback chain, .*max_retries=\d+\)", warnings[0])

@@ -1,0 +1,103 @@
+"""Usage from each provider's real response shape reaches the ledger as reported.
+
+A ``CostTrackedChatModel`` (LangChain) or ``CostTrackedLLM`` (LlamaIndex) wraps a
+fallback chain whose first member's server answers 503 and whose second answers; the
+one ledger entry must hold the served member's own counts from the provider's response
+(the server reports the question's words in and one token per reply word out) with
+``estimated=False``, for a call and for a stream.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from provider_surfaces import QUESTION, ROWS, Endpoint, Row
+
+from llm_resilience import CostBudget
+from llm_resilience.ledger import InMemoryCostLedger
+from llm_resilience.testing import Fault, FaultInjectingServer
+
+HEALTHY_REPLY = "the healthy member answered this request"
+REPORTED = (len(QUESTION.split()), len(HEALTHY_REPLY.split()))
+# One token in costs 1 millionth, one out 2.
+BUDGET = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10)
+COST = (REPORTED[0] * 1 + REPORTED[1] * 2) / Decimal(1_000_000)
+# LlamaIndex's OpenAI does not ask for a stream's usage unless told to.
+STREAM_USAGE = {"stream_options": {"include_usage": True}}
+
+
+def _framework_rows() -> list[object]:
+    return [
+        pytest.param(
+            row,
+            id=row.key,
+            marks=[pytest.mark.skip(reason=f"{row.package} not installed")]
+            if importlib.util.find_spec(row.package.split(".")[0]) is None
+            else [],
+        )
+        for row in ROWS
+        if row.surface != "SDK"
+    ]
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[FaultInjectingServer, FaultInjectingServer]]:
+    with (
+        FaultInjectingServer(name="failing") as failing,
+        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy") as healthy,
+    ):
+        failing.script(Fault.status(503))
+        yield failing, healthy
+
+
+def _tracked(
+    row: Row, servers: tuple[FaultInjectingServer, FaultInjectingServer], *, ask_usage: bool
+) -> Any:
+    failing, healthy = servers
+    members = [
+        row.member(Endpoint("127.0.0.1", server.port), timeout=10, max_retries=0)
+        for server in (failing, healthy)
+    ]
+    if ask_usage and row.key == "openai-llamaindex":
+        for member in members:
+            member.additional_kwargs = STREAM_USAGE
+    chain = row.chain(members, None)
+    if row.surface == "LangChain":
+        from langchain_llm_resilience import CostTrackedChatModel
+
+        return CostTrackedChatModel(inner=chain, budget=BUDGET, ledger=InMemoryCostLedger())
+    from llama_index.resilience import CostTrackedLLM
+
+    return CostTrackedLLM(inner=chain, budget=BUDGET, ledger=InMemoryCostLedger())
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+@pytest.mark.parametrize("row", _framework_rows())
+def test_the_served_members_reported_usage_reaches_the_ledger_unestimated(
+    row: Row, mode: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
+) -> None:
+    _, healthy = servers
+    tracked = _tracked(row, servers, ask_usage=True)
+    answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
+    assert answer == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*REPORTED, False)
+    assert entry.cost == COST
+    # The model the response named: the request's, or the server's own name for an Azure
+    # request, which names its deployment in the path instead.
+    assert entry.model == (healthy.requests[0].model or "fault-server-model")
+
+
+def test_a_llama_index_openai_stream_not_asked_for_usage_is_recorded_as_estimated(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    [row] = [row for row in ROWS if row.key == "openai-llamaindex"]
+    pytest.importorskip("llama_index.llms.openai")
+    tracked = _tracked(row, servers, ask_usage=False)
+    assert "".join(row.stream(tracked)) == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    assert entry.estimated is True

@@ -270,7 +270,7 @@ def _anthropic_error_from(
     handler: Callable[[Any], Any], *, stream: bool = False
 ) -> anthropic.APIError:
     client = anthropic.Anthropic(
-        api_key="sk-ant-test",
+        api_key="sk-FAKE-anthropic",
         base_url=UNUSED_URL,
         max_retries=0,
         http_client=anthropic_http.Client(transport=anthropic_http.MockTransport(handler)),
@@ -1187,7 +1187,7 @@ def _capture(call: Callable[[], object]) -> BaseException:
         ),
         pytest.param(
             lambda url: anthropic.Anthropic(
-                api_key="sk-ant-test", base_url=url, max_retries=0
+                api_key="sk-FAKE-anthropic", base_url=url, max_retries=0
             ).models.list(),
             anthropic.APIConnectionError,
             id="anthropic",
@@ -1225,7 +1225,7 @@ async def test_a_real_refused_aiohttp_connection_is_transient(closed_port_url: s
         ),
         pytest.param(
             lambda url: anthropic.Anthropic(
-                api_key="sk-ant-test", base_url=url, max_retries=0, timeout=0.05
+                api_key="sk-FAKE-anthropic", base_url=url, max_retries=0, timeout=0.05
             ).models.list(),
             anthropic.APITimeoutError,
             id="anthropic",
@@ -1264,7 +1264,7 @@ def _openai_stream(url: str) -> list[object]:
 
 
 def _anthropic_stream(url: str) -> list[object]:
-    client = anthropic.Anthropic(api_key="sk-ant-test", base_url=url, max_retries=0)
+    client = anthropic.Anthropic(api_key="sk-FAKE-anthropic", base_url=url, max_retries=0)
     received: list[object] = []
     stream = client.messages.create(
         model="claude-sonnet-4-6",

@@ -23,10 +23,8 @@ from typing import Any
 import openai
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events import BaseEvent
-from llama_index.resilience import FallbackLLM, FallbackStreamRestartEvent
+from llama_index.resilience import FallbackLLM
+from llama_index.resilience.testing import RestartEvents, restart_events
 
 from llm_resilience import MemberProfile, StreamInterruptedError, is_transient
 from llm_resilience.testing import Fault, FaultInjectingServer
@@ -39,27 +37,10 @@ DELIVERED = "one two three"
 MESSAGES = [ChatMessage(role=MessageRole.USER, content="Capital of France?")]
 
 
-class Restarts(BaseEventHandler):
-    events: list[FallbackStreamRestartEvent] = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "MidStreamRestarts"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        if isinstance(event, FallbackStreamRestartEvent):
-            self.events.append(event)
-
-
 @pytest.fixture
-def restarts() -> Iterator[Restarts]:
-    handler = Restarts(events=[])
-    dispatcher = get_dispatcher()
-    dispatcher.add_event_handler(handler)
-    try:
+def restarts() -> Iterator[RestartEvents]:
+    with restart_events() as handler:
         yield handler
-    finally:
-        dispatcher.event_handlers.remove(handler)
 
 
 @pytest.fixture
@@ -122,7 +103,7 @@ def test_mid_stream_is_validated_naming_the_option_and_the_values() -> None:
 
 def test_restart_gives_a_plain_consumer_the_prefix_then_the_next_answer_with_the_event(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, _ = servers
     primary.script(Fault.drop_mid_stream(after_chunks=3))
@@ -132,7 +113,7 @@ def test_restart_gives_a_plain_consumer_the_prefix_then_the_next_answer_with_the
 
 def test_raise_gives_stream_chat_the_prefix_then_a_clean_error_and_no_second_answer(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.drop_mid_stream(after_chunks=3))
@@ -188,7 +169,7 @@ def continuing(
 
 def test_continue_gives_stream_chat_exactly_one_answer_from_a_prefill_member(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.drop_mid_stream(after_chunks=3))
@@ -204,7 +185,7 @@ def test_continue_gives_stream_chat_exactly_one_answer_from_a_prefill_member(
 
 async def test_continue_gives_astream_chat_exactly_one_answer(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.drop_mid_stream(after_chunks=3))
@@ -215,7 +196,7 @@ async def test_continue_gives_astream_chat_exactly_one_answer(
 
 def test_continue_restarts_with_the_event_on_a_fallback_not_declared_to_take_prefill(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.drop_mid_stream(after_chunks=3))
@@ -226,7 +207,7 @@ def test_continue_restarts_with_the_event_on_a_fallback_not_declared_to_take_pre
 
 async def test_a_prefill_rejection_ends_in_a_complete_answer_via_restart_never_the_rejection(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.drop_mid_stream(after_chunks=3))

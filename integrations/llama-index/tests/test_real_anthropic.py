@@ -19,10 +19,8 @@ from typing import Any
 import anthropic
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events import BaseEvent
-from llama_index.resilience import CostTrackedLLM, FallbackLLM, FallbackStreamRestartEvent
+from llama_index.resilience import CostTrackedLLM, FallbackLLM
+from llama_index.resilience.testing import RestartEvents, restart_events
 
 from llm_resilience import CostBudget, TransientClassifier
 from llm_resilience.ledger import InMemoryCostLedger
@@ -43,27 +41,10 @@ STREAMS = ["stream_chat", "astream_chat"]
 BUDGET = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10)
 
 
-class Restarts(BaseEventHandler):
-    events: list[FallbackStreamRestartEvent] = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RealAnthropicRestarts"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        if isinstance(event, FallbackStreamRestartEvent):
-            self.events.append(event)
-
-
 @pytest.fixture
-def restarts() -> Iterator[Restarts]:
-    handler = Restarts(events=[])
-    dispatcher = get_dispatcher()
-    dispatcher.add_event_handler(handler)
-    try:
+def restarts() -> Iterator[RestartEvents]:
+    with restart_events() as handler:
         yield handler
-    finally:
-        dispatcher.event_handlers.remove(handler)
 
 
 @pytest.fixture
@@ -130,7 +111,7 @@ async def test_an_openai_primary_answering_503_falls_back_to_the_real_anthropic_
 
 @pytest.mark.parametrize("method", STREAMS)
 async def test_an_openai_stream_cut_mid_body_restarts_on_the_real_anthropic_llm(
-    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: Restarts
+    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: RestartEvents
 ) -> None:
     gpt.script(Fault.drop_mid_stream(after_chunks=3))
     llm = FallbackLLM(llms=[openai_llm(gpt), anthropic_llm(claude)])
@@ -175,7 +156,7 @@ async def test_an_anthropic_overload_is_not_transient_under_the_default_rule(
 
 @pytest.mark.parametrize("method", STREAMS)
 async def test_a_real_anthropic_stream_cut_mid_body_restarts_on_openai(
-    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: Restarts
+    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: RestartEvents
 ) -> None:
     claude.script(Fault.drop_mid_stream(after_chunks=2))
     llm = FallbackLLM(llms=[anthropic_llm(claude), openai_llm(gpt)])
@@ -188,7 +169,7 @@ async def test_a_real_anthropic_stream_cut_mid_body_restarts_on_openai(
 
 @pytest.mark.parametrize("method", STREAMS)
 async def test_continue_finishes_a_cut_answer_on_the_real_anthropic_llm_exactly_once(
-    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: Restarts
+    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: RestartEvents
 ) -> None:
     gpt.script(Fault.drop_mid_stream(after_chunks=3))
     claude.reply = OPENAI_REPLY  # the fallback would give the same answer
@@ -216,7 +197,7 @@ def test_continue_on_the_real_anthropic_llm_accumulates_the_whole_answer_in_the_
 
 @pytest.mark.parametrize("method", STREAMS)
 async def test_an_anthropic_prefill_rejection_ends_in_a_complete_answer_via_restart(
-    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: Restarts
+    method: str, gpt: FaultInjectingServer, claude: FaultInjectingServer, restarts: RestartEvents
 ) -> None:
     gpt.script(Fault.drop_mid_stream(after_chunks=3))
     claude.reply = OPENAI_REPLY

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events import BaseEvent
-from llama_index.resilience import CostTrackedLLM, FallbackLLM, FallbackStreamRestartEvent
-from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
+from llama_index.resilience import CostTrackedLLM, FallbackLLM
+from llama_index.resilience.testing import (
+    FakeFunctionCallingLLM,
+    RestartEvents,
+    rate_limit_error,
+    restart_events,
+)
 
 from llm_resilience import Cooldown, CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
@@ -30,27 +32,10 @@ SECONDARY_REPLY = "the secondary answered this request"
 MESSAGES = [ChatMessage(role=MessageRole.USER, content="Capital of France?")]
 
 
-class Restarts(BaseEventHandler):
-    events: list[FallbackStreamRestartEvent] = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Restarts"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        if isinstance(event, FallbackStreamRestartEvent):
-            self.events.append(event)
-
-
 @pytest.fixture
-def restarts() -> Iterator[Restarts]:
-    handler = Restarts(events=[])
-    dispatcher = get_dispatcher()
-    dispatcher.add_event_handler(handler)
-    try:
+def restarts() -> Iterator[RestartEvents]:
+    with restart_events() as handler:
         yield handler
-    finally:
-        dispatcher.event_handlers.remove(handler)
 
 
 @pytest.fixture
@@ -94,7 +79,7 @@ METHODS = ["stream_chat", "astream_chat"]
 async def test_a_malformed_event_mid_stream_restarts_on_the_next_member_and_answers_with_it(
     method: str,
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
-    restarts: Restarts,
+    restarts: RestartEvents,
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.malformed_chunk(after_chunks=2))

@@ -13,16 +13,11 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.resilience import FallbackLLM, ResilienceBuilder
-from llama_index.resilience.events import FallbackStreamRestartEvent
-from llama_index.resilience.testing import FakeFunctionCallingLLM
+from llama_index.resilience.testing import FakeFunctionCallingLLM, RestartEvents, restart_events
 
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.testing import Fault, FaultInjectingServer
@@ -42,24 +37,10 @@ FAULTS = {
 }
 
 
-class Restarts(BaseEventHandler):
-    events: list[FallbackStreamRestartEvent] = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Restarts"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        if isinstance(event, FallbackStreamRestartEvent):
-            self.events.append(event)
-
-
 @pytest.fixture
-def restarts() -> Iterator[Restarts]:
-    handler = Restarts(events=[])
-    get_dispatcher().add_event_handler(handler)
-    yield handler
-    get_dispatcher().event_handlers.remove(handler)
+def restarts() -> Iterator[RestartEvents]:
+    with restart_events() as handler:
+        yield handler
 
 
 def _assert_no_thread_left(baseline: set[threading.Thread], within: float = 5.0) -> None:
@@ -148,7 +129,7 @@ async def test_achat_moves_to_the_secondary_within_the_first_token_timeout(
     await _assert_no_task_left()
 
 
-def _assert_restarted(fault: str, text: str, restarts: Restarts) -> None:
+def _assert_restarted(fault: str, text: str, restarts: RestartEvents) -> None:
     if fault == "stall":
         assert text == "one two three" + SECONDARY_REPLY
         assert [
@@ -162,7 +143,7 @@ def _assert_restarted(fault: str, text: str, restarts: Restarts) -> None:
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_stream_chat_restarts_on_the_secondary_within_the_limit(
-    fault: str, llm: FallbackLLM, servers: tuple[FaultInjectingServer, ...], restarts: Restarts
+    fault: str, llm: FallbackLLM, servers: tuple[FaultInjectingServer, ...], restarts: RestartEvents
 ) -> None:
     primary, _ = servers
     primary.script(FAULTS[fault])
@@ -174,7 +155,7 @@ def test_stream_chat_restarts_on_the_secondary_within_the_limit(
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 async def test_astream_chat_restarts_on_the_secondary_within_the_limit(
-    fault: str, llm: FallbackLLM, servers: tuple[FaultInjectingServer, ...], restarts: Restarts
+    fault: str, llm: FallbackLLM, servers: tuple[FaultInjectingServer, ...], restarts: RestartEvents
 ) -> None:
     primary, _ = servers
     primary.script(FAULTS[fault])

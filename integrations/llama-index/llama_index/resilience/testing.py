@@ -14,6 +14,7 @@ chunks, or hang. Its public methods carry LlamaIndex's usual callback decorators
 emits the same events a provider integration does. :func:`rate_limit_error` and
 :func:`api_status_error` build errors the way the ``openai`` SDK raises them (falling
 back to ``httpx.HTTPStatusError`` when ``openai`` is not installed).
+:func:`restart_events` collects the stream restarts a chain dispatches while it is open.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from llama_index.core.base.llms.types import (
@@ -36,16 +38,26 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
+from llama_index.resilience.events import FallbackStreamRestartEvent
 
 from llm_resilience.testing._errors import fresh_error
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
-__all__ = ["FakeFunctionCallingLLM", "api_status_error", "rate_limit_error"]
+__all__ = [
+    "FakeFunctionCallingLLM",
+    "RestartEvents",
+    "api_status_error",
+    "rate_limit_error",
+    "restart_events",
+]
 
 _FAKE_URL = "https://api.openai.com/v1/chat/completions"
 
@@ -429,3 +441,41 @@ def rate_limit_error(
     """
     headers = {"retry-after": str(retry_after)} if retry_after is not None else None
     return api_status_error(429, message, headers=headers)
+
+
+class RestartEvents(BaseEventHandler):
+    """The :class:`~llama_index.resilience.FallbackStreamRestartEvent` s dispatched while
+    this handler is registered, in order (see :func:`restart_events`)."""
+
+    events: list[FallbackStreamRestartEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RestartEvents"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, FallbackStreamRestartEvent):
+            self.events.append(event)
+
+
+@contextmanager
+def restart_events() -> Iterator[RestartEvents]:
+    """Collect the stream restarts dispatched while the block runs (root dispatcher).
+
+    >>> from llama_index.core.llms import ChatMessage
+    >>> from llama_index.resilience import FallbackLLM
+    >>> primary = FakeFunctionCallingLLM(text="Paris is", error=rate_limit_error(),
+    ...                                  fail_after_chunks=1)
+    >>> chain = FallbackLLM(llms=[primary, FakeFunctionCallingLLM(text="Paris.")])
+    >>> with restart_events() as restarts:
+    ...     text = "".join(r.delta for r in chain.stream_chat([ChatMessage(content="?")]))
+    >>> [(e.failed_client, e.next_client) for e in restarts.events]
+    [(0, 1)]
+    """
+    handler = RestartEvents()
+    dispatcher = get_dispatcher()
+    dispatcher.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        dispatcher.event_handlers.remove(handler)

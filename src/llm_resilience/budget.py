@@ -329,8 +329,10 @@ class BudgetGate:
         """What strict mode holds for a call: its cost if it used every token it may.
 
         The hold is the dearest, over every model that may serve the call, of
-        ``estimated_input_tokens`` plus that model's output cap, at that model's price, so
-        whichever serves, the real cost stays within it. A model's output cap is the
+        ``estimated_input_tokens`` plus that model's output cap, at that model's price
+        (input at its dearest input rate, cache writes included, output at its dearest
+        output rate: :meth:`~llm_resilience.money.ModelPrice.dearest`), so whichever
+        serves, the real cost stays within it. A model's output cap is the
         call's ``max_output_tokens`` when set (a call's ``max_tokens`` reaches every
         member of a chain), else its own :attr:`ServingModel.max_output_tokens`, else
         :data:`DEFAULT_MAX_OUTPUT_TOKENS` (4096). Embeddings have no output.
@@ -358,7 +360,9 @@ class BudgetGate:
                     max_output_tokens, candidate.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS
                 )
             usage = Usage(estimated_input_tokens, output, estimated=True)
-            cost = cost_of(usage, self.budget.price_for(candidate.name), surface=surface)
+            # Any input may turn out to be a (dearer) cache write, any output reasoning.
+            price = self.budget.price_for(candidate.name).dearest()
+            cost = cost_of(usage, price, surface=surface)
             worst = max(worst, cost)
         return worst
 
@@ -716,6 +720,10 @@ class BudgetTicket:
             estimated=usage.estimated,
             surface=self.surface,
             scope=self.scope,
+            cache_read_tokens=usage.cache_read_tokens or 0,
+            cache_write_tokens=usage.cache_write_tokens or 0,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+            reasoning_tokens=usage.reasoning_tokens or 0,
         )
 
     def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
@@ -740,6 +748,10 @@ class BudgetTicket:
             model=served,
             estimated=usage.estimated,
             scope=self.scope,
+            cache_read_tokens=usage.cache_read_tokens or 0,
+            cache_write_tokens=usage.cache_write_tokens or 0,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+            reasoning_tokens=usage.reasoning_tokens or 0,
         )
 
 

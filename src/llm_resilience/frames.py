@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from llm_resilience.ledger._protocol import LedgerEntry
+from llm_resilience.ledger._protocol import DETAIL_COLUMNS, LedgerEntry
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,6 +42,10 @@ ENTRY_COLUMNS: dict[str, str] = {
     "input_tokens": "int64",
     "output_tokens": "int64",
     "pages": "int64",
+    "cache_read_tokens": "int64",
+    "cache_write_tokens": "int64",
+    "cache_write_1h_tokens": "int64",
+    "reasoning_tokens": "int64",
     "estimated": "bool",
     "cost": "object",
     "cost_float": "float64",
@@ -118,6 +122,7 @@ def to_dataframe(source: Iterable[LedgerEntry] | SpendReport) -> pd.DataFrame:
         "input_tokens": [entry.input_tokens for entry in entries],
         "output_tokens": [entry.output_tokens for entry in entries],
         "pages": [entry.pages for entry in entries],
+        **{name: [getattr(entry, name) for entry in entries] for name in DETAIL_COLUMNS},
         "estimated": [entry.estimated for entry in entries],
         "cost": [entry.cost for entry in entries],
         "cost_float": [float(entry.cost) for entry in entries],

@@ -121,6 +121,22 @@ class ModelPrice:
     exact) and a negative value ``ValueError``, each naming the field. An embedding model's
     price usually needs only ``input_per_mtok`` (``output_per_mtok=0``): embeddings bill at
     ``embedding_per_mtok`` when set, else at ``input_per_mtok``.
+
+    Prompt caching and reasoning have their own optional prices (keyword-only), each
+    falling back to the plain price when unset, so a price that sets none of them bills
+    every input token at ``input_per_mtok`` and every output token at ``output_per_mtok``:
+
+    * ``cache_read_price_per_mtok``: input tokens read from the provider's prompt cache;
+    * ``cache_write_price_per_mtok``: input tokens written to it (Anthropic's 5-minute
+      writes; every write when the provider does not say how long it keeps them);
+    * ``cache_write_1h_price_per_mtok``: input tokens written to it for one hour (Anthropic);
+    * ``reasoning_price_per_mtok``: output tokens spent reasoning (they are part of the
+      output count; providers bill them at the output price today).
+
+    >>> sonnet = ModelPrice(3, 15, cache_read_price_per_mtok="0.30",
+    ...                     cache_write_price_per_mtok="3.75", cache_write_1h_price_per_mtok=6)
+    >>> sonnet.cache_write_1h_price_per_mtok, ModelPrice(3, 15).cache_read_price_per_mtok
+    (Decimal('6'), None)
     """
 
     #: Price per million input (prompt) tokens.
@@ -129,15 +145,64 @@ class ModelPrice:
     output_per_mtok: Decimal
     #: Price per million embedded tokens; None bills embeddings at ``input_per_mtok``.
     embedding_per_mtok: Decimal | None
+    #: Price per million input tokens read from the prompt cache; None: ``input_per_mtok``.
+    cache_read_price_per_mtok: Decimal | None
+    #: Price per million input tokens written to the prompt cache (5-minute writes);
+    #: None: ``input_per_mtok``.
+    cache_write_price_per_mtok: Decimal | None
+    #: Price per million input tokens written to the prompt cache for one hour;
+    #: None: ``input_per_mtok``.
+    cache_write_1h_price_per_mtok: Decimal | None
+    #: Price per million reasoning (thinking) output tokens; None: ``output_per_mtok``.
+    reasoning_price_per_mtok: Decimal | None
 
     def __init__(
-        self, input_per_mtok: Money, output_per_mtok: Money, embedding_per_mtok: Money | None = None
+        self,
+        input_per_mtok: Money,
+        output_per_mtok: Money,
+        embedding_per_mtok: Money | None = None,
+        *,
+        cache_read_price_per_mtok: Money | None = None,
+        cache_write_price_per_mtok: Money | None = None,
+        cache_write_1h_price_per_mtok: Money | None = None,
+        reasoning_price_per_mtok: Money | None = None,
     ) -> None:
-        object.__setattr__(self, "input_per_mtok", money("input_per_mtok", input_per_mtok))
-        object.__setattr__(self, "output_per_mtok", money("output_per_mtok", output_per_mtok))
-        object.__setattr__(
-            self, "embedding_per_mtok", optional_money("embedding_per_mtok", embedding_per_mtok)
+        assign = object.__setattr__
+        assign(self, "input_per_mtok", money("input_per_mtok", input_per_mtok))
+        assign(self, "output_per_mtok", money("output_per_mtok", output_per_mtok))
+        assign(self, "embedding_per_mtok", optional_money("embedding_per_mtok", embedding_per_mtok))
+        for name, value in (
+            ("cache_read_price_per_mtok", cache_read_price_per_mtok),
+            ("cache_write_price_per_mtok", cache_write_price_per_mtok),
+            ("cache_write_1h_price_per_mtok", cache_write_1h_price_per_mtok),
+            ("reasoning_price_per_mtok", reasoning_price_per_mtok),
+        ):
+            assign(self, name, optional_money(name, value))
+
+    def dearest(self) -> ModelPrice:
+        """This price with every input token at its dearest input rate and every output
+        token at its dearest output rate: what a worst-case hold charges, since it cannot
+        know in advance how much of a prompt the provider reads from or writes to its cache.
+
+        >>> ModelPrice(3, 15, cache_write_1h_price_per_mtok=6).dearest().input_per_mtok
+        Decimal('6')
+        """
+        dearest_input = max(
+            [
+                self.input_per_mtok,
+                *_set(
+                    self.cache_read_price_per_mtok,
+                    self.cache_write_price_per_mtok,
+                    self.cache_write_1h_price_per_mtok,
+                ),
+            ]
         )
+        dearest_output = max([self.output_per_mtok, *_set(self.reasoning_price_per_mtok)])
+        return ModelPrice(dearest_input, dearest_output, self.embedding_per_mtok)
+
+
+def _set(*prices: Decimal | None) -> list[Decimal]:
+    return [price for price in prices if price is not None]
 
 
 def cost_of(
@@ -145,23 +210,49 @@ def cost_of(
 ) -> Decimal:
     """Exact cost of ``usage`` at ``price``: tokens x price per million / 1,000,000.
 
-    Chat bills input at ``input_per_mtok`` and output at ``output_per_mtok``. Embeddings
-    bill input at ``embedding_per_mtok``, or at ``input_per_mtok`` when the price has no
+    Chat bills what the provider bills, each token once:
+
+    * uncached input (``input_tokens`` less cache reads and writes) at ``input_per_mtok``;
+    * cache reads at ``cache_read_price_per_mtok``; cache writes kept one hour at
+      ``cache_write_1h_price_per_mtok``; other cache writes at ``cache_write_price_per_mtok``;
+    * output that is not reasoning at ``output_per_mtok``, reasoning tokens at
+      ``reasoning_price_per_mtok``.
+
+    Each optional price left unset is the input (or output) price, and a count the
+    provider did not report is 0, so without either the cost is
+    ``input_tokens x input_per_mtok + output_tokens x output_per_mtok``. Embeddings bill
+    input at ``embedding_per_mtok``, or at ``input_per_mtok`` when the price has no
     embedding rate (a ``prices`` entry for an embedding model usually sets only input).
 
     >>> from llm_resilience.usage import Usage
     >>> cost_of(Usage(1000, 500, False), ModelPrice("3", "15"))
     Decimal('0.0105')
+    >>> cached = Usage(1000, 500, False, cache_read_tokens=800)
+    >>> cost_of(cached, ModelPrice("3", "15", cache_read_price_per_mtok="0.30"))
+    Decimal('0.00834')
     """
     if surface == "embedding":
         rate = (
             price.input_per_mtok if price.embedding_per_mtok is None else price.embedding_per_mtok
         )
         total = EXACT.multiply(usage.input_tokens, rate)
-    else:
-        # The context converts the integer counts exactly (no ``Decimal`` built for them).
-        total = EXACT.add(
-            EXACT.multiply(usage.input_tokens, price.input_per_mtok),
-            EXACT.multiply(usage.output_tokens, price.output_per_mtok),
-        )
-    return EXACT.divide(total, TOKENS_PER_MTOK)
+        return EXACT.divide(total, TOKENS_PER_MTOK)
+    read = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    written_1h = usage.cache_write_1h_tokens or 0
+    reasoning = usage.reasoning_tokens or 0
+    plain_in, plain_out = price.input_per_mtok, price.output_per_mtok
+    # The context converts the integer counts exactly (no ``Decimal`` built for them).
+    parts = (
+        EXACT.multiply(usage.input_tokens - read - written, plain_in),
+        EXACT.multiply(read, _or(price.cache_read_price_per_mtok, plain_in)),
+        EXACT.multiply(written - written_1h, _or(price.cache_write_price_per_mtok, plain_in)),
+        EXACT.multiply(written_1h, _or(price.cache_write_1h_price_per_mtok, plain_in)),
+        EXACT.multiply(usage.output_tokens - reasoning, plain_out),
+        EXACT.multiply(reasoning, _or(price.reasoning_price_per_mtok, plain_out)),
+    )
+    return EXACT.divide(exact_sum(parts), TOKENS_PER_MTOK)
+
+
+def _or(price: Decimal | None, fallback: Decimal) -> Decimal:
+    return fallback if price is None else price

@@ -25,7 +25,7 @@ systematically off: treat estimated entries as close approximations, not invoice
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from llm_resilience import _checks
@@ -36,7 +36,9 @@ from llm_resilience.tokens import count_message_tokens, count_tokens
 
 __all__ = [
     "TOKENS_PER_MTOK",
+    "DETAIL_FIELDS",
     "StreamUsage",
+    "TokenDetails",
     "Usage",
     "chat_usage",
     "cost_of",
@@ -47,20 +49,140 @@ __all__ = [
 ]
 
 
+#: The optional counts a :class:`Usage` may carry beside its input and output.
+DETAIL_FIELDS = (
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDetails:
+    """The parts of a call's input and output a provider reports apart, each None when not
+    reported: what :func:`~llm_resilience.money.cost_of` prices at its own rate.
+
+    Adapters translate their provider's shape into these (see :class:`Usage` for what
+    each count means); the reading rules below take one alongside the two plain counts.
+    """
+
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens one call consumed, and whether they were estimated rather than reported."""
+    """Tokens one call consumed, and whether they were estimated rather than reported.
 
-    #: Prompt tokens (for embeddings: the input texts' tokens). >= 0.
+    ``input_tokens`` is every input token the provider billed in some form: its cache
+    reads and writes are part of it (OpenAI's ``prompt_tokens`` already counts them;
+    Anthropic's ``input_tokens`` does not, so adapters add them). Likewise
+    ``reasoning_tokens`` are part of ``output_tokens``. The optional counts are None when
+    the provider did not report them; :func:`~llm_resilience.money.cost_of` then bills
+    those tokens at the plain input (or output) price. Counts that do not fit inside
+    their total raise ``ValueError``.
+
+    >>> Usage(1000, 50, False, cache_read_tokens=900)
+    Usage(input_tokens=1000, output_tokens=50, estimated=False, cache_read_tokens=900)
+    """
+
+    #: Prompt tokens (for embeddings: the input texts' tokens), cached ones included. >= 0.
     input_tokens: int
-    #: Completion tokens; 0 for embeddings. >= 0.
+    #: Completion tokens, reasoning included; 0 for embeddings. >= 0.
     output_tokens: int
     #: True when the counts come from ``cl100k_base``, not from the provider.
     estimated: bool
+    #: Input tokens read from the provider's prompt cache, or None.
+    cache_read_tokens: int | None = field(default=None, kw_only=True)
+    #: Input tokens written to the provider's prompt cache (every write, whatever its
+    #: lifetime), or None.
+    cache_write_tokens: int | None = field(default=None, kw_only=True)
+    #: Of ``cache_write_tokens``, those written to be kept one hour (Anthropic), or None.
+    cache_write_1h_tokens: int | None = field(default=None, kw_only=True)
+    #: Output tokens spent reasoning (part of ``output_tokens``), or None.
+    reasoning_tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("input_tokens", "output_tokens"):
             _checks.count(f"Usage.{name}", getattr(self, name))
+        for name in DETAIL_FIELDS:
+            if getattr(self, name) is not None:
+                _checks.count(f"Usage.{name}", getattr(self, name))
+        problem = _misfit(self.input_tokens, self.output_tokens, self.details)
+        if problem:
+            raise ValueError(f"Usage: {problem}")
+
+    def __repr__(self) -> str:
+        shown = [
+            f"input_tokens={self.input_tokens}",
+            f"output_tokens={self.output_tokens}",
+            f"estimated={self.estimated}",
+        ]
+        shown += [
+            f"{name}={getattr(self, name)}"
+            for name in DETAIL_FIELDS
+            if getattr(self, name) is not None
+        ]
+        return f"Usage({', '.join(shown)})"
+
+    @property
+    def details(self) -> TokenDetails:
+        """The optional counts, as a :class:`TokenDetails`."""
+        return TokenDetails(*(getattr(self, name) for name in DETAIL_FIELDS))
+
+
+def _misfit(input_tokens: int, output_tokens: int, details: TokenDetails) -> str | None:
+    """Why ``details`` cannot be parts of these totals, or None when they can."""
+    read, written = details.cache_read_tokens or 0, details.cache_write_tokens or 0
+    if read + written > input_tokens:
+        return (
+            f"cache_read_tokens + cache_write_tokens ({read} + {written}) "
+            f"exceed input_tokens ({input_tokens})"
+        )
+    if (details.cache_write_1h_tokens or 0) > written:
+        return (
+            f"cache_write_1h_tokens ({details.cache_write_1h_tokens}) exceed "
+            f"cache_write_tokens ({details.cache_write_tokens})"
+        )
+    if (details.reasoning_tokens or 0) > output_tokens:
+        return (
+            f"reasoning_tokens ({details.reasoning_tokens}) exceed output_tokens ({output_tokens})"
+        )
+    return None
+
+
+def _fitted(input_tokens: int, output_tokens: int, details: TokenDetails | None) -> TokenDetails:
+    """The reported ``details`` that fit inside the reported totals.
+
+    A provider's report is taken as it is, but a part that does not fit its total is
+    dropped (priced at the plain rate, as if not reported) rather than charged below 0:
+    cache counts above the input, a one-hour share above the writes, reasoning above the
+    output. Counts that are not ints >= 0 are dropped too.
+    """
+    if details is None:
+        return _NO_DETAILS
+    read, written, written_1h, reasoning = (
+        value if _is_count(value) else None
+        for value in (
+            details.cache_read_tokens,
+            details.cache_write_tokens,
+            details.cache_write_1h_tokens,
+            details.reasoning_tokens,
+        )
+    )
+    if (read or 0) + (written or 0) > input_tokens:
+        read = written = written_1h = None
+    if written_1h is not None and written_1h > (written or 0):
+        written_1h = None
+    if reasoning is not None and reasoning > output_tokens:
+        reasoning = None
+    return TokenDetails(read, written, written_1h, reasoning)
+
+
+_NO_DETAILS = TokenDetails()
 
 
 class StreamUsage:
@@ -84,21 +206,44 @@ class StreamUsage:
     (25, 40)
     """
 
-    __slots__ = ("input_tokens", "output_tokens")
+    __slots__ = ("_details", "input_tokens", "output_tokens")
 
     def __init__(self) -> None:
         #: Largest input count reported so far, or None.
         self.input_tokens: int | None = None
         #: Largest output count reported so far, or None.
         self.output_tokens: int | None = None
+        self._details = _NO_DETAILS
 
     def __repr__(self) -> str:
         return f"StreamUsage(input_tokens={self.input_tokens}, output_tokens={self.output_tokens})"
 
-    def add(self, reported_input: int | None, reported_output: int | None) -> None:
-        """Take one report; a count that is None, negative or not an int is ignored."""
+    @property
+    def details(self) -> TokenDetails:
+        """The largest of each optional count reported so far (None: never reported)."""
+        return self._details
+
+    def add(
+        self,
+        reported_input: int | None,
+        reported_output: int | None,
+        details: TokenDetails | None = None,
+    ) -> None:
+        """Take one report; a count that is None, negative or not an int is ignored.
+
+        ``details`` (cache reads and writes, reasoning) add up the same way: each keeps
+        the largest count reported.
+        """
         self.input_tokens = _largest(self.input_tokens, reported_input)
         self.output_tokens = _largest(self.output_tokens, reported_output)
+        if details is not None and details != _NO_DETAILS:
+            now = self._details
+            self._details = TokenDetails(
+                _largest(now.cache_read_tokens, details.cache_read_tokens),
+                _largest(now.cache_write_tokens, details.cache_write_tokens),
+                _largest(now.cache_write_1h_tokens, details.cache_write_1h_tokens),
+                _largest(now.reasoning_tokens, details.reasoning_tokens),
+            )
 
 
 def _largest(current: int | None, reported: int | None) -> int | None:
@@ -113,18 +258,21 @@ def chat_usage(
     *,
     prompt: Sequence[tuple[str, str]],
     response_text: str,
+    details: TokenDetails | None = None,
 ) -> Usage:
     """The usage to record for one chat call (or one completed stream).
 
     ``reported_input``/``reported_output`` are the provider's counts, None when absent.
     Both present → recorded as reported. Either missing, negative, or an input of 0
     for a non-empty ``prompt`` → both estimated: ``count_message_tokens(prompt)`` and
-    ``count_tokens(response_text)``, flagged ``estimated=True``.
+    ``count_tokens(response_text)``, flagged ``estimated=True``. ``details`` are the
+    provider's cache and reasoning counts, kept with a report (see :func:`reported_usage`)
+    and dropped with an estimate.
 
     >>> chat_usage(None, 5, prompt=[("user", "hello world")], response_text="hi").estimated
     True
     """
-    reported = reported_usage(reported_input, reported_output, prompt=prompt)
+    reported = reported_usage(reported_input, reported_output, prompt=prompt, details=details)
     if reported is not None:
         return reported
     return Usage(count_message_tokens(prompt), count_tokens(response_text), estimated=True)
@@ -135,11 +283,14 @@ def reported_usage(
     reported_output: int | None,
     *,
     prompt: Sequence[tuple[str, str]],
+    details: TokenDetails | None = None,
 ) -> Usage | None:
     """The provider's counts as a :class:`Usage`, or None when they are not a report.
 
     A report has both counts, each an int >= 0, and an input above 0 unless ``prompt``
-    is empty: some integrations fill a missing count with 0. The one rule behind
+    is empty: some integrations fill a missing count with 0. ``details`` (cache reads and
+    writes, reasoning) come with it, each part that does not fit inside its total dropped
+    (billed at the plain price, as if not reported). The one rule behind
     :func:`chat_usage` and a limiter's reconciliation
     (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
 
@@ -158,6 +309,9 @@ def reported_usage(
     assign(usage, "input_tokens", reported_input)
     assign(usage, "output_tokens", reported_output)
     assign(usage, "estimated", False)
+    fitted = _fitted(reported_input, reported_output, details)
+    for name in DETAIL_FIELDS:
+        assign(usage, name, getattr(fitted, name))
     return usage
 
 
@@ -172,6 +326,7 @@ def partial_stream_usage(
     prompt: Sequence[tuple[str, str]],
     deltas: Sequence[str],
     delivered_text: str | None = None,
+    details: TokenDetails | None = None,
 ) -> Usage | None:
     """The usage to record for a stream its consumer closed or cancelled before its end.
 
@@ -179,7 +334,7 @@ def partial_stream_usage(
     for a chunk without text); ``delivered_text`` is the answer so far when the chunks
     carry more than their text deltas (tool-call arguments), else ``"".join(deltas)``.
     ``reported_input``/``reported_output`` are the provider's counts so far, None when
-    absent.
+    absent; ``details`` the cache and reasoning counts so far (see :func:`chat_usage`).
 
     * No chunk delivered → None: record nothing (and release a strict-mode hold). The
       request may have reached the provider, but nothing shows what it consumed.
@@ -188,7 +343,8 @@ def partial_stream_usage(
       is at least one token): then it was reported before the text (Anthropic reports
       output at a stream's start and again only at its end), so the output is estimated
       over the delivered text (at least one token per text chunk) and the usage flagged
-      ``estimated``.
+      ``estimated``; the reported cache counts are kept (they describe the input), the
+      reasoning count is not.
     * Otherwise → estimated: the prompt's tokens and the delivered text's, flagged
       ``estimated=True``.
 
@@ -203,12 +359,21 @@ def partial_stream_usage(
     if not deltas:
         return None
     text = "".join(deltas) if delivered_text is None else delivered_text
-    usage = chat_usage(reported_input, reported_output, prompt=prompt, response_text=text)
+    usage = chat_usage(
+        reported_input, reported_output, prompt=prompt, response_text=text, details=details
+    )
     text_chunks = sum(1 for delta in deltas if delta)
     if usage.estimated or usage.output_tokens >= text_chunks:
         return usage
     output = max(count_tokens(text), text_chunks)
-    return Usage(usage.input_tokens, output, estimated=True)
+    return Usage(
+        usage.input_tokens,
+        output,
+        estimated=True,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        cache_write_1h_tokens=usage.cache_write_1h_tokens,
+    )
 
 
 def embedding_usage(texts: Sequence[str]) -> Usage:

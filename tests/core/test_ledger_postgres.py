@@ -33,6 +33,7 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 COLUMNS = [
     "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
     "pages", "model", "estimated", "surface", "scope", "entry_id",
+    "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens",
 ]  # fmt: skip
 
 

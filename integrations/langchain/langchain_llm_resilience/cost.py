@@ -37,6 +37,7 @@ from llm_resilience.fallback import (
 )
 from llm_resilience.layers import find_layer, leaves
 from llm_resilience.usage import (
+    TokenDetails,
     Usage,
     chat_usage,
     embedding_usage,
@@ -127,7 +128,63 @@ def _reported(messages: list[BaseMessage], usage: Any) -> Usage | None:
         counts.get("input_tokens"),
         counts.get("output_tokens"),
         prompt=_SOME_PROMPT if messages else (),
+        details=token_details(counts),
     )
+
+
+#: Where a ``usage_metadata`` puts a count, plain first: langchain-openai prefixes the
+#: keys with the service tier (``flex_cache_read``) on flex and priority requests.
+_TIERS = ("", "flex_", "priority_")
+
+
+def token_details(usage: Any) -> TokenDetails:
+    """The cache and reasoning counts of a ``usage_metadata`` (None where not reported).
+
+    LangChain's ``input_tokens`` already counts cache reads and writes for every provider
+    (langchain-anthropic adds Anthropic's back in), as the core's ``Usage`` does, so they
+    are read as they are: ``input_token_details.cache_read`` and ``cache_creation``, or,
+    when Anthropic splits its writes by lifetime, ``ephemeral_5m_input_tokens`` plus
+    ``ephemeral_1h_input_tokens`` (langchain-anthropic then reports ``cache_creation`` as
+    0 so the writes are not counted twice); ``output_token_details.reasoning``.
+
+    >>> token_details({"input_tokens": 120, "output_tokens": 9, "input_token_details":
+    ...     {"cache_read": 100, "cache_creation": 0, "ephemeral_5m_input_tokens": 12,
+    ...      "ephemeral_1h_input_tokens": 8}})
+    TokenDetails(cache_read_tokens=100, cache_write_tokens=20, cache_write_1h_tokens=8, \
+reasoning_tokens=None)
+    """
+    if not isinstance(usage, dict):
+        return TokenDetails()
+    into = usage.get("input_token_details")
+    out = usage.get("output_token_details")
+    into = into if isinstance(into, dict) else {}
+    out = out if isinstance(out, dict) else {}
+    five_minutes = _count(into.get("ephemeral_5m_input_tokens"))
+    one_hour = _count(into.get("ephemeral_1h_input_tokens"))
+    written = _first(into, "cache_creation")
+    by_lifetime = (five_minutes or 0) + (one_hour or 0)
+    if by_lifetime > 0:
+        written = by_lifetime
+    return TokenDetails(
+        cache_read_tokens=_first(into, "cache_read"),
+        cache_write_tokens=written,
+        cache_write_1h_tokens=one_hour if by_lifetime > 0 else None,
+        reasoning_tokens=_first(out, "reasoning"),
+    )
+
+
+def _first(details: dict[str, Any], key: str) -> int | None:
+    for tier in _TIERS:
+        count = _count(details.get(f"{tier}{key}"))
+        if count is not None:
+            return count
+    return None
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 class CostTrackedChatModel(DelegatingChatModel):
@@ -292,6 +349,7 @@ class CostTrackedChatModel(DelegatingChatModel):
                 counts.get("output_tokens"),
                 prompt=_prompt(messages),
                 response_text=message.text,
+                details=token_details(counts),
             )
         return usage, self._served(message)
 
@@ -347,6 +405,7 @@ class CostTrackedChatModel(DelegatingChatModel):
             reported.get("output_tokens"),
             prompt=_prompt(messages),
             deltas=[chunk.message.text for chunk in chunks],
+            details=token_details(reported),
         )
         # Providers name the model in a stream's last chunks: a chain closed before them
         # has not said which member answered, so the dearest that may have is recorded.

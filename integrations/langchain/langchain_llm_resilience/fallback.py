@@ -48,6 +48,7 @@ from langchain_llm_resilience._delegate import (
     without_tracing,
 )
 from langchain_llm_resilience._restart import SINK_KWARG, STREAM_RESTART_EVENT, RestartSink
+from langchain_llm_resilience.cost import token_details
 from llm_resilience.budget import served_model
 from llm_resilience.fallback import (
     Cooldown,
@@ -477,7 +478,10 @@ class FallbackChatModel(BaseChatModel):
                 named = served_model(message.response_metadata.get("model_name"))
             counts: dict[str, Any] = dict(usage or {})
             reported = reported_usage(
-                counts.get("input_tokens"), counts.get("output_tokens"), prompt=prompt
+                counts.get("input_tokens"),
+                counts.get("output_tokens"),
+                prompt=prompt,
+                details=token_details(counts),
             )
             if reported is None:
                 return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from decimal import Decimal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
 from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, ResilienceBuilder
-from llm_resilience import CostBudget
+from llm_resilience import CostBudget, ModelPrice
 from llm_resilience.budget import HEDGE_KIND
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.ledger import InMemoryCostLedger
@@ -179,6 +180,7 @@ def _stack(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     *,
     hedge_after: float | None = HEDGE_AFTER,
+    budget: CostBudget | None = None,
 ) -> Stack:
     primary, secondary = servers
     log = _Log()
@@ -192,7 +194,8 @@ def _stack(
     options = {} if hedge_after is None else {"hedge_after": hedge_after}
     chain = FallbackChatModel(models=members, first_token_timeout=WAIT, **options)
     ledger = InMemoryCostLedger()
-    budget = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=100)
+    if budget is None:
+        budget = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=100)
     return CostTrackedChatModel(inner=chain, budget=budget, ledger=ledger), ledger, log
 
 
@@ -232,6 +235,36 @@ def test_invoke_is_answered_by_the_hedge_and_the_late_primary_is_recorded_as_a_h
     kinds = [(e.kind, e.model) for e in ledger.entries()]
     assert kinds == [("chat", "claude-sonnet-4-5"), (HEDGE_KIND, "gpt-4o-mini")]
     assert ledger.entries()[1].input_tokens > 0
+
+
+def test_a_late_primarys_cached_tokens_are_priced_at_the_cache_rate_in_its_hedge_entry(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, _ = servers
+    primary.usage_details = {"cache_read": 4}
+    budget = CostBudget(
+        input_price_per_mtok=1,
+        output_price_per_mtok=2,
+        daily_limit=100,
+        prices={"gpt-4o-mini": ModelPrice(10, 20, cache_read_price_per_mtok=1)},
+    )
+    model, ledger, _ = _stack(servers, budget=budget)
+    primary.script(Fault.slow_first_token(SLOW_SECONDS))
+    assert model.invoke("Capital of France?").content == SECONDARY_REPLY
+    assert _settled()
+    hedge = next(e for e in _wait_for_entries(ledger, 2) if e.kind == HEDGE_KIND)
+    assert hedge.cache_read_tokens == 4
+    uncached = hedge.input_tokens - hedge.cache_read_tokens
+    assert hedge.cost == (Decimal(uncached) * 10 + 4 * 1 + Decimal(hedge.output_tokens) * 20) / (
+        10**6
+    )
+
+
+def _wait_for_entries(ledger: InMemoryCostLedger, count: int) -> list[Any]:
+    deadline = time.monotonic() + WAIT
+    while len(ledger.entries()) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return list(ledger.entries())
 
 
 async def test_ainvoke_cancels_the_slow_primarys_request_when_the_hedge_answers(

@@ -15,6 +15,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -26,7 +27,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
 from llama_index.resilience import CostTrackedLLM, FallbackLLM
 
-from llm_resilience import CostBudget
+from llm_resilience import CostBudget, ModelPrice
 from llm_resilience.budget import HEDGE_KIND
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.ledger import InMemoryCostLedger
@@ -176,6 +177,7 @@ def _stack(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
     *,
     hedge_after: float | None = HEDGE_AFTER,
+    budget: CostBudget | None = None,
 ) -> Stack:
     primary, secondary = servers
     log = _Log()
@@ -207,7 +209,8 @@ def _stack(
     options = {} if hedge_after is None else {"hedge_after": hedge_after}
     chain = FallbackLLM(llms=members, first_token_timeout=WAIT, **options)
     ledger = InMemoryCostLedger()
-    budget = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=100)
+    if budget is None:
+        budget = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=100)
     return CostTrackedLLM(inner=chain, budget=budget, ledger=ledger), ledger, log
 
 
@@ -237,6 +240,32 @@ def test_chat_is_answered_by_the_hedge_and_the_late_primary_is_recorded_as_a_hed
     assert [(e.kind, e.model) for e in entries] == [("chat", "gpt-4o"), (HEDGE_KIND, "gpt-4o-mini")]
     assert entries[1].input_tokens > 0
     assert chat_ends.ends == [SECONDARY_REPLY]
+
+
+def test_a_late_primarys_cached_tokens_are_priced_at_the_cache_rate_in_its_hedge_entry(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+) -> None:
+    primary, _ = servers
+    primary.usage_details = {"cache_read": 4}
+    budget = CostBudget(
+        input_price_per_mtok=1,
+        output_price_per_mtok=2,
+        daily_limit=100,
+        prices={"gpt-4o-mini": ModelPrice(10, 20, cache_read_price_per_mtok=1)},
+    )
+    llm, ledger, _ = _stack(servers, budget=budget)
+    primary.script(Fault.slow_first_token(SLOW_SECONDS))
+    assert llm.chat(QUESTION).message.content == SECONDARY_REPLY
+    assert _settled()
+    deadline = time.monotonic() + WAIT
+    while len(ledger.entries()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hedge = next(e for e in ledger.entries() if e.kind == HEDGE_KIND)
+    assert hedge.cache_read_tokens == 4
+    uncached = hedge.input_tokens - hedge.cache_read_tokens
+    assert hedge.cost == (Decimal(uncached) * 10 + 4 * 1 + Decimal(hedge.output_tokens) * 20) / (
+        10**6
+    )
 
 
 async def test_achat_cancels_the_slow_primarys_request_when_the_hedge_answers(

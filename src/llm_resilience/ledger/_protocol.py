@@ -26,6 +26,7 @@ from llm_resilience.money import exact_sum, money, recorded_cost
 
 __all__ = [
     "DEFAULT_RESERVATION_TTL",
+    "DETAIL_COLUMNS",
     "WINDOWS",
     "SpendWindow",
     "CostLedger",
@@ -98,6 +99,11 @@ class LedgerEntry:
     stores an entry whose id it already holds only once, so a write retried after a
     failure that had in fact reached the database is not counted twice. It is not part
     of equality: two entries with the same facts compare equal.
+
+    The cache and reasoning counts (keyword-only, 0 when the provider did not report
+    them) are parts of the totals, as in :class:`~llm_resilience.usage.Usage`: cache reads
+    plus writes are at most ``input_tokens``, one-hour writes at most the writes,
+    reasoning at most ``output_tokens``; otherwise ``ValueError``.
     """
 
     #: When the call finished, timezone-aware, stored in UTC.
@@ -122,13 +128,22 @@ class LedgerEntry:
     scope: str | None = None
     #: Unique id of this entry; None only for rows stored before ids existed.
     entry_id: str | None = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
+    #: Of ``input_tokens``, those read from the provider's prompt cache.
+    cache_read_tokens: int = field(default=0, kw_only=True)
+    #: Of ``input_tokens``, those written to the provider's prompt cache (every lifetime).
+    cache_write_tokens: int = field(default=0, kw_only=True)
+    #: Of ``cache_write_tokens``, those written to be kept one hour (Anthropic).
+    cache_write_1h_tokens: int = field(default=0, kw_only=True)
+    #: Of ``output_tokens``, those spent reasoning.
+    reasoning_tokens: int = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timestamp", _utc("timestamp", self.timestamp))
         if not isinstance(self.kind, str) or not self.kind:
             raise TypeError(f"kind must be non-empty text, got {self.kind!r}")
-        for option in ("input_tokens", "output_tokens", "pages"):
+        for option in ("input_tokens", "output_tokens", "pages", *DETAIL_COLUMNS):
             _checks.count(option, getattr(self, option))
+        _check_parts(self)
         object.__setattr__(self, "cost", recorded_cost("cost", self.cost))
         if not isinstance(self.estimated, bool):
             raise TypeError(f"estimated must be a bool, got {self.estimated!r}")
@@ -148,13 +163,18 @@ def checked_entry(
     model: str | None,
     estimated: bool,
     scope: str | None,
+    cache_read_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    cache_write_1h_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> LedgerEntry:
     """A call's entry from values its budget gate already checked, built unchecked.
 
     The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
     the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
     validated prices and counts (so within :func:`~llm_resilience._checks.cost_in_range`)
-    and ``scope`` checked when the call was admitted. Only ``model`` and ``estimated``,
+    and ``scope`` checked when the call was admitted; the cache and reasoning counts are
+    the same ``Usage``'s (None there is 0 here). Only ``model`` and ``estimated``,
     which a caller of ``BudgetTicket.finish`` passes, are checked here. The result equals
     ``LedgerEntry(...)`` of the same values (a core test holds the two to that).
     """
@@ -174,7 +194,38 @@ def checked_entry(
     assign(entry, "surface", kind)
     assign(entry, "scope", scope)
     assign(entry, "entry_id", _ordered_id())
+    assign(entry, "cache_read_tokens", cache_read_tokens)
+    assign(entry, "cache_write_tokens", cache_write_tokens)
+    assign(entry, "cache_write_1h_tokens", cache_write_1h_tokens)
+    assign(entry, "reasoning_tokens", reasoning_tokens)
     return entry
+
+
+#: An entry's cache and reasoning counts, as fields and as SQL columns.
+DETAIL_COLUMNS = (
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "reasoning_tokens",
+)
+
+
+def _check_parts(entry: LedgerEntry) -> None:
+    if entry.cache_read_tokens + entry.cache_write_tokens > entry.input_tokens:
+        raise ValueError(
+            f"cache_read_tokens + cache_write_tokens ({entry.cache_read_tokens} + "
+            f"{entry.cache_write_tokens}) exceed input_tokens ({entry.input_tokens})"
+        )
+    if entry.cache_write_1h_tokens > entry.cache_write_tokens:
+        raise ValueError(
+            f"cache_write_1h_tokens ({entry.cache_write_1h_tokens}) exceed "
+            f"cache_write_tokens ({entry.cache_write_tokens})"
+        )
+    if entry.reasoning_tokens > entry.output_tokens:
+        raise ValueError(
+            f"reasoning_tokens ({entry.reasoning_tokens}) exceed "
+            f"output_tokens ({entry.output_tokens})"
+        )
 
 
 def _ordered_id() -> str:

@@ -164,6 +164,10 @@ def read_page(
             surface=row.surface or None,
             scope=row.scope or None,
             entry_id=row.entry_id or None,
+            cache_read_tokens=row.cache_read_tokens or 0,
+            cache_write_tokens=row.cache_write_tokens or 0,
+            cache_write_1h_tokens=row.cache_write_1h_tokens or 0,
+            reasoning_tokens=row.reasoning_tokens or 0,
         )
         for row in rows
         if (low is None or row.timestamp >= low) and (high is None or row.timestamp < high)

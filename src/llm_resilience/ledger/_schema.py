@@ -4,7 +4,10 @@ Three tables, created on first open:
 
 * ``cost_ledger``: one row per entry. The first release's columns (``id``,
   ``timestamp``, ``kind``, ``input_tokens``, ``output_tokens``, ``cost``) then ``pages``,
-  ``model``, ``estimated``, ``surface``, ``scope``, ``entry_id``; a table of an older shape
+  ``model``, ``estimated``, ``surface``, ``scope``, ``entry_id``, then the cache and
+  reasoning counts (``cache_read_tokens``, ``cache_write_tokens``,
+  ``cache_write_1h_tokens``, ``reasoning_tokens``: nullable, NULL in rows written before
+  them, read as 0); a table of an older shape
   gets the missing columns by ``ALTER TABLE ... ADD COLUMN``, in that order, every row
   kept, and its running totals built from its rows. ``entry_id`` (unique, NULL for rows
   written before it existed) makes every write idempotent: writing an entry twice stores
@@ -58,6 +61,7 @@ from sqlalchemy.sql.expression import CompoundSelect, Executable, TextClause
 from sqlalchemy.types import TypeDecorator
 
 from llm_resilience.ledger._protocol import (
+    DETAIL_COLUMNS,
     WINDOWS,
     LedgerEntry,
     Window,
@@ -195,6 +199,8 @@ _ledger = Table(
     Column("scope", Text),
     # NULL in rows written before ids existed; a unique index allows any number of NULLs.
     Column("entry_id", Text),
+    # Parts of the input and output counts; NULL in rows written before they existed.
+    *(Column(name, Integer) for name in DETAIL_COLUMNS),
     Index("ix_cost_ledger_timestamp", "timestamp"),
     Index("ux_cost_ledger_entry_id", "entry_id", unique=True),
 )
@@ -228,6 +234,7 @@ _ADDED_COLUMNS = (
     ("surface", "TEXT"),
     ("scope", "TEXT"),
     ("entry_id", "TEXT"),
+    *((name, "INTEGER") for name in DETAIL_COLUMNS),
 )
 _INDEXES = {
     table.name: {index.name for index in table.indexes} for table in (_ledger, _totals, holds)
@@ -266,9 +273,13 @@ def _postgres_record_statement(scoped: bool) -> TextClause:
         f"""
         WITH entry AS (
             INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost,
-                                     pages, model, estimated, surface, scope, entry_id)
+                                     pages, model, estimated, surface, scope, entry_id,
+                                     cache_read_tokens, cache_write_tokens,
+                                     cache_write_1h_tokens, reasoning_tokens)
             VALUES (:timestamp, :kind, :input_tokens, :output_tokens, :cost,
-                    :pages, :model, :estimated, :surface, :scope, :entry_id)
+                    :pages, :model, :estimated, :surface, :scope, :entry_id,
+                    :cache_read_tokens, :cache_write_tokens,
+                    :cache_write_1h_tokens, :reasoning_tokens)
             ON CONFLICT (entry_id) DO NOTHING
             RETURNING cost
         )
@@ -292,8 +303,10 @@ _POSTGRES_RECORD = {
 }
 _SQLITE_INSERT = (
     'INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost, pages, '
-    "model, estimated, surface, scope, entry_id) VALUES (:timestamp, :kind, :input_tokens, "
-    ":output_tokens, :cost, :pages, :model, :estimated, :surface, :scope, :entry_id) "
+    "model, estimated, surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
+    "cache_write_1h_tokens, reasoning_tokens) VALUES (:timestamp, :kind, :input_tokens, "
+    ":output_tokens, :cost, :pages, :model, :estimated, :surface, :scope, :entry_id, "
+    ":cache_read_tokens, :cache_write_tokens, :cache_write_1h_tokens, :reasoning_tokens) "
     "ON CONFLICT (entry_id) DO NOTHING"
 )
 _SQLITE_ADD = (
@@ -408,6 +421,10 @@ def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) 
         "surface": entry.surface,
         "scope": entry.scope,
         "entry_id": entry.entry_id,
+        "cache_read_tokens": entry.cache_read_tokens,
+        "cache_write_tokens": entry.cache_write_tokens,
+        "cache_write_1h_tokens": entry.cache_write_1h_tokens,
+        "reasoning_tokens": entry.reasoning_tokens,
         "day": window_key("day", entry.timestamp),
         "month": window_key("month", entry.timestamp),
         "shard": random.randrange(POSTGRES_TOTALS_SHARDS),
@@ -435,6 +452,10 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
         "surface": entry.surface,
         "scope": entry.scope,
         "entry_id": entry.entry_id,
+        "cache_read_tokens": entry.cache_read_tokens,
+        "cache_write_tokens": entry.cache_write_tokens,
+        "cache_write_1h_tokens": entry.cache_write_1h_tokens,
+        "reasoning_tokens": entry.reasoning_tokens,
     }
     if run(_SQLITE_INSERT, fields).rowcount == 0:
         return  # written before (a write that failed late, or the same entry twice)

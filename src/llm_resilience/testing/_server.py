@@ -39,6 +39,7 @@ from llm_resilience.testing._wire import (
     prefill_of,
     prefill_problem,
     prefill_rejection_body,
+    usage_details_option,
 )
 
 __all__ = ["Fault", "FaultInjectingServer", "FaultKind", "Provider", "ServedRequest"]
@@ -85,6 +86,20 @@ class FaultInjectingServer:
     assistant content cannot end with trailing whitespace").
     :meth:`Fault.prefill_rejected` plays a model that takes no prefill at all.
 
+    Prompt caching and reasoning: ``usage_details`` (e.g. ``{"cache_read": 900,
+    "cache_write_5m": 100, "cache_write_1h": 50, "reasoning": 7}``, every key optional,
+    each an int >= 0) makes every normal answer report those tokens as the provider does,
+    on top of the rough usage above: OpenAI adds the cache tokens to ``prompt_tokens``
+    (``prompt_tokens_details.cached_tokens``; writes, which OpenAI does not report, as
+    ``cache_write_tokens`` there) and the reasoning tokens to ``completion_tokens``
+    (``completion_tokens_details.reasoning_tokens``), in the body and in a stream's final
+    usage chunk; Anthropic keeps ``input_tokens`` uncached and reports
+    ``cache_read_input_tokens``, ``cache_creation_input_tokens`` with its ``cache_creation``
+    split by lifetime, and the reasoning inside ``output_tokens``
+    (``output_tokens_details.thinking_tokens``), in the body, ``message_start`` (input side)
+    and ``message_delta`` (all of it, cumulative). The attribute can be changed between
+    requests.
+
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
     """
@@ -95,9 +110,12 @@ class FaultInjectingServer:
         *,
         name: str = "fault-server",
         default_fault: Fault | None = None,
+        usage_details: Mapping[str, int] | None = None,
     ) -> None:
         #: The text every normal answer carries.
         self.reply = reply
+        #: Cache and reasoning tokens every normal answer reports (see the class docs).
+        self.usage_details = usage_details_option(usage_details)
         #: A label for logs and ``repr``.
         self.name = name
         self._default_fault = default_fault or Fault.ok()
@@ -368,7 +386,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._drop()
             return
         filtered = fault.after_chunks if fault.kind == "content_filtered" else None
-        answer = _Answer(provider, payload, self.server.owner.reply, tool, filtered_after=filtered)
+        owner = self.server.owner
+        answer = _Answer(
+            provider,
+            payload,
+            owner.reply,
+            tool,
+            filtered_after=filtered,
+            details=usage_details_option(owner.usage_details),
+        )
         delay = fault.delay_per_chunk or 0.0
         first_token_delay = (fault.seconds or 0.0) if fault.kind == "slow_first_token" else 0.0
         if not record.stream:

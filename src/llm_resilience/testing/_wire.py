@@ -352,6 +352,25 @@ def _word_chunks(text: str) -> list[str]:
 
 _Phase = Literal["head", "content", "tail"]
 
+#: The keys ``usage_details`` takes: cache reads, 5-minute and 1-hour cache writes, reasoning.
+USAGE_DETAIL_KEYS = ("cache_read", "cache_write_5m", "cache_write_1h", "reasoning")
+
+
+def usage_details_option(value: object) -> dict[str, int]:
+    """A server's ``usage_details`` checked: keys of :data:`USAGE_DETAIL_KEYS`, ints >= 0."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"usage_details must be a mapping of {USAGE_DETAIL_KEYS}, got {value!r}")
+    checked: dict[str, int] = {}
+    for key, count in value.items():
+        if key not in USAGE_DETAIL_KEYS:
+            raise ValueError(f"usage_details keys must be among {USAGE_DETAIL_KEYS}, got {key!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"usage_details[{key!r}] must be an int >= 0, got {count!r}")
+        checked[key] = count
+    return checked
+
 
 class _Answer:
     """The normal answer to one request, as one JSON body or as SSE events."""
@@ -364,8 +383,10 @@ class _Answer:
         tool: _ToolCall | None,
         *,
         filtered_after: int | None = None,
+        details: Mapping[str, int] | None = None,
     ) -> None:
         self.provider = provider
+        self.details = dict(details or {})
         self.payload = payload
         self.tool = tool
         self.model = str(payload.get("model") or "fault-server-model")
@@ -388,7 +409,8 @@ class _Answer:
             finish = "tool_use" if tool is not None else "end_turn"
             self.finish = "refusal" if self.filtered else finish
         self.input_tokens = _prompt_words(provider, payload)
-        self.output_tokens = max(1, len(self.pieces))
+        self.reasoning_tokens = self.details.get("reasoning", 0)
+        self.output_tokens = max(1, len(self.pieces)) + self.reasoning_tokens
         self.created = int(time.time())
         prefix = "chatcmpl-" if provider == "openai" else "msg_"
         self.id = prefix + uuid.uuid4().hex[:24]
@@ -411,13 +433,19 @@ class _Answer:
     # -- OpenAI ------------------------------------------------------------------------
 
     def _openai_usage(self) -> dict[str, Any]:
+        read = self.details.get("cache_read", 0)
+        written = self.details.get("cache_write_5m", 0) + self.details.get("cache_write_1h", 0)
+        prompt = self.input_tokens + read + written
+        prompt_details: dict[str, Any] = {"cached_tokens": read, "audio_tokens": 0}
+        if written:
+            prompt_details["cache_write_tokens"] = written
         return {
-            "prompt_tokens": self.input_tokens,
+            "prompt_tokens": prompt,
             "completion_tokens": self.output_tokens,
-            "total_tokens": self.input_tokens + self.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "total_tokens": prompt + self.output_tokens,
+            "prompt_tokens_details": prompt_details,
             "completion_tokens_details": {
-                "reasoning_tokens": 0,
+                "reasoning_tokens": self.reasoning_tokens,
                 "audio_tokens": 0,
                 "accepted_prediction_tokens": 0,
                 "rejected_prediction_tokens": 0,
@@ -507,12 +535,23 @@ class _Answer:
     # -- Anthropic ---------------------------------------------------------------------
 
     def _anthropic_usage(self, output_tokens: int) -> dict[str, Any]:
-        return {
+        five_minutes = self.details.get("cache_write_5m", 0)
+        one_hour = self.details.get("cache_write_1h", 0)
+        usage: dict[str, Any] = {
             "input_tokens": self.input_tokens,
             "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": five_minutes + one_hour,
+            "cache_read_input_tokens": self.details.get("cache_read", 0),
         }
+        if self.details:
+            usage["cache_creation"] = {
+                "ephemeral_5m_input_tokens": five_minutes,
+                "ephemeral_1h_input_tokens": one_hour,
+            }
+        if self.reasoning_tokens and output_tokens == self.output_tokens:
+            # Only with the final output count: the thinking is part of it.
+            usage["output_tokens_details"] = {"thinking_tokens": self.reasoning_tokens}
+        return usage
 
     def _anthropic_block(self, *, streaming: bool) -> dict[str, Any]:
         if self.tool is not None:

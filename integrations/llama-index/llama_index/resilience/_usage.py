@@ -10,6 +10,15 @@ integrations put them:
 * Anthropic-shaped: ``response.raw["usage"]`` (``input_tokens``/``output_tokens``) or
   ``response.message.additional_kwargs["usage"]``.
 
+Cache and reasoning counts (:func:`reported_details`) come from the raw usage: OpenAI's
+``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
+(both already inside ``prompt_tokens``/``completion_tokens``; the Responses API's
+``input_tokens_details``/``output_tokens_details`` alike), Anthropic's
+``cache_read_input_tokens``, ``cache_creation_input_tokens`` (split by lifetime in
+``cache_creation``) and ``output_tokens_details.thinking_tokens``. Anthropic's
+``input_tokens`` leaves its cache reads and writes out, so they are added back: the
+core's input count is every input token billed in some form.
+
 The serving model is ``raw.model`` when the provider reports it.
 """
 
@@ -23,7 +32,7 @@ from llama_index.core.base.llms.types import ChatMessage, ChatResponse, Completi
 from llama_index.core.llms.llm import LLM
 from llama_index.resilience.fallback import SERVED_BY_KEY
 
-from llm_resilience.usage import StreamUsage
+from llm_resilience.usage import StreamUsage, TokenDetails
 
 __all__ = [
     "StreamTally",
@@ -32,6 +41,7 @@ __all__ = [
     "output_cap",
     "prompt_pairs",
     "raw_model",
+    "reported_details",
     "reported_tokens",
 ]
 
@@ -88,6 +98,22 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
             return counts
         partial = partial or counts
     return partial or (None, None)
+
+
+def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
+    """The provider's cache and reasoning counts, from the same places as
+    :func:`reported_tokens` (the first that has any); None where not reported."""
+    places: list[Any] = [
+        _field(response.raw, "usage"),
+        _field(response.additional_kwargs, "usage"),
+    ]
+    if isinstance(response, ChatResponse):
+        places.append(_field(response.message.additional_kwargs, "usage"))
+    for place in places:
+        details = _details(place)
+        if details != _NONE:
+            return details
+    return _NONE
 
 
 def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
@@ -152,6 +178,11 @@ class StreamTally:
         return self._usage.output_tokens
 
     @property
+    def details(self) -> TokenDetails:
+        """The stream's cache and reasoning counts so far (:class:`StreamUsage`)."""
+        return self._usage.details
+
+    @property
     def started(self) -> bool:
         """Whether any chunk was added."""
         return bool(self._deltas)
@@ -163,7 +194,7 @@ class StreamTally:
 
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")
-        self._usage.add(*reported_tokens(chunk))
+        self._usage.add(*reported_tokens(chunk), reported_details(chunk))
         member = chunk.additional_kwargs.get(SERVED_BY_KEY)
         if member != self._member:
             # A fallback chain restarted the stream on another member: the name the
@@ -208,7 +239,49 @@ def _counts(place: Any) -> tuple[int | None, int | None] | None:
     )
     if found_in is None and found_out is None:
         return None
+    if found_in is not None:
+        # Anthropic counts its cache reads and writes apart from ``input_tokens``.
+        details = _anthropic_details(place)
+        if details is not None:
+            found_in += (details.cache_read_tokens or 0) + (details.cache_write_tokens or 0)
     return found_in, found_out
+
+
+_NONE = TokenDetails()
+
+
+def _details(place: Any) -> TokenDetails:
+    if place is None:
+        return _NONE
+    anthropic = _anthropic_details(place)
+    if anthropic is not None:
+        return anthropic
+    # OpenAI: Chat Completions, then the Responses API's names.
+    into = _field(place, "prompt_tokens_details") or _field(place, "input_tokens_details")
+    out = _field(place, "completion_tokens_details") or _field(place, "output_tokens_details")
+    return TokenDetails(
+        cache_read_tokens=_count(_field(into, "cached_tokens")),
+        cache_write_tokens=_count(_field(into, "cache_write_tokens")),
+        reasoning_tokens=_count(_field(out, "reasoning_tokens")),
+    )
+
+
+def _anthropic_details(place: Any) -> TokenDetails | None:
+    """Anthropic's cache and thinking counts, or None when ``place`` is not shaped so."""
+    read = _count(_field(place, "cache_read_input_tokens"))
+    created = _count(_field(place, "cache_creation_input_tokens"))
+    lifetimes = _field(place, "cache_creation")
+    if read is None and created is None and lifetimes is None:
+        return None
+    five_minutes = _count(_field(lifetimes, "ephemeral_5m_input_tokens"))
+    one_hour = _count(_field(lifetimes, "ephemeral_1h_input_tokens"))
+    by_lifetime = (five_minutes or 0) + (one_hour or 0)
+    return TokenDetails(
+        cache_read_tokens=read,
+        cache_write_tokens=by_lifetime if by_lifetime > 0 else created,
+        cache_write_1h_tokens=one_hour if by_lifetime > 0 else None,
+        reasoning_tokens=_count(_field(_field(place, "output_tokens_details"), "thinking_tokens")),
+    )
 
 
 def _json(value: Any) -> str:

@@ -55,6 +55,7 @@ from llama_index.resilience._usage import (
     output_cap,
     prompt_pairs,
     raw_model,
+    reported_details,
     reported_tokens,
     response_text,
 )
@@ -287,6 +288,7 @@ class CostTrackedLLM(DelegatingLLM):
             prompt=call.prompt,
             deltas=tally.deltas,
             delivered_text=tally.text(last) if last is not None else None,
+            details=tally.details,
         )
         member = self._member_named(last) if last is not None else None
         served = served_model(tally.model, member)
@@ -301,11 +303,15 @@ class CostTrackedLLM(DelegatingLLM):
         tally = call.tally
         if tally.started:
             reported_in, reported_out = tally.input_tokens, tally.output_tokens
+            details = tally.details
             text, model = tally.text(response), tally.model
         else:
             reported_in, reported_out = reported_tokens(response)
+            details = reported_details(response)
             text, model = response_text(response), raw_model(response)
-        usage = chat_usage(reported_in, reported_out, prompt=call.prompt, response_text=text)
+        usage = chat_usage(
+            reported_in, reported_out, prompt=call.prompt, response_text=text, details=details
+        )
         member = self._member_named(response)
         return usage, served_model(model, member, self.inner.metadata.model_name)
 

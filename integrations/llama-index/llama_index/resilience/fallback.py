@@ -803,7 +803,12 @@ def _smallest_known(values: Iterable[int]) -> int:
 def _loser_usage(llm: FallbackLLM, request: Sequence[ChatMessage] | str) -> LoserUsage:
     """Reads a hedged attempt that lost: the usage its provider reported, if any."""
     # ``_usage`` reads this module's SERVED_BY_KEY, so it is imported when first needed.
-    from llama_index.resilience._usage import prompt_pairs, raw_model, reported_tokens
+    from llama_index.resilience._usage import (
+        prompt_pairs,
+        raw_model,
+        reported_details,
+        reported_tokens,
+    )
 
     prompt = prompt_pairs(request)
 
@@ -812,12 +817,13 @@ def _loser_usage(llm: FallbackLLM, request: Sequence[ChatMessage] | str) -> Lose
             tally = StreamUsage()
             model = None
             for chunk in outcome:
-                tally.add(*reported_tokens(chunk))
+                tally.add(*reported_tokens(chunk), reported_details(chunk))
                 model = model or raw_model(chunk)
-            counts = (tally.input_tokens, tally.output_tokens)
+            counts, details = (tally.input_tokens, tally.output_tokens), tally.details
         else:
             counts, model = reported_tokens(outcome), raw_model(outcome)
-        usage = reported_usage(*counts, prompt=prompt)
+            details = reported_details(outcome)
+        usage = reported_usage(*counts, prompt=prompt, details=details)
         if usage is None:
             return None
         return usage, served_model(model, llm.llms[index].metadata.model_name)

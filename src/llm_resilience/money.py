@@ -198,6 +198,8 @@ class ModelPrice:
             ]
         )
         dearest_output = max([self.output_per_mtok, *_set(self.reasoning_price_per_mtok)])
+        if dearest_input == self.input_per_mtok and dearest_output == self.output_per_mtok:
+            return self  # no dearer rate (the usual price): a hold's hot path builds nothing
         return ModelPrice(dearest_input, dearest_output, self.embedding_per_mtok)
 
 
@@ -242,6 +244,12 @@ def cost_of(
     written_1h = usage.cache_write_1h_tokens or 0
     reasoning = usage.reasoning_tokens or 0
     plain_in, plain_out = price.input_per_mtok, price.output_per_mtok
+    if not (read or written or reasoning):  # no split reported: two products (the hot path)
+        total = EXACT.add(
+            EXACT.multiply(usage.input_tokens, plain_in),
+            EXACT.multiply(usage.output_tokens, plain_out),
+        )
+        return EXACT.divide(total, TOKENS_PER_MTOK)
     # The context converts the integer counts exactly (no ``Decimal`` built for them).
     parts = (
         EXACT.multiply(usage.input_tokens - read - written, plain_in),

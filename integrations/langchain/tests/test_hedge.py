@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from decimal import Decimal
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import httpx

@@ -23,7 +23,7 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic"]
+Provider = Literal["openai", "anthropic", "bedrock"]
 
 
 _FAULT_OPTIONS = (
@@ -80,7 +80,9 @@ class Fault:
 
         ``retry_after`` (seconds) and ``retry_after_ms`` become the ``retry-after`` and
         ``retry-after-ms`` headers. ``body`` replaces the error body: a mapping is sent as
-        JSON, a string verbatim as ``text/plain`` (a proxy's error page, say).
+        JSON, a string verbatim as ``text/plain`` (a proxy's error page, say). On the
+        Bedrock route a mapping's ``"__type"`` is sent as the ``x-amzn-ErrorType`` header
+        (AWS's error code), not in the body.
         """
         if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
             raise ValueError(f"code must be an HTTP error status between 400 and 599; got {code!r}")
@@ -106,7 +108,8 @@ class Fault:
         resulted in {tokens} tokens..."). Anthropic: an ``invalid_request_error`` whose
         message is ``"prompt is too long: {tokens} tokens > {maximum} maximum"``. Both
         SDKs raise ``BadRequestError`` for it; LangChain re-raises it as its
-        ``ContextOverflowError``.
+        ``ContextOverflowError``. Bedrock: a ``ValidationException``, "Input is too long
+        for requested model." (botocore raises ``ClientError``).
 
         >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
         >>> fault.body["error"]["message"]
@@ -137,8 +140,16 @@ class Fault:
                     "message": f"prompt is too long: {tokens} tokens > {maximum} maximum",
                 },
             }
+        elif provider == "bedrock":
+            # Bedrock states no token counts: a ValidationException and its message.
+            body = {
+                "__type": "ValidationException",
+                "message": "Input is too long for requested model.",
+            }
         else:
-            raise ValueError(f"provider must be 'openai' or 'anthropic'; got {provider!r}")
+            raise ValueError(
+                f"provider must be 'openai', 'anthropic' or 'bedrock'; got {provider!r}"
+            )
         return cls.status(400, body=body)
 
     @classmethod

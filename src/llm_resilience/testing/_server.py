@@ -1,7 +1,8 @@
-"""A local HTTP server that answers like OpenAI and Anthropic and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic and Bedrock and fails on cue.
 
-It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``) and
-the Anthropic Messages API (``POST /v1/messages``) for the real SDK clients, and the
+It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
+Anthropic Messages API (``POST /v1/messages``) and AWS Bedrock Runtime's Converse API
+(``POST /model/{modelId}/converse``; not ``converse-stream`` yet) for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
 answered; when the script is used up, requests get the normal answer (``default_fault``).
@@ -19,6 +20,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import deque
 from collections.abc import Mapping
@@ -33,6 +35,7 @@ from llm_resilience.testing._wire import (
     _number,
     _tool_to_call,
     _ToolCall,
+    bedrock_error,
     content_filter_body,
     error_event,
     malformed_event,
@@ -316,10 +319,25 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         path = self.path.split("?", 1)[0].rstrip("/")
         provider: Provider
+        bedrock_model: str | None = None
         if path.endswith("/chat/completions"):
             provider = "openai"
         elif path.endswith("/messages"):
             provider = "anthropic"
+        elif path.startswith("/model/") and path.endswith("/converse"):
+            provider = "bedrock"
+            bedrock_model = urllib.parse.unquote(path[len("/model/") : -len("/converse")])
+        elif path.startswith("/model/") and path.endswith("/converse-stream"):
+            # Bedrock's streams (AWS event-stream framing) are not served yet.
+            unknown, header = bedrock_error(
+                400,
+                {
+                    "__type": "UnknownOperationException",
+                    "message": "converse-stream is not served by the fault-injecting server",
+                },
+            )
+            self._send_json(400, unknown, headers={"x-amzn-ErrorType": str(header)})
+            return
         else:
             error = {"message": f"Unknown path {path}", "type": "not_found"}
             self._send_json(404, {"error": error})
@@ -336,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
         record = ServedRequest(
             path=path,
             provider=provider,
-            model=str(payload.get("model") or ""),
+            model=bedrock_model or str(payload.get("model") or ""),
             stream=bool(payload.get("stream")),
             fault=Fault.ok(),
             tool_call=tool is not None,
@@ -454,6 +472,12 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(fault.body, str):
             self._send_bytes(code, fault.body.encode(), "text/plain; charset=utf-8", headers)
             return
+        if provider == "bedrock":
+            sent, error_type = bedrock_error(code, fault.body)
+            if error_type is not None:
+                headers["x-amzn-ErrorType"] = error_type
+            self._send_json(code, sent, provider=provider, headers=headers)
+            return
         body = fault.body if fault.body is not None else _error_body(provider, code)
         self._send_json(code, body, provider=provider, headers=headers)
 
@@ -468,6 +492,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("x-request-id", f"req_{uuid.uuid4().hex}")
         elif provider == "anthropic":
             self.send_header("request-id", f"req_{uuid.uuid4().hex}")
+        elif provider == "bedrock":
+            self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
 
     def _send_json(
         self,

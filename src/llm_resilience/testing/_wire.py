@@ -44,7 +44,60 @@ _ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
 }
 
 
+# Bedrock Runtime's error codes (``x-amzn-ErrorType``) and messages by status, from
+# botocore's ``bedrock-runtime`` service model. A 502 or 504 comes from a gateway in front
+# of the service and carries no error type (the bodies are Amazon API Gateway's).
+_BEDROCK_ERRORS: dict[int, tuple[str | None, str]] = {
+    400: (
+        "ValidationException",
+        "Malformed input request, please reformat your input and try again.",
+    ),
+    403: (
+        "AccessDeniedException",
+        "You don't have access to the model with the specified model ID.",
+    ),
+    404: (
+        "ResourceNotFoundException",
+        "Could not resolve the foundation model from the provided model identifier.",
+    ),
+    408: (
+        "ModelTimeoutException",
+        "Model has timed out in processing the request. Try your request again.",
+    ),
+    429: (
+        "ThrottlingException",
+        "Too many requests, please wait before trying your request again.",
+    ),
+    500: (
+        "InternalServerException",
+        "The server encountered an internal error while processing the request.",
+    ),
+    502: (None, "Internal server error"),
+    503: ("ServiceUnavailableException", "Bedrock is unable to process your request."),
+    504: (None, "Endpoint request timed out"),
+}
+_BEDROCK_ERROR_NAMESPACE = ":http://internal.amazon.com/coral/com.amazon.bedrock/"
+
+
+def bedrock_error(code: int, body: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """Bedrock's error body (``{"message": ...}``) and ``x-amzn-ErrorType`` header value.
+
+    A given ``body``'s ``"__type"`` names the error code; without one, the status's own.
+    """
+    error_type, message = _BEDROCK_ERRORS.get(code, (None, f"Status {code}"))
+    if body is None:
+        sent: dict[str, Any] = {"message": message}
+    else:
+        sent = dict(body)
+        error_type = str(sent.pop("__type", None) or error_type or "") or None
+        sent.setdefault("message", message)
+    header = None if error_type is None else error_type + _BEDROCK_ERROR_NAMESPACE
+    return sent, header
+
+
 def _error_body(provider: Provider, code: int) -> dict[str, Any]:
+    if provider == "bedrock":
+        return bedrock_error(code, None)[0]
     if provider == "openai":
         message, kind, error_code = _OPENAI_ERRORS.get(
             code,
@@ -135,13 +188,14 @@ def _texts(content: object) -> Iterator[str]:
         yield content
     elif isinstance(content, list):
         for block in content:
-            if isinstance(block, dict) and block.get("type") == "text":
+            # Bedrock's Converse blocks are ``{"text": ...}``, with no ``type``.
+            if isinstance(block, dict) and block.get("type", "text") == "text":
                 yield str(block.get("text") or "")
 
 
 def _prompt_words(provider: Provider, payload: Mapping[str, Any]) -> int:
     texts: list[str] = []
-    if provider == "anthropic":
+    if provider in ("anthropic", "bedrock"):
         texts.extend(_texts(payload.get("system")))
     for message in payload.get("messages") or []:
         if isinstance(message, dict):
@@ -407,7 +461,8 @@ class _Answer:
             self.finish = "content_filter" if self.filtered else finish
         else:
             finish = "tool_use" if tool is not None else "end_turn"
-            self.finish = "refusal" if self.filtered else finish
+            refusal = "content_filtered" if provider == "bedrock" else "refusal"
+            self.finish = refusal if self.filtered else finish
         self.input_tokens = _prompt_words(provider, payload)
         self.reasoning_tokens = self.details.get("reasoning", 0)
         self.output_tokens = max(1, len(self.pieces)) + self.reasoning_tokens
@@ -417,7 +472,22 @@ class _Answer:
         self.tool_id = ("call_" if provider == "openai" else "toolu_") + uuid.uuid4().hex[:24]
 
     def body(self) -> dict[str, Any]:
+        if self.provider == "bedrock":
+            return self._bedrock_body()
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
+
+    def _bedrock_body(self) -> dict[str, Any]:
+        # Bedrock Runtime's Converse answer.
+        return {
+            "output": {"message": {"role": "assistant", "content": [{"text": self.text}]}},
+            "stopReason": self.finish,
+            "usage": {
+                "inputTokens": self.input_tokens,
+                "outputTokens": self.output_tokens,
+                "totalTokens": self.input_tokens + self.output_tokens,
+            },
+            "metrics": {"latencyMs": 1},
+        }
 
     def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
         """SSE events, each with its phase: before, within or after the content chunks.

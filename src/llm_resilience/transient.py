@@ -7,10 +7,14 @@ An error is transient when trying the same request elsewhere (or later) may succ
   aiohttp and google's clients; an error that arrives mid-stream, on a response that
   already said 200, counts with the status its error type stands for: Anthropic's
   ``error`` event by its type, OpenAI's in-stream ``error`` object of type
-  ``server_error`` as a 500);
+  ``server_error`` as a 500; a botocore ``ClientError`` with the status its AWS error
+  code stands for: ``ThrottlingException`` and the other throttling codes 429,
+  ``ServiceUnavailableException`` 503, ``InternalServerException`` 500,
+  ``ModelTimeoutException`` 504);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
-  uses, httpcore, requests, urllib3, aiohttp, the SDKs' ``APIConnectionError``, builtin
+  uses, httpcore, requests, urllib3, aiohttp, botocore's connection, read-timeout and
+  closed-connection errors, the SDKs' ``APIConnectionError``, builtin
   ``ConnectionError``);
 * it is a timeout (builtin and asyncio ``TimeoutError``, the transports' and SDKs'
   timeouts, a fallback chain's own per-client timeout);
@@ -117,6 +121,13 @@ _TRANSPORT_TYPES: frozenset[tuple[str, str]] = frozenset(
         ("openai", "APITimeoutError"),
         ("anthropic", "APIConnectionError"),
         ("anthropic", "APITimeoutError"),
+        # botocore (boto3): ``ConnectionError`` covers EndpointConnectionError (refused,
+        # DNS), ConnectTimeoutError and ProxyConnectionError; the other two are a read
+        # timeout and a connection closed before or during the response.
+        ("botocore", "ConnectionError"),
+        ("botocore", "ReadTimeoutError"),
+        ("botocore", "ConnectionClosedError"),
+        ("botocore", "ResponseStreamingError"),
         # LangChain's typed errors, by type: a rate-limit error is a 429 by definition,
         # connection and timeout errors are transport failures. ``ModelAPIError`` (any
         # 5xx) is left to its status, so 500 stays non-transient by default although
@@ -142,6 +153,26 @@ _ANTHROPIC_ERROR_TYPE_STATUS: dict[str, int] = {
 # The error types of an OpenAI stream's in-body ``error`` object and the statuses they
 # stand for: a stream that fails after its 200 says ``server_error``, a 500's type.
 _OPENAI_STREAM_ERROR_TYPE_STATUS: dict[str, int] = {"server_error": 500}
+# AWS error codes (botocore's ``ClientError.response["Error"]["Code"]``) and the statuses
+# they stand for. AWS names a throttle by its code, whatever status carries it (older
+# services send ``ThrottlingException`` with a 400), so the code decides: the throttling
+# codes count as 429, ``ServiceUnavailableException`` as 503 (both transient by
+# default), ``InternalServerException`` as 500 and Bedrock's ``ModelTimeoutException``
+# (sent with 408) as 504, like Anthropic's ``timeout_error``: server errors, transient
+# under the server-errors preset. Any other code counts with its HTTP status.
+_AWS_ERROR_CODE_STATUS: dict[str, int] = {
+    "ThrottlingException": 429,
+    "Throttling": 429,
+    "ThrottledException": 429,
+    "TooManyRequestsException": 429,
+    "RequestLimitExceeded": 429,
+    "ModelNotReadyException": 429,
+    "ServiceUnavailableException": 503,
+    "ServiceUnavailable": 503,
+    "InternalServerException": 500,
+    "InternalFailure": 500,
+    "ModelTimeoutException": 504,
+}
 
 
 def status_code_of(exc: BaseException) -> int | None:
@@ -153,7 +184,15 @@ def status_code_of(exc: BaseException) -> int | None:
     gives the status of its error type, e.g. 529 for ``overloaded_error``, and the
     error object of an OpenAI stream (the ``body`` of the SDK's ``APIError``,
     ``{"type": "server_error", ...}``) gives 500.
+    A botocore ``ClientError`` (boto3) counts with the status its AWS error code stands
+    for (``ThrottlingException`` 429, ``ServiceUnavailableException`` 503,
+    ``InternalServerException`` 500, ``ModelTimeoutException`` 504), else with its
+    ``ResponseMetadata.HTTPStatusCode``.
     """
+    aws = _aws_error(exc)
+    if aws is not None:
+        code, status, _message = aws
+        return _AWS_ERROR_CODE_STATUS.get(code, status) if code else status
     for holder in (exc, _safe_getattr(exc, "response")):
         if holder is None:
             continue
@@ -175,6 +214,27 @@ def status_code_of(exc: BaseException) -> int | None:
         if isinstance(error_type, str):
             return _OPENAI_STREAM_ERROR_TYPE_STATUS.get(error_type)
     return None
+
+
+def _aws_error(exc: BaseException) -> tuple[str, int | None, str] | None:
+    """``(code, HTTP status, message)`` of a botocore ``ClientError``, else None."""
+    if not any(
+        klass.__name__ == "ClientError" and klass.__module__.partition(".")[0] == "botocore"
+        for klass in type(exc).__mro__
+    ):
+        return None
+    response = _safe_getattr(exc, "response")
+    if not isinstance(response, Mapping):
+        return ("", None, "")
+    error = response.get("Error")
+    error = error if isinstance(error, Mapping) else {}
+    metadata = response.get("ResponseMetadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    raw = metadata.get("HTTPStatusCode")
+    status = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if status is not None and not 400 <= status <= 599:
+        status = None
+    return (str(error.get("Code") or ""), status, str(error.get("Message") or ""))
 
 
 def _safe_getattr(obj: object, name: str) -> object:
@@ -215,8 +275,12 @@ def _is_broken_stream_event(exc: BaseException) -> bool:
 
 
 def _message_has_keyword(exc: BaseException) -> bool:
+    # A botocore ClientError's text names its error code ("... (ModelTimeoutException)
+    # when calling ..."); the code is classified by ``status_code_of``, only the
+    # provider's message counts here.
+    aws = _aws_error(exc)
     try:
-        text = str(exc).lower()
+        text = (aws[2] if aws is not None else str(exc)).lower()
     except Exception:
         return False
     return any(keyword in text for keyword in _KEYWORDS)
@@ -307,7 +371,8 @@ def retry_after_of(exc: BaseException, *, now: Callable[[], float] | None = None
 
     ``Retry-After`` may be seconds or an HTTP date. Looks at the error's ``response``
     headers (openai, anthropic, httpx, requests) or its own ``headers`` (aiohttp), along
-    the cause chain. Returns None when no usable header is present.
+    the cause chain, or a botocore ``ClientError``'s ``ResponseMetadata.HTTPHeaders``.
+    Returns None when no usable header is present.
     """
     import email.utils
     import time
@@ -316,6 +381,11 @@ def retry_after_of(exc: BaseException, *, now: Callable[[], float] | None = None
         headers = _safe_getattr(_safe_getattr(error, "response"), "headers")
         if headers is None:
             headers = _safe_getattr(error, "headers")
+        if headers is None and _aws_error(error) is not None:
+            # botocore keeps the response headers, lower-cased, in its metadata.
+            response = _safe_getattr(error, "response")
+            metadata = response.get("ResponseMetadata") if isinstance(response, Mapping) else None
+            headers = metadata.get("HTTPHeaders") if isinstance(metadata, Mapping) else None
         if headers is None or not hasattr(headers, "get"):
             continue
         raw_ms = _header(headers, "retry-after-ms")

@@ -165,6 +165,7 @@ _OVERFLOW_PHRASES = (
     "prompt is too long",
     "exceed context limit",
     "contextwindowexceedederror",
+    "input is too long",
 )
 # LangChain's own type for it (langchain_core.exceptions.ContextOverflowError), which
 # langchain-openai and langchain-anthropic raise; matched by name, never imported.
@@ -189,7 +190,8 @@ def is_context_overflow(exc: BaseException | None) -> bool:
     True for LangChain's ``ContextOverflowError`` (and the provider subclasses that
     langchain-openai and langchain-anthropic raise), and for a 400 (or 413) whose error
     code or message says so: OpenAI's ``context_length_exceeded``, Anthropic's
-    ``prompt is too long: N tokens > M maximum``, along the ``raise ... from`` chain.
+    ``prompt is too long: N tokens > M maximum``, Bedrock's ``ValidationException``
+    "Input is too long for requested model", along the ``raise ... from`` chain.
 
     >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
     True

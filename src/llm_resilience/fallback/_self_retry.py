@@ -16,6 +16,32 @@ _CLIENT_ATTRIBUTES = ("root_client", "client", "_client", "root_async_client", "
 
 _warned = WarnedOnce()
 
+# Attempts in all by botocore's retry modes when no count is configured.
+_BOTOCORE_DEFAULT_ATTEMPTS = {"legacy": 5, "standard": 3, "adaptive": 3}
+_BOTOCORE_SETTING = "retries.total_max_attempts"
+
+
+def _botocore_retries(model: object) -> int | None:
+    """Retries (attempts after the first) of a boto3/botocore client, else None.
+
+    A botocore client keeps its effective retry settings in ``meta.config.retries``:
+    ``total_max_attempts`` (``Config(retries={"max_attempts": N})`` is stored as
+    ``N + 1`` there), else its ``mode``'s default: 3 attempts in ``standard`` and
+    ``adaptive``, 5 in ``legacy``.
+    """
+    if not any(k.__module__.partition(".")[0] == "botocore" for k in type(model).__mro__):
+        return None
+    try:
+        retries = model.meta.config.retries  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    if not isinstance(retries, dict):
+        return None
+    total = retries.get("total_max_attempts")
+    if not isinstance(total, int) or isinstance(total, bool):
+        total = _BOTOCORE_DEFAULT_ATTEMPTS.get(str(retries.get("mode") or "standard"))
+    return None if total is None else max(0, total - 1)
+
 
 def self_retry_setting(model: object) -> tuple[str, int] | None:
     """The setting through which ``model`` retries on its own, as ``(name, retries)``.
@@ -25,10 +51,16 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     the openai client's default of 2 in force). Returns None when no retrying is found,
     and for a wrapper of ours (a layer with layers below it): it retries only through
     what it wraps, which is checked on its own (a chain would otherwise answer with
-    its primary's ``max_retries``, which it forwards).
+    its primary's ``max_retries``, which it forwards). A boto3 client (Bedrock) retries
+    through ``meta.config.retries``: ``("retries.total_max_attempts", attempts)`` when it
+    makes more than one attempt.
     """
     if layers_below(model):
         return None
+    botocore_retries = _botocore_retries(model)
+    if botocore_retries is not None:
+        # Reported as the attempts in all, the setting's own unit.
+        return (_BOTOCORE_SETTING, botocore_retries + 1) if botocore_retries > 0 else None
     own = getattr(model, "max_retries", None)
     if isinstance(own, int) and not isinstance(own, bool):
         return ("max_retries", own) if own > 0 else None
@@ -58,14 +90,20 @@ def _warn_once(model: object, *, position: int, role: str) -> None:
     if not _warned.first(model):
         return
     name, retries = setting
+    advice = (
+        'Build it with Config(retries={"total_max_attempts": 1}).'
+        if name == _BOTOCORE_SETTING
+        else "Build it with max_retries=0."
+    )
     label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
     described = f"{type(model).__name__}({label})" if label else type(model).__name__
     logger.warning(
         "Client %d of the %s, %s, retries by itself (%s=%d): each failure waits out its "
-        "whole retry schedule before failover. Build it with max_retries=0.",
+        "whole retry schedule before failover. %s",
         position,
         role,
         described,
         name,
         retries,
+        advice,
     )

@@ -75,6 +75,18 @@ _OPENAI_OVERLOADED = {
 }
 
 
+# -- Bedrock's own error codes (sent as ``x-amzn-ErrorType``) -------------------------------
+
+_BEDROCK_NOT_READY = {
+    "__type": "ModelNotReadyException",
+    "message": "Model is not ready to serve inference requests. Try your request again later.",
+}
+_BEDROCK_BAD_KEY = {
+    "__type": "UnrecognizedClientException",
+    "message": "The security token included in the request is invalid.",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """One kind of failure, as each provider sends it."""
@@ -90,14 +102,19 @@ class Column:
     target: Target = "server"
     #: The failing member's client timeout.
     timeout: float = TIMEOUT
-    #: The status the propagated error carries (checked with ``status_code_of``).
-    status: int | None = None
+    #: The status the propagated error carries (checked with ``status_code_of``); a
+    #: mapping gives it per provider.
+    status: int | Mapping[str, int] | None = None
     #: What the provider sends, for the table's notes.
     note: str = ""
 
     def expected(self, classifier: Classifier, row: Row) -> Outcome:
         outcome = self.default if classifier == "default" else self.server_errors
         return outcome if isinstance(outcome, str) else outcome[row.provider]
+
+    def status_for(self, row: Row) -> int | None:
+        status = self.status
+        return status if status is None or isinstance(status, int) else status[row.provider]
 
 
 def _status(code: int, **options: Any) -> Callable[[Row, Mode], Fault | None]:
@@ -115,6 +132,16 @@ def _azure_or(
     return lambda row, mode: (azure if row.provider == "Azure OpenAI" else other)(row, mode)
 
 
+def _bedrock_or(
+    bedrock: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (bedrock if row.wire == "bedrock" else other)(row, mode)
+
+
+def _never(row: Row, mode: Mode) -> Fault | None:
+    return None
+
+
 def _rate_limited_with_retry_after(row: Row, mode: Mode) -> Fault | None:
     if mode == "stream-after":
         return None
@@ -130,6 +157,8 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
         return Fault.status(529)
     if mode == "stream-after":
         return None
+    if row.wire == "bedrock":
+        return Fault.status(429, body=_BEDROCK_NOT_READY)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
     return Fault.status(503, body=_OPENAI_OVERLOADED)
@@ -170,33 +199,50 @@ COLUMNS: tuple[Column, ...] = (
         "429", "rate limited (429)",
         _azure_or(_status(429, body=_AZURE_429), _status(429)),
         "falls back", "falls back",
-        note="Azure: its own body (`code` \"429\").",
+        note="Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException`.",
     ),
     Column(
         "429-retry-after", "rate limited (429 + `Retry-After`)", _rate_limited_with_retry_after,
         "falls back", "falls back",
         note="`retry-after: 1`; Azure adds `retry-after-ms: 1000`.",
     ),
-    Column("503", "unavailable (503)", _status(503), "falls back", "falls back"),
+    Column(
+        "503", "unavailable (503)", _status(503), "falls back", "falls back",
+        note="Bedrock: `ServiceUnavailableException`.",
+    ),
     Column(
         "overloaded", "overloaded", _overloaded,
-        {"OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates"},
+        {
+            "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
+            "AWS Bedrock": "falls back",
+        },
         "falls back", status=529,
         note=(
             "Anthropic: 529 `overloaded_error` (mid-stream: its `error` event); OpenAI: 503 "
             "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
-            "provisioned deployment at capacity)."
+            "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`."
         ),
     ),
     Column(
         "500", "server error (500)", _server_error, "propagates", "falls back", status=500,
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
-            "(`server_error`) on the 200 stream."
+            "(`server_error`) on the 200 stream. Bedrock: `InternalServerException`."
         ),
     ),
-    Column("502", "bad gateway (502)", _status(502), "propagates", "falls back", status=502),
-    Column("504", "gateway timeout (504)", _status(504), "propagates", "falls back", status=504),
+    Column(
+        "502", "bad gateway (502)", _status(502), "propagates", "falls back", status=502,
+        note="Bedrock: a gateway's 502 with no AWS error code.",
+    ),
+    Column(
+        "504", "gateway timeout (504)",
+        _bedrock_or(_status(408, body={"__type": "ModelTimeoutException"}), _status(504)),
+        "propagates", "falls back", status=504,
+        note=(
+            "Bedrock: its own timeout, 408 `ModelTimeoutException`, which counts as a 504 "
+            "(like Anthropic's `timeout_error`)."
+        ),
+    ),
     Column(
         "refused", "connection refused", _no_server, "falls back", "falls back",
         target="refused", note="A closed port on 127.0.0.1.",
@@ -220,23 +266,39 @@ COLUMNS: tuple[Column, ...] = (
     Column("400", "bad request (400)", _status(400), "propagates", "propagates", status=400),
     Column(
         "401", "unauthorised (401)",
-        _azure_or(_status(401, body=_AZURE_401), _status(401)),
-        "propagates", "propagates", status=401,
+        _bedrock_or(
+            _status(403, body=_BEDROCK_BAD_KEY),
+            _azure_or(_status(401, body=_AZURE_401), _status(401)),
+        ),
+        "propagates", "propagates",
+        status={"OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403},
+        note="Bedrock: a bad key is a 403 `UnrecognizedClientException`.",
     ),
-    Column("403", "forbidden (403)", _status(403), "propagates", "propagates", status=403),
+    Column(
+        "403", "forbidden (403)", _status(403), "propagates", "propagates", status=403,
+        note="Bedrock: `AccessDeniedException`.",
+    ),
     Column(
         "404", "not found (404)",
         _azure_or(_status(404, body=_AZURE_404), _status(404)),
         "propagates", "propagates", status=404,
-        note="Azure: `DeploymentNotFound`.",
+        note="Azure: `DeploymentNotFound`; Bedrock: `ResourceNotFoundException`.",
     ),
     Column(
         "context", "context too long", _context, "propagates", "propagates", status=400,
-        note="OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\".",
+        note=(
+            "OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\"; "
+            "Bedrock: `ValidationException` \"Input is too long for requested model.\""
+        ),
     ),
     Column(
-        "content-filter", "content filtered", _filtered, "propagates", "propagates", status=400,
-        note="Azure's 400 `content_filter` with `innererror.code` `ResponsibleAIPolicyViolation`.",
+        "content-filter", "content filtered", _bedrock_or(_never, _filtered),
+        "propagates", "propagates", status=400,
+        note=(
+            "Azure's 400 `content_filter` with `innererror.code` "
+            "`ResponsibleAIPolicyViolation`. Bedrock has no such error: a guardrail answers "
+            "200 with `stopReason` `guardrail_intervened`."
+        ),
     ),
 )  # fmt: skip
 
@@ -269,7 +331,11 @@ ASYNC_CELLS: frozenset[tuple[str, Mode]] = frozenset(
 
 
 def async_cells() -> list[Cell]:
-    return [cell for cell in cells() if (cell.column.key, cell.mode) in ASYNC_CELLS]
+    return [
+        cell
+        for cell in cells()
+        if (cell.column.key, cell.mode) in ASYNC_CELLS and cell.row.acall is not None
+    ]
 
 
 def classifiers_to_prove(cell: Cell, *, every: bool) -> tuple[Classifier, ...]:
@@ -286,6 +352,8 @@ def cells() -> list[Cell]:
     for row in ROWS:
         for column in COLUMNS:
             for mode in MODES:
+                if mode != "call" and row.stream is None:
+                    continue
                 fault = column.fault(row, mode)
                 if fault is not None:
                     found.append(Cell(row, column, mode, fault))

@@ -3,7 +3,7 @@ fallback chain of two of them is called and streamed.
 
 Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
-``llama-index-llms-anthropic``) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``llama-index-llms-anthropic``, ``boto3`` for AWS Bedrock) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Wire = Literal["openai", "anthropic"]
+Wire = Literal["openai", "anthropic", "bedrock"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -23,6 +23,8 @@ OPENAI_MODEL = "gpt-4o-mini"
 AZURE_DEPLOYMENT = "gpt-4o-mini-deployment"
 AZURE_API_VERSION = "2024-10-21"
 CLAUDE = "claude-haiku-4-5"
+#: A Bedrock model id; botocore sends it in the path, its ``:`` escaped.
+BEDROCK_MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
 # A host name that can never resolve (RFC 6761): a DNS failure without any network.
 UNRESOLVABLE_HOST = "nonexistent.invalid"
 
@@ -58,16 +60,18 @@ class Row:
     chain: Callable[[list[Any], Any], Any]
     #: ``call(chain)``: one request; the reply text.
     call: Callable[[Any], str]
-    #: ``stream(chain)``: one streamed request; the text of each content chunk, as it comes.
-    stream: Callable[[Any], Iterator[str]]
+    #: ``stream(chain)``: one streamed request; the text of each content chunk, as it
+    #: comes; None where the fault server does not speak the row's stream format yet.
+    stream: Callable[[Any], Iterator[str]] | None
     #: The package the row needs importable.
     package: str
-    #: ``amember(endpoint, ...)``: a member for async calls (the SDKs' async clients).
-    amember: Callable[..., Any]
+    #: ``amember(endpoint, ...)``: a member for async calls (the SDKs' async clients);
+    #: None, with ``acall`` and ``astream``, for a client with no async API (boto3).
+    amember: Callable[..., Any] | None
     #: ``await acall(chain)``: one async request; the reply text.
-    acall: Callable[[Any], Awaitable[str]]
+    acall: Callable[[Any], Awaitable[str]] | None
     #: ``astream(chain)``: one async streamed request; each content chunk's text.
-    astream: Callable[[Any], AsyncIterator[str]]
+    astream: Callable[[Any], AsyncIterator[str]] | None
 
 
 # -- the three surfaces' chains ----------------------------------------------------------
@@ -295,6 +299,41 @@ async def _anthropic_sdk_astream(chain: Any) -> AsyncIterator[str]:
             yield text
 
 
+# -- AWS Bedrock through boto3 -----------------------------------------------------------
+
+
+def _bedrock_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    # botocore counts attempts: ``total_max_attempts`` is the first request plus the
+    # retries (its ``max_attempts`` counts retries only). None keeps its default mode.
+    retries = {} if max_retries is None else {"total_max_attempts": max_retries + 1}
+    return boto3.client(
+        "bedrock-runtime",
+        endpoint_url=endpoint.root,
+        region_name="us-east-1",
+        aws_access_key_id="FAKE",
+        aws_secret_access_key="FAKE",
+        config=Config(
+            retries={"mode": "standard", **retries},
+            connect_timeout=timeout,
+            read_timeout=timeout,
+        ),
+    )
+
+
+def _bedrock_request(client: Any) -> Any:
+    return client.converse(
+        modelId=BEDROCK_MODEL, messages=[{"role": "user", "content": [{"text": QUESTION}]}]
+    )
+
+
+def _bedrock_sdk_call(chain: Any) -> str:
+    reply = chain.invoke(lambda _index, client: _bedrock_request(client))
+    return "".join(block.get("text", "") for block in reply["output"]["message"]["content"])
+
+
 # -- LangChain ---------------------------------------------------------------------------
 
 
@@ -406,5 +445,12 @@ ROWS: tuple[Row, ...] = (
         "anthropic-llamaindex", "Anthropic", "LlamaIndex", "llama_index.llms.anthropic.Anthropic",
         "anthropic", _llama_anthropic, _llama_chain, _llama_call, _llama_stream,
         "llama_index.llms.anthropic", amember=_llama_anthropic, acall=_llama_acall, astream=_llama_astream,
+    ),
+    # Converse only: no stream (the fault server does not frame AWS event streams yet),
+    # no async (boto3 has none).
+    Row(
+        "bedrock-sdk", "AWS Bedrock", "SDK", 'boto3.client("bedrock-runtime")', "bedrock",
+        _bedrock_sdk, _core_chain, _bedrock_sdk_call, None, "boto3",
+        amember=None, acall=None, astream=None,
     ),
 )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
@@ -25,7 +26,7 @@ from provider_cases import (
     cells,
     classifiers_to_prove,
 )
-from provider_surfaces import AZURE_DEPLOYMENT, UNRESOLVABLE_HOST, Endpoint, Row
+from provider_surfaces import AZURE_DEPLOYMENT, BEDROCK_MODEL, UNRESOLVABLE_HOST, Endpoint, Row
 
 from llm_resilience import TransientClassifier
 from llm_resilience.testing import FaultInjectingServer
@@ -39,6 +40,8 @@ PATHS = {
     "OpenAI": "/v1/chat/completions",
     "Azure OpenAI": f"/openai/deployments/{AZURE_DEPLOYMENT}/chat/completions",
     "Anthropic": "/v1/messages",
+    # botocore escapes the model id's ``:`` in the path.
+    "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
 }
 CLASSIFIER_OBJECTS: dict[Classifier, TransientClassifier] = {
     "default": TransientClassifier(),
@@ -64,6 +67,7 @@ def _member(row: Row, endpoint: Endpoint, timeout: float, *, asynchronous: bool 
     key = (row.key, endpoint, timeout, asynchronous)
     if key not in _members:
         build = row.amember if asynchronous else row.member
+        assert build is not None, f"{row.key} has no async client"
         _members[key] = build(endpoint, timeout=timeout, max_retries=0)
     return _members[key]
 
@@ -125,6 +129,7 @@ def test_each_provider_failure_falls_back_or_propagates_as_the_matrix_says(
         if cell.mode == "call":
             return row.call(chain)
         # Chunks are taken one at a time, so a failure mid-stream leaves those before it.
+        assert row.stream is not None, f"{row.key} has no stream"
         for text in row.stream(chain):
             delivered.append(text)
         return "".join(delivered)
@@ -140,8 +145,8 @@ def test_each_provider_failure_falls_back_or_propagates_as_the_matrix_says(
     else:
         with pytest.raises(Exception) as caught:
             run()
-        if column.status is not None:
-            assert _status_along(caught.value) == column.status, repr(caught.value)
+        if column.status_for(row) is not None:
+            assert _status_along(caught.value) == column.status_for(row), repr(caught.value)
         assert healthy.requests == []
         expected_delivered = DELIVERED if cell.mode == "stream-after" else 0
         assert len(delivered) == expected_delivered
@@ -174,6 +179,8 @@ async def test_the_async_paths_fall_back_or_propagate_as_the_matrix_says(
     delivered: list[str] = []
 
     async def run() -> str:
+        assert row.acall is not None, f"{row.key} has no async"
+        assert row.astream is not None, f"{row.key} has no async stream"
         if cell.mode == "call":
             return await row.acall(chain)
         async for text in row.astream(chain):
@@ -190,8 +197,8 @@ async def test_the_async_paths_fall_back_or_propagate_as_the_matrix_says(
     else:
         with pytest.raises(Exception) as caught:
             await run()
-        if column.status is not None:
-            assert _status_along(caught.value) == column.status, repr(caught.value)
+        if column.status_for(row) is not None:
+            assert _status_along(caught.value) == column.status_for(row), repr(caught.value)
         assert healthy.requests == []
         assert len(delivered) == (DELIVERED if cell.mode == "stream-after" else 0)
     assert len(failing.requests) == 1

@@ -22,7 +22,7 @@ from llm_resilience.testing import Fault, FaultInjectingServer
 HEALTHY_REPLY = "the healthy member answered this request"
 
 # Requests the failing member makes with its package's defaults. openai and anthropic
-# retry twice. LlamaIndex's OpenAI passes its max_retries=3 to the SDK (4 requests) and
+# retry twice; boto3 makes 3 attempts. LlamaIndex's OpenAI passes its max_retries=3 to the SDK (4 requests) and
 # also wraps each call in its own retry loop of 3 attempts: 12 requests, and waits of
 # a second or more between its attempts whatever the server asked for.
 REQUESTS_WITH_DEFAULTS = {
@@ -34,6 +34,9 @@ REQUESTS_WITH_DEFAULTS = {
     "anthropic-sdk": 3,
     "anthropic-langchain": 3,
     "anthropic-llamaindex": 11,
+    # botocore's default ``standard`` retry mode: 3 attempts in all. It does not read
+    # ``retry-after-ms``: its own backoff (up to 1 s, then 2 s) is waited out.
+    "bedrock-sdk": 3,
 }
 
 
@@ -115,4 +118,7 @@ def test_the_chain_warns_that_a_member_left_with_its_sdk_default_retries_by_itse
         _run(row, servers, max_retries=None)
     warnings = _self_retry_warnings(caplog)
     assert len(warnings) == 1, warnings
-    assert re.search(r"Client 0 of the fallback chain, .*max_retries=\d+\)", warnings[0])
+    assert re.search(
+        r"Client 0 of the fallback chain, .*(max_retries|retries\.total_max_attempts)=\d+\)",
+        warnings[0],
+    )

@@ -23,7 +23,7 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic", "bedrock"]
+Provider = Literal["openai", "anthropic", "bedrock", "gemini"]
 
 
 _FAULT_OPTIONS = (
@@ -109,7 +109,9 @@ class Fault:
         message is ``"prompt is too long: {tokens} tokens > {maximum} maximum"``. Both
         SDKs raise ``BadRequestError`` for it; LangChain re-raises it as its
         ``ContextOverflowError``. Bedrock: a ``ValidationException``, "Input is too long
-        for requested model." (botocore raises ``ClientError``).
+        for requested model." (botocore raises ``ClientError``). Gemini: a 400
+        ``INVALID_ARGUMENT``, "The input token count ({tokens}) exceeds the maximum number of
+        tokens allowed ({maximum})." (google-genai raises ``ClientError``).
 
         >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
         >>> fault.body["error"]["message"]
@@ -146,9 +148,15 @@ class Fault:
                 "__type": "ValidationException",
                 "message": "Input is too long for requested model.",
             }
+        elif provider == "gemini":
+            message = (
+                f"The input token count ({tokens}) exceeds the maximum number of tokens "
+                f"allowed ({maximum})."
+            )
+            body = {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
         else:
             raise ValueError(
-                f"provider must be 'openai', 'anthropic' or 'bedrock'; got {provider!r}"
+                f"provider must be 'openai', 'anthropic', 'bedrock' or 'gemini'; got {provider!r}"
             )
         return cls.status(400, body=body)
 

@@ -1,8 +1,10 @@
-"""A local HTTP server that answers like OpenAI, Anthropic and Bedrock and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock and Gemini and fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``) and AWS Bedrock Runtime's Converse API
-(``POST /model/{modelId}/converse``; not ``converse-stream`` yet) for the real SDK clients, and the
+(``POST /model/{modelId}/converse``; not ``converse-stream`` yet) and the Gemini API
+(``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
+for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
 answered; when the script is used up, requests get the normal answer (``default_fault``).
@@ -38,6 +40,7 @@ from llm_resilience.testing._wire import (
     bedrock_error,
     content_filter_body,
     error_event,
+    gemini_blocked_prompt,
     malformed_event,
     prefill_of,
     prefill_problem,
@@ -319,14 +322,20 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         path = self.path.split("?", 1)[0].rstrip("/")
         provider: Provider
-        bedrock_model: str | None = None
+        path_model: str | None = None
+        gemini_stream = False
         if path.endswith("/chat/completions"):
             provider = "openai"
         elif path.endswith("/messages"):
             provider = "anthropic"
         elif path.startswith("/model/") and path.endswith("/converse"):
             provider = "bedrock"
-            bedrock_model = urllib.parse.unquote(path[len("/model/") : -len("/converse")])
+            path_model = urllib.parse.unquote(path[len("/model/") : -len("/converse")])
+        elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
+            provider = "gemini"
+            model, _, method = path.rsplit("/", 1)[1].partition(":")
+            path_model = urllib.parse.unquote(model)
+            gemini_stream = method == "streamGenerateContent"
         elif path.startswith("/model/") and path.endswith("/converse-stream"):
             # Bedrock's streams (AWS event-stream framing) are not served yet.
             unknown, header = bedrock_error(
@@ -354,8 +363,8 @@ class _Handler(BaseHTTPRequestHandler):
         record = ServedRequest(
             path=path,
             provider=provider,
-            model=bedrock_model or str(payload.get("model") or ""),
-            stream=bool(payload.get("stream")),
+            model=path_model or str(payload.get("model") or ""),
+            stream=gemini_stream or bool(payload.get("stream")),
             fault=Fault.ok(),
             tool_call=tool is not None,
             at=time.monotonic(),
@@ -391,6 +400,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(400, problem, provider=provider)
             return
         if fault.kind == "content_filtered" and fault.status_code is not None:
+            if provider == "gemini":
+                # Gemini blocks a prompt with a 200 and ``promptFeedback.blockReason``.
+                self._send_blocked_prompt(payload, record.stream)
+                return
             self._send_json(fault.status_code, content_filter_body(provider), provider=provider)
             return
         if fault.kind == "refuse" or (fault.kind == "drop_mid_stream" and not record.stream):
@@ -461,6 +474,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(event)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def _send_blocked_prompt(self, payload: dict[str, Any], stream: bool) -> None:
+        blocked = gemini_blocked_prompt(payload)
+        if not stream:
+            self._send_json(200, blocked, provider="gemini")
+            return
+        data = b"data: " + json.dumps(blocked).encode() + b"\n\n"
+        self._send_bytes(200, data, "text/event-stream; charset=utf-8", provider="gemini")
 
     def _send_status_fault(self, provider: Provider, fault: Fault) -> None:
         code = cast(int, fault.status_code)

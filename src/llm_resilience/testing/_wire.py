@@ -1,4 +1,5 @@
-"""The OpenAI and Anthropic wire formats the fake server speaks: errors, answers, events."""
+"""The OpenAI, Anthropic, Bedrock and Gemini wire formats the fake server speaks: errors,
+answers, events."""
 
 from __future__ import annotations
 
@@ -95,9 +96,63 @@ def bedrock_error(code: int, body: Mapping[str, Any] | None) -> tuple[dict[str, 
     return sent, header
 
 
+# The Gemini API's errors by status: ``google.rpc.Status`` as JSON, ``{"error": {"code",
+# "message", "status", "details"}}``. A 429 carries a ``RetryInfo`` detail.
+_GEMINI_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("INVALID_ARGUMENT", "Request contains an invalid argument."),
+    401: (
+        "UNAUTHENTICATED",
+        "Request had invalid authentication credentials. Expected OAuth 2 access token, "
+        "login cookie or other valid authentication credential.",
+    ),
+    403: ("PERMISSION_DENIED", "Method doesn't allow unregistered callers."),
+    404: (
+        "NOT_FOUND",
+        "models/unknown is not found for API version v1beta, or is not supported for "
+        "generateContent.",
+    ),
+    429: (
+        "RESOURCE_EXHAUSTED",
+        "You exceeded your current quota, please check your plan and billing details.",
+    ),
+    500: ("INTERNAL", "An internal error has occurred. Please retry or report."),
+    502: ("UNAVAILABLE", "Bad Gateway"),
+    503: ("UNAVAILABLE", "The model is overloaded. Please try again later."),
+    504: ("DEADLINE_EXCEEDED", "Deadline expired before operation could complete."),
+}
+#: The ``retryDelay`` a Gemini 429 states in its ``RetryInfo`` detail.
+GEMINI_RETRY_DELAY = "7s"
+
+
+def gemini_error(code: int) -> dict[str, Any]:
+    """The Gemini API's error body for ``code``; a 429 with ``RetryInfo`` (``retryDelay``)."""
+    status, message = _GEMINI_ERRORS.get(code, ("UNKNOWN", f"Status {code}"))
+    error: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if code == 429:
+        error["details"] = [
+            {
+                "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                "violations": [
+                    {
+                        "quotaMetric": "generativelanguage.googleapis.com/"
+                        "generate_content_free_tier_requests",
+                        "quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                    }
+                ],
+            },
+            {
+                "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                "retryDelay": GEMINI_RETRY_DELAY,
+            },
+        ]
+    return {"error": error}
+
+
 def _error_body(provider: Provider, code: int) -> dict[str, Any]:
     if provider == "bedrock":
         return bedrock_error(code, None)[0]
+    if provider == "gemini":
+        return gemini_error(code)
     if provider == "openai":
         message, kind, error_code = _OPENAI_ERRORS.get(
             code,
@@ -142,6 +197,24 @@ def _invalid_request(provider: Provider, message: str, code: str | None = None) 
 
 def prefill_rejection_body(provider: Provider) -> dict[str, Any]:
     return _invalid_request(provider, PREFILL_REJECTION)
+
+
+def gemini_blocked_prompt(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemini's answer to a prompt its safety filter blocks: a 200 with no candidates."""
+    words = _prompt_words("gemini", payload)
+    return {
+        "promptFeedback": {
+            "blockReason": "SAFETY",
+            "safetyRatings": [
+                {
+                    "category": "HARM_CATEGORY_DANGEROUS_CONTENT",
+                    "probability": "HIGH",
+                    "blocked": True,
+                }
+            ],
+        },
+        "usageMetadata": {"promptTokenCount": words, "totalTokenCount": words},
+    }
 
 
 def content_filter_body(provider: Provider) -> dict[str, Any]:
@@ -200,6 +273,11 @@ def _prompt_words(provider: Provider, payload: Mapping[str, Any]) -> int:
     for message in payload.get("messages") or []:
         if isinstance(message, dict):
             texts.extend(_texts(message.get("content")))
+    # Gemini: ``contents`` of ``{"role", "parts": [{"text"}]}``, and ``systemInstruction``.
+    system = payload.get("systemInstruction")
+    for message in [system, *(payload.get("contents") or [])]:
+        if isinstance(message, dict):
+            texts.extend(_texts(message.get("parts")))
     return max(1, sum(len(text.split()) for text in texts))
 
 
@@ -459,6 +537,8 @@ class _Answer:
         if provider == "openai":
             finish = "tool_calls" if tool is not None else "stop"
             self.finish = "content_filter" if self.filtered else finish
+        elif provider == "gemini":
+            self.finish = "SAFETY" if self.filtered else "STOP"
         else:
             finish = "tool_use" if tool is not None else "end_turn"
             refusal = "content_filtered" if provider == "bedrock" else "refusal"
@@ -474,6 +554,8 @@ class _Answer:
     def body(self) -> dict[str, Any]:
         if self.provider == "bedrock":
             return self._bedrock_body()
+        if self.provider == "gemini":
+            return self._gemini_chunk(self.text, self.finish, self.output_tokens)
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
 
     def _bedrock_body(self) -> dict[str, Any]:
@@ -495,10 +577,54 @@ class _Answer:
         ``end_marker=False`` leaves out the stream's last event (OpenAI's ``[DONE]``,
         Anthropic's ``message_stop``) and nothing else.
         """
+        if self.provider == "gemini":
+            return self._gemini_events()
         events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
         if end_marker:
             return events
         return (item for item in events if item[0] not in _END_MARKERS)
+
+    # -- Gemini ------------------------------------------------------------------------
+
+    def _gemini_usage(self, output_tokens: int) -> dict[str, Any]:
+        read = self.details.get("cache_read", 0)
+        # ``promptTokenCount`` includes the cached part; thoughts are not in
+        # ``candidatesTokenCount`` but are in the total.
+        prompt = self.input_tokens + read
+        candidates = output_tokens - self.reasoning_tokens
+        usage: dict[str, Any] = {
+            "promptTokenCount": prompt,
+            "candidatesTokenCount": candidates,
+            "totalTokenCount": prompt + output_tokens,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
+        }
+        if read:
+            usage["cachedContentTokenCount"] = read
+        if self.reasoning_tokens:
+            usage["thoughtsTokenCount"] = self.reasoning_tokens
+        return usage
+
+    def _gemini_chunk(self, text: str, finish: str | None, output_tokens: int) -> dict[str, Any]:
+        # A generateContent answer; each streamGenerateContent event is one too.
+        candidate: dict[str, Any] = {
+            "content": {"parts": [{"text": text}], "role": "model"},
+            "index": 0,
+        }
+        if finish is not None:
+            candidate["finishReason"] = finish
+        return {
+            "candidates": [candidate],
+            "usageMetadata": self._gemini_usage(output_tokens),
+            "modelVersion": self.model,
+            "responseId": self.id,
+        }
+
+    def _gemini_events(self) -> Iterator[tuple[bytes, _Phase]]:
+        # Gemini sends no head and no end marker: each event carries text and the running
+        # usage; the last one the finish reason and the final counts.
+        for piece in self.pieces:
+            yield _sse(self._gemini_chunk(piece, None, self.output_tokens)), "content"
+        yield _sse(self._gemini_chunk("", self.finish, self.output_tokens)), "tail"
 
     # -- OpenAI ------------------------------------------------------------------------
 
@@ -696,6 +822,8 @@ def malformed_event(provider: Provider) -> bytes:
     """
     if provider == "openai":
         return b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "cho\n\n'
+    if provider == "gemini":
+        return b'data: {"candidates": [{"content": {"parts": [{"te\n\n'
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -706,7 +834,7 @@ def error_event(provider: Provider, code: int) -> bytes:
     OpenAI: a ``data:`` event whose object holds ``error`` in the API's error shape.
     """
     body = _error_body(provider, code)
-    if provider == "openai":
+    if provider in ("openai", "gemini"):
         return _sse({"error": body["error"]})
     body.pop("request_id", None)
     return b"event: error\n" + _sse(body)

@@ -10,7 +10,9 @@ An error is transient when trying the same request elsewhere (or later) may succ
   ``server_error`` as a 500; a botocore ``ClientError`` with the status its AWS error
   code stands for: ``ThrottlingException`` and the other throttling codes 429,
   ``ServiceUnavailableException`` 503, ``InternalServerException`` 500,
-  ``ModelTimeoutException`` 504);
+  ``ModelTimeoutException`` 504; a google-genai ``APIError`` by its ``code``, so Gemini's
+  ``RESOURCE_EXHAUSTED`` is a 429 and ``UNAVAILABLE`` a 503, ``INTERNAL`` 500 and
+  ``DEADLINE_EXCEEDED`` 504 transient under the server-errors preset);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
   uses, httpcore, requests, urllib3, aiohttp, botocore's connection, read-timeout and
@@ -372,44 +374,95 @@ def retry_after_of(exc: BaseException, *, now: Callable[[], float] | None = None
     ``Retry-After`` may be seconds or an HTTP date. Looks at the error's ``response``
     headers (openai, anthropic, httpx, requests) or its own ``headers`` (aiohttp), along
     the cause chain, or a botocore ``ClientError``'s ``ResponseMetadata.HTTPHeaders``.
-    Returns None when no usable header is present.
+    With no such header, a google-genai ``APIError`` whose body holds a
+    ``google.rpc.RetryInfo`` detail gives its ``retryDelay`` (``"7s"``), as Gemini's 429
+    ``RESOURCE_EXHAUSTED`` states it. Returns None when no usable delay is present.
     """
+    for error in _chain(exc):
+        found = _header_delay(error, now)
+        if found is None:
+            found = _retry_info_delay(error)
+        if found is not None:
+            return found
+    return None
+
+
+def _header_delay(error: BaseException, now: Callable[[], float] | None) -> float | None:
     import email.utils
     import time
 
-    for error in _chain(exc):
-        headers = _safe_getattr(_safe_getattr(error, "response"), "headers")
-        if headers is None:
-            headers = _safe_getattr(error, "headers")
-        if headers is None and _aws_error(error) is not None:
-            # botocore keeps the response headers, lower-cased, in its metadata.
-            response = _safe_getattr(error, "response")
-            metadata = response.get("ResponseMetadata") if isinstance(response, Mapping) else None
-            headers = metadata.get("HTTPHeaders") if isinstance(metadata, Mapping) else None
-        if headers is None or not hasattr(headers, "get"):
+    headers = _safe_getattr(_safe_getattr(error, "response"), "headers")
+    if headers is None:
+        headers = _safe_getattr(error, "headers")
+    if headers is None and _aws_error(error) is not None:
+        # botocore keeps the response headers, lower-cased, in its metadata.
+        response = _safe_getattr(error, "response")
+        metadata = response.get("ResponseMetadata") if isinstance(response, Mapping) else None
+        headers = metadata.get("HTTPHeaders") if isinstance(metadata, Mapping) else None
+    if headers is None or not hasattr(headers, "get"):
+        return None
+    raw_ms = _header(headers, "retry-after-ms")
+    if raw_ms is not None:
+        try:
+            millis = float(raw_ms)
+        except ValueError:
+            millis = -1.0
+        if millis >= 0 and millis == millis:
+            return millis / 1000.0
+    raw = _header(headers, "retry-after")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        current = now() if now is not None else time.time()
+        seconds = when.timestamp() - current
+    if seconds == seconds and seconds != float("inf"):
+        return max(0.0, seconds)
+    return None
+
+
+_RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
+
+
+def _is_google_api_error(exc: BaseException) -> bool:
+    return any(
+        klass.__name__ == "APIError" and klass.__module__ == "google.genai.errors"
+        for klass in type(exc).__mro__
+    )
+
+
+def _retry_info_delay(error: BaseException) -> float | None:
+    """The ``retryDelay`` of a google-genai ``APIError``'s ``RetryInfo`` detail, in seconds.
+
+    ``details`` holds the response body, ``{"error": {..., "details": [...]}}``; the
+    delay is a protobuf ``Duration`` in JSON, ``"7s"`` or ``"0.5s"``.
+    """
+    if not _is_google_api_error(error):
+        return None
+    body = _safe_getattr(error, "details")
+    if not isinstance(body, Mapping):
+        return None
+    inner = body.get("error", body)
+    details = inner.get("details") if isinstance(inner, Mapping) else None
+    if not isinstance(details, list):
+        return None
+    for detail in details:
+        if not isinstance(detail, Mapping) or detail.get("@type") != _RETRY_INFO_TYPE:
             continue
-        raw_ms = _header(headers, "retry-after-ms")
-        if raw_ms is not None:
-            try:
-                millis = float(raw_ms)
-            except ValueError:
-                millis = -1.0
-            if millis >= 0 and millis == millis:
-                return millis / 1000.0
-        raw = _header(headers, "retry-after")
-        if raw is None:
+        delay = detail.get("retryDelay")
+        if not isinstance(delay, str) or not delay.endswith("s"):
             continue
         try:
-            seconds = float(raw)
+            seconds = float(delay[:-1])
         except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(raw)
-            except (TypeError, ValueError):
-                continue
-            current = now() if now is not None else time.time()
-            seconds = when.timestamp() - current
-        if seconds == seconds and seconds != float("inf"):
-            return max(0.0, seconds)
+            continue
+        if seconds == seconds and 0 <= seconds != float("inf"):
+            return seconds
     return None
 
 

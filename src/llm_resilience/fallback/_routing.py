@@ -166,6 +166,8 @@ _OVERFLOW_PHRASES = (
     "exceed context limit",
     "contextwindowexceedederror",
     "input is too long",
+    # Gemini: "The input token count (N) exceeds the maximum number of tokens allowed (M)."
+    "exceeds the maximum number of tokens allowed",
 )
 # LangChain's own type for it (langchain_core.exceptions.ContextOverflowError), which
 # langchain-openai and langchain-anthropic raise; matched by name, never imported.
@@ -179,6 +181,7 @@ _LIMIT_PATTERNS = (
     re.compile(r"configured limit of (\d+)"),
     re.compile(r"tokens? > (\d+) maximum"),
     re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)"),
+    re.compile(r"maximum number of tokens allowed \((\d+)\)"),
 )
 
 _MAX_CAUSE_DEPTH = 8
@@ -191,7 +194,9 @@ def is_context_overflow(exc: BaseException | None) -> bool:
     langchain-openai and langchain-anthropic raise), and for a 400 (or 413) whose error
     code or message says so: OpenAI's ``context_length_exceeded``, Anthropic's
     ``prompt is too long: N tokens > M maximum``, Bedrock's ``ValidationException``
-    "Input is too long for requested model", along the ``raise ... from`` chain.
+    "Input is too long for requested model", Gemini's ``INVALID_ARGUMENT`` "The input
+    token count (N) exceeds the maximum number of tokens allowed (M).", along the
+    ``raise ... from`` chain.
 
     >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
     True

@@ -43,6 +43,39 @@ def _botocore_retries(model: object) -> int | None:
     return None if total is None else max(0, total - 1)
 
 
+_GENAI_DEFAULT_ATTEMPTS = 5  # google-genai's attempts when HttpRetryOptions gives none
+_GENAI_SETTING = "http_options.retry_options.attempts"
+
+
+def _top_package(model: object) -> str:
+    return type(model).__module__.partition(".")[0]
+
+
+def _genai_attempts(model: object) -> int | None:
+    """Attempts in all of a google-genai ``Client``/``AsyncClient``, else None.
+
+    The client retries only when its ``HttpOptions`` carry ``retry_options``: then
+    ``attempts`` in all (0 counts as 1, unset as google-genai's default of 5). With no
+    ``retry_options`` it makes one attempt.
+    """
+    klass = type(model)
+    if klass.__module__ != "google.genai.client" or klass.__name__ not in (
+        "Client",
+        "AsyncClient",
+    ):
+        return None
+    try:
+        options = model._api_client._http_options.retry_options  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    if options is None:
+        return 1
+    attempts = getattr(options, "attempts", None)
+    if not isinstance(attempts, int) or isinstance(attempts, bool):
+        return _GENAI_DEFAULT_ATTEMPTS
+    return max(1, attempts)
+
+
 def self_retry_setting(model: object) -> tuple[str, int] | None:
     """The setting through which ``model`` retries on its own, as ``(name, retries)``.
 
@@ -53,7 +86,9 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     what it wraps, which is checked on its own (a chain would otherwise answer with
     its primary's ``max_retries``, which it forwards). A boto3 client (Bedrock) retries
     through ``meta.config.retries``: ``("retries.total_max_attempts", attempts)`` when it
-    makes more than one attempt.
+    makes more than one attempt. A google-genai client retries through its
+    ``HttpOptions.retry_options``: ``("http_options.retry_options.attempts", attempts)``;
+    ``ChatGoogleGenerativeAI``'s ``max_retries`` counts attempts in all (1: no retry).
     """
     if layers_below(model):
         return None
@@ -61,7 +96,14 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     if botocore_retries is not None:
         # Reported as the attempts in all, the setting's own unit.
         return (_BOTOCORE_SETTING, botocore_retries + 1) if botocore_retries > 0 else None
+    genai_attempts = _genai_attempts(model)
+    if genai_attempts is not None:
+        return (_GENAI_SETTING, genai_attempts) if genai_attempts > 1 else None
     own = getattr(model, "max_retries", None)
+    if _top_package(model) == "langchain_google_genai" and isinstance(own, int):
+        # Attempts in all, passed on as google-genai's HttpRetryOptions(attempts=...),
+        # where 0 counts as 1.
+        return ("max_retries", own) if own > 1 else None
     if isinstance(own, int) and not isinstance(own, bool):
         return ("max_retries", own) if own > 0 else None
     for attribute in _CLIENT_ATTRIBUTES:
@@ -90,11 +132,14 @@ def _warn_once(model: object, *, position: int, role: str) -> None:
     if not _warned.first(model):
         return
     name, retries = setting
-    advice = (
-        'Build it with Config(retries={"total_max_attempts": 1}).'
-        if name == _BOTOCORE_SETTING
-        else "Build it with max_retries=0."
-    )
+    if name == _BOTOCORE_SETTING:
+        advice = 'Build it with Config(retries={"total_max_attempts": 1}).'
+    elif name == _GENAI_SETTING:
+        advice = "Build it with HttpOptions(retry_options=HttpRetryOptions(attempts=1))."
+    elif _top_package(model) == "langchain_google_genai":
+        advice = "Build it with max_retries=1 (its attempts in all)."
+    else:
+        advice = "Build it with max_retries=0."
     label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
     described = f"{type(model).__name__}({label})" if label else type(model).__name__
     logger.warning(

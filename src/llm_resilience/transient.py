@@ -189,7 +189,8 @@ def status_code_of(exc: BaseException) -> int | None:
     A botocore ``ClientError`` (boto3) counts with the status its AWS error code stands
     for (``ThrottlingException`` 429, ``ServiceUnavailableException`` 503,
     ``InternalServerException`` 500, ``ModelTimeoutException`` 504), else with its
-    ``ResponseMetadata.HTTPStatusCode``.
+    ``ResponseMetadata.HTTPStatusCode``. An error langchain-google-genai re-raised
+    (``GoogleRateLimitError`` and its kin carry no status) has its cause's.
     """
     aws = _aws_error(exc)
     if aws is not None:
@@ -215,6 +216,14 @@ def status_code_of(exc: BaseException) -> int | None:
         error_type = body.get("type")
         if isinstance(error_type, str):
             return _OPENAI_STREAM_ERROR_TYPE_STATUS.get(error_type)
+    cause = exc.__cause__
+    if cause is not None and any(
+        klass.__module__.partition(".")[0] == "langchain_google_genai"
+        for klass in type(exc).__mro__
+    ):
+        # langchain-google-genai re-raises google-genai's ClientError as its own
+        # GoogleRateLimitError, GoogleInvalidRequestError, ... with no status, ``from`` it.
+        return status_code_of(cause)
     return None
 
 

@@ -226,6 +226,7 @@ def test_langchain_s_wrapped_gemini_errors_keep_their_verdicts_and_retry_delay(
         with pytest.raises(Exception) as caught:
             model.invoke("Hi")
         verdicts[code] = (is_transient(caught.value), PRESET(caught.value))
+        assert status_code_of(caught.value) == code
         if code == 429:
             assert retry_after_of(caught.value) == 7.0
     assert verdicts == {429: (True, True), 500: (False, True), 401: (False, False)}

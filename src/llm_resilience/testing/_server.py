@@ -358,6 +358,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(payload, dict):
             self._send_json(400, _error_body(provider, 400))
             return
+        if provider == "gemini" and path_model:
+            # Gemini names the model in the path; its answer's ``modelVersion`` repeats it.
+            payload.setdefault("model", path_model)
         owner = self.server.owner
         tool = _tool_to_call(provider, payload)
         record = ServedRequest(

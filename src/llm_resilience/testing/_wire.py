@@ -116,7 +116,6 @@ _GEMINI_ERRORS: dict[int, tuple[str, str]] = {
         "You exceeded your current quota, please check your plan and billing details.",
     ),
     500: ("INTERNAL", "An internal error has occurred. Please retry or report."),
-    502: ("UNAVAILABLE", "Bad Gateway"),
     503: ("UNAVAILABLE", "The model is overloaded. Please try again later."),
     504: ("DEADLINE_EXCEEDED", "Deadline expired before operation could complete."),
 }

@@ -87,6 +87,34 @@ _BEDROCK_BAD_KEY = {
 }
 
 
+# -- Gemini's own answers -----------------------------------------------------------------
+
+# A bad API key: Gemini answers 400 INVALID_ARGUMENT (not 401), reason API_KEY_INVALID.
+_GEMINI_BAD_KEY = {
+    "error": {
+        "code": 400,
+        "message": "API key not valid. Please pass a valid API key.",
+        "status": "INVALID_ARGUMENT",
+        "details": [
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "API_KEY_INVALID",
+                "domain": "googleapis.com",
+                "metadata": {"service": "generativelanguage.googleapis.com"},
+            }
+        ],
+    }
+}
+# A 502 comes from Google's front end, as an HTML page, not as a google.rpc.Status.
+_GOOGLE_502 = (
+    "<!DOCTYPE html>\n<html lang=en>\n  <meta charset=utf-8>\n"
+    "  <title>Error 502 (Server Error)!!1</title>\n"
+    "  <p><b>502.</b> <ins>That's an error.</ins>\n"
+    "  <p>The server encountered a temporary error and could not complete your request."
+    "<p>Please try again in 30 seconds.  <ins>That's all we know.</ins>\n"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """One kind of failure, as each provider sends it."""
@@ -138,6 +166,12 @@ def _bedrock_or(
     return lambda row, mode: (bedrock if row.wire == "bedrock" else other)(row, mode)
 
 
+def _gemini_or(
+    gemini: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (gemini if row.wire == "gemini" else other)(row, mode)
+
+
 def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
@@ -159,6 +193,9 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
         return None
     if row.wire == "bedrock":
         return Fault.status(429, body=_BEDROCK_NOT_READY)
+    if row.wire == "gemini":
+        # Gemini's own 503 UNAVAILABLE: "The model is overloaded. Please try again later."
+        return Fault.status(503)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
     return Fault.status(503, body=_OPENAI_OVERLOADED)
@@ -199,7 +236,10 @@ COLUMNS: tuple[Column, ...] = (
         "429", "rate limited (429)",
         _azure_or(_status(429, body=_AZURE_429), _status(429)),
         "falls back", "falls back",
-        note="Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException`.",
+        note=(
+            "Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException`; Gemini: "
+            "`RESOURCE_EXHAUSTED` with a `RetryInfo` detail, `retryDelay` \"7s\"."
+        ),
     ),
     Column(
         "429-retry-after", "rate limited (429 + `Retry-After`)", _rate_limited_with_retry_after,
@@ -208,31 +248,37 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "503", "unavailable (503)", _status(503), "falls back", "falls back",
-        note="Bedrock: `ServiceUnavailableException`.",
+        note="Bedrock: `ServiceUnavailableException`; Gemini: `UNAVAILABLE`.",
     ),
     Column(
         "overloaded", "overloaded", _overloaded,
         {
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
-            "AWS Bedrock": "falls back",
+            "AWS Bedrock": "falls back", "Google Gemini": "falls back",
         },
         "falls back", status=529,
         note=(
             "Anthropic: 529 `overloaded_error` (mid-stream: its `error` event); OpenAI: 503 "
             "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
-            "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`."
+            "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`; "
+            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"."
         ),
     ),
     Column(
         "500", "server error (500)", _server_error, "propagates", "falls back", status=500,
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
-            "(`server_error`) on the 200 stream. Bedrock: `InternalServerException`."
+            "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`). "
+            "Bedrock: `InternalServerException`; Gemini: `INTERNAL`."
         ),
     ),
     Column(
-        "502", "bad gateway (502)", _status(502), "propagates", "falls back", status=502,
-        note="Bedrock: a gateway's 502 with no AWS error code.",
+        "502", "bad gateway (502)", _gemini_or(_status(502, body=_GOOGLE_502), _status(502)),
+        "propagates", "falls back", status=502,
+        note=(
+            "Bedrock: a gateway's 502 with no AWS error code; Gemini: Google's front end's "
+            "HTML error page."
+        ),
     ),
     Column(
         "504", "gateway timeout (504)",
@@ -240,7 +286,7 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "falls back", status=504,
         note=(
             "Bedrock: its own timeout, 408 `ModelTimeoutException`, which counts as a 504 "
-            "(like Anthropic's `timeout_error`)."
+            "(like Anthropic's `timeout_error`). Gemini: `DEADLINE_EXCEEDED`."
         ),
     ),
     Column(
@@ -268,36 +314,52 @@ COLUMNS: tuple[Column, ...] = (
         "401", "unauthorised (401)",
         _bedrock_or(
             _status(403, body=_BEDROCK_BAD_KEY),
-            _azure_or(_status(401, body=_AZURE_401), _status(401)),
+            _gemini_or(
+                _status(400, body=_GEMINI_BAD_KEY),
+                _azure_or(_status(401, body=_AZURE_401), _status(401)),
+            ),
         ),
         "propagates", "propagates",
-        status={"OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403},
-        note="Bedrock: a bad key is a 403 `UnrecognizedClientException`.",
+        status={
+            "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
+            "Google Gemini": 400,
+        },
+        note=(
+            "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
+            "`INVALID_ARGUMENT` \"API key not valid\" (reason `API_KEY_INVALID`)."
+        ),
     ),
     Column(
         "403", "forbidden (403)", _status(403), "propagates", "propagates", status=403,
-        note="Bedrock: `AccessDeniedException`.",
+        note="Bedrock: `AccessDeniedException`; Gemini: `PERMISSION_DENIED`.",
     ),
     Column(
         "404", "not found (404)",
         _azure_or(_status(404, body=_AZURE_404), _status(404)),
         "propagates", "propagates", status=404,
-        note="Azure: `DeploymentNotFound`; Bedrock: `ResourceNotFoundException`.",
+        note=(
+            "Azure: `DeploymentNotFound`; Bedrock: `ResourceNotFoundException`; Gemini: "
+            "`NOT_FOUND`."
+        ),
     ),
     Column(
         "context", "context too long", _context, "propagates", "propagates", status=400,
         note=(
             "OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\"; "
-            "Bedrock: `ValidationException` \"Input is too long for requested model.\""
+            "Bedrock: `ValidationException` \"Input is too long for requested model.\"; "
+            "Gemini: `INVALID_ARGUMENT` \"The input token count (N) exceeds the maximum "
+            "number of tokens allowed (M).\""
         ),
     ),
     Column(
-        "content-filter", "content filtered", _bedrock_or(_never, _filtered),
+        "content-filter", "content filtered", _bedrock_or(_never, _gemini_or(_never, _filtered)),
         "propagates", "propagates", status=400,
         note=(
             "Azure's 400 `content_filter` with `innererror.code` "
             "`ResponsibleAIPolicyViolation`. Bedrock has no such error: a guardrail answers "
-            "200 with `stopReason` `guardrail_intervened`."
+            "200 with `stopReason` `guardrail_intervened`; nor has Gemini: a blocked prompt "
+            "is a 200 with `promptFeedback.blockReason` `SAFETY` and no candidates, a "
+            "blocked answer a candidate with `finishReason` `SAFETY`."
         ),
     ),
 )  # fmt: skip

@@ -3,7 +3,8 @@ fallback chain of two of them is called and streamed.
 
 Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
-``llama-index-llms-anthropic``, ``boto3`` for AWS Bedrock) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``llama-index-llms-anthropic``, ``boto3`` for AWS Bedrock, ``google-genai``,
+``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -15,7 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Wire = Literal["openai", "anthropic", "bedrock"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -25,6 +26,7 @@ AZURE_API_VERSION = "2024-10-21"
 CLAUDE = "claude-haiku-4-5"
 #: A Bedrock model id; botocore sends it in the path, its ``:`` escaped.
 BEDROCK_MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
+GEMINI_MODEL = "gemini-2.5-flash"
 # A host name that can never resolve (RFC 6761): a DNS failure without any network.
 UNRESOLVABLE_HOST = "nonexistent.invalid"
 
@@ -334,6 +336,79 @@ def _bedrock_sdk_call(chain: Any) -> str:
     return "".join(block.get("text", "") for block in reply["output"]["message"]["content"])
 
 
+# -- Google Gemini through google-genai --------------------------------------------------
+
+
+def _gemini_options(endpoint: Endpoint, timeout: float, max_retries: int | None) -> Any:
+    from google.genai import types
+
+    # google-genai retries only when given ``retry_options``; ``attempts`` counts the first
+    # request too. None keeps the SDK's default: no retry options, one attempt.
+    retry = None if max_retries is None else types.HttpRetryOptions(attempts=max_retries + 1)
+    # Its timeout is in milliseconds.
+    return types.HttpOptions(
+        base_url=endpoint.root, timeout=int(timeout * 1000), retry_options=retry
+    )
+
+
+def _gemini_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from google import genai
+
+    return genai.Client(
+        api_key="sk-FAKE-gemini", http_options=_gemini_options(endpoint, timeout, max_retries)
+    )
+
+
+def _async_gemini_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    return _gemini_sdk(endpoint, timeout=timeout, max_retries=max_retries).aio
+
+
+def _gemini_text(chunk: Any) -> str:
+    # ``.text`` joins the first candidate's text parts; None when there are none.
+    candidates = getattr(chunk, "candidates", None) or []
+    return (chunk.text or "") if candidates else ""
+
+
+def _gemini_sdk_call(chain: Any) -> str:
+    reply = chain.invoke(
+        lambda _index, client: client.models.generate_content(model=GEMINI_MODEL, contents=QUESTION)
+    )
+    return _gemini_text(reply)
+
+
+def _gemini_sdk_stream(chain: Any) -> Iterator[str]:
+    chunks: Iterable[Any] = chain.stream(
+        lambda _index, client: client.models.generate_content_stream(
+            model=GEMINI_MODEL, contents=QUESTION
+        ),
+        is_content=lambda chunk: bool(_gemini_text(chunk)),
+    )
+    return (text for text in map(_gemini_text, chunks) if text)
+
+
+async def _gemini_sdk_acall(chain: Any) -> str:
+    reply = await chain.ainvoke(
+        lambda _index, client: client.models.generate_content(model=GEMINI_MODEL, contents=QUESTION)
+    )
+    return _gemini_text(reply)
+
+
+async def _gemini_chunks(client: Any) -> AsyncIterator[Any]:
+    stream = await client.models.generate_content_stream(model=GEMINI_MODEL, contents=QUESTION)
+    async for chunk in stream:
+        yield chunk
+
+
+async def _gemini_sdk_astream(chain: Any) -> AsyncIterator[str]:
+    chunks: AsyncIterable[Any] = chain.astream(
+        lambda _index, client: _gemini_chunks(client),
+        is_content=lambda chunk: bool(_gemini_text(chunk)),
+    )
+    async for chunk in chunks:
+        if text := _gemini_text(chunk):
+            yield text
+
+
 # -- LangChain ---------------------------------------------------------------------------
 
 
@@ -376,6 +451,21 @@ def _chat_anthropic(endpoint: Endpoint, *, timeout: float, max_retries: int | No
     )
 
 
+def _chat_google(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from langchain_google_genai import ChatGoogleGenerativeAI
+
+    # Its ``max_retries`` counts attempts in all (google-genai's ``attempts``): 1 is no
+    # retry. None keeps its default of 6.
+    retries = {} if max_retries is None else {"max_retries": max_retries + 1}
+    return ChatGoogleGenerativeAI(
+        model=GEMINI_MODEL,
+        api_key="sk-FAKE-gemini",
+        base_url=endpoint.root,
+        timeout=timeout,
+        **retries,
+    )
+
+
 # -- LlamaIndex --------------------------------------------------------------------------
 
 
@@ -401,6 +491,24 @@ def _llama_anthropic(endpoint: Endpoint, *, timeout: float, max_retries: int | N
         base_url=endpoint.root,
         api_key="sk-FAKE-anthropic",
         timeout=timeout,
+        **retries,
+    )
+
+
+def _llama_google(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
+    from google.genai import types
+    from llama_index.llms.google_genai import GoogleGenAI
+
+    # Its ``max_retries`` counts attempts of its own retry loop (0 and 1: one attempt);
+    # None keeps its default of 3. ``max_tokens`` and ``context_window`` spare it the
+    # model lookup it otherwise makes when built.
+    retries = {} if max_retries is None else {"max_retries": max_retries}
+    return GoogleGenAI(
+        model=GEMINI_MODEL,
+        api_key="sk-FAKE-gemini",
+        http_options=types.HttpOptions(base_url=endpoint.root, timeout=int(timeout * 1000)),
+        max_tokens=64,
+        context_window=1_048_576,
         **retries,
     )
 
@@ -452,5 +560,22 @@ ROWS: tuple[Row, ...] = (
         "bedrock-sdk", "AWS Bedrock", "SDK", 'boto3.client("bedrock-runtime")', "bedrock",
         _bedrock_sdk, _core_chain, _bedrock_sdk_call, None, "boto3",
         amember=None, acall=None, astream=None,
+    ),
+    Row(
+        "gemini-sdk", "Google Gemini", "SDK", "google.genai.Client", "gemini",
+        _gemini_sdk, _core_chain, _gemini_sdk_call, _gemini_sdk_stream, "google.genai",
+        amember=_async_gemini_sdk, acall=_gemini_sdk_acall, astream=_gemini_sdk_astream,
+    ),
+    Row(
+        "gemini-langchain", "Google Gemini", "LangChain", "ChatGoogleGenerativeAI", "gemini",
+        _chat_google, _langchain_chain, _langchain_call, _langchain_stream,
+        "langchain_google_genai", amember=_chat_google, acall=_langchain_acall,
+        astream=_langchain_astream,
+    ),
+    Row(
+        "gemini-llamaindex", "Google Gemini", "LlamaIndex",
+        "llama_index.llms.google_genai.GoogleGenAI", "gemini", _llama_google, _llama_chain,
+        _llama_call, _llama_stream, "llama_index.llms.google_genai", amember=_llama_google,
+        acall=_llama_acall, astream=_llama_astream,
     ),
 )  # fmt: skip

@@ -43,9 +43,10 @@ you at once. Every cell below is a test (`tests/providers/test_matrix.py`): the 
 or the real LangChain or LlamaIndex class built on it, talks HTTP to a local server
 (`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
-`x-amzn-ErrorType`) and its own error body.
+`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
-`Config(retries={{"total_max_attempts": 1}})`); the test
+`Config(retries={{"total_max_attempts": 1}})`; google-genai:
+`HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`: `max_retries=1`); the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -64,7 +65,10 @@ error code stands for, whatever status carried it: `ThrottlingException`,
 `ServiceUnavailableException` as 503 (transient by default),
 `InternalServerException` as 500 and `ModelTimeoutException` (sent with 408) as 504, like
 Anthropic's `timeout_error` (transient under the preset); any other code counts with
-its HTTP status. "—" marks a failure that cannot come there: a
+its HTTP status. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
+429, `UNAVAILABLE` a 503, `INTERNAL` a 500 and `DEADLINE_EXCEEDED` a 504; the errors
+`ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
+wrap. "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload), a silence or a cut connection can. "not
 covered": no test yet (see the end of the page).
@@ -85,6 +89,9 @@ against a server that answers 503 every time, the failing member is asked:
 | LlamaIndex `OpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
 | LlamaIndex `Anthropic` | `max_retries=10` | 11 |
 | `boto3.client("bedrock-runtime")` | botocore's `standard` retry mode | 3 |
+| `google.genai.Client` | no `retry_options`: no retry | 1 |
+| `ChatGoogleGenerativeAI` | `max_retries=6`, attempts in all (google-genai's `HttpRetryOptions(attempts=6)`) | 6, after 31 s of backoff (not counted by a test) |
+| LlamaIndex `GoogleGenAI` | `max_retries=3`, its own loop of 3 attempts (on a 5xx; never on a 429) | 3, with waits of a second or more |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -92,7 +99,10 @@ A boto3 client counts attempts, not retries: build it with
 `max_attempts` counts retries: `{"max_attempts": 1}` makes 2 requests). botocore does
 not read `retry-after-ms` and waits out its own backoff. The core `FallbackChain`,
 `FallbackChatModel` and `FallbackLLM` log a warning (logger `llm_resilience.fallback`)
-for each member that retries by itself, a boto3 client by its `meta.config.retries`.
+for each member that retries by itself, a boto3 client by its `meta.config.retries`, a
+google-genai client by its `HttpOptions.retry_options`; `ChatGoogleGenerativeAI` counts
+attempts, so it warns from `max_retries=2` and is quiet at `max_retries=1`. google-genai
+does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts.
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
 
@@ -101,7 +111,9 @@ server saw. Build the members of a chain with `max_retries=0`.
 Every client's rate-limit error carries the provider's headers through to
 `retry_after_of`: `Retry-After` in seconds, or Azure's `retry-after-ms` where it sends
 both; from a boto3 `ClientError`, the headers botocore keeps in `ResponseMetadata`
-(Bedrock seldom sends one) (`tests/providers/test_retry_after.py`). With `Cooldown(honor_retry_after=True)` a
+(Bedrock seldom sends one) (`tests/providers/test_retry_after.py`). Gemini states the wait in
+its 429 body, a `google.rpc.RetryInfo` detail (`"retryDelay": "7s"`), which
+`retry_after_of` reads when no header says otherwise (`tests/core/test_transient_gemini.py`). With `Cooldown(honor_retry_after=True)` a
 chain skips that member for as long as its provider asked.
 
 ## Usage from the provider's own response
@@ -118,8 +130,16 @@ recorded as estimated unless it is built with
 
 _NOT_COVERED = """## Not covered yet
 
-- Google Gemini (`google-genai`, `langchain-google-genai`, `llama-index-llms-google-genai`),
-  Mistral, Cohere, Groq and Ollama: no rows yet.
+- Mistral, Cohere, Groq and Ollama: no rows yet.
+- Gemini's content filter is not an error: a blocked prompt is a 200 with
+  `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
+  `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
+  the matrix has no cell for it. Gemini through Vertex AI (`vertexai=True`, OAuth, its
+  own paths) is not covered; the rows use the Gemini Developer API.
+- The async google-genai client (`client.aio`) runs on aiohttp when aiohttp is
+  installed; google-genai 2.x there leaves `ClientResponse.json` un-awaited on some
+  errors (a `RuntimeWarning`) and its sessions unclosed at exit. The verdicts are the
+  same.
 - AWS Bedrock streams (`converse_stream`): the answer is framed as a binary AWS event
   stream (`application/vnd.amazon.eventstream`, CRC-checked frames), which the fault
   server does not write yet; Bedrock's row covers `converse` calls only. boto3 has no
@@ -197,7 +217,7 @@ def render() -> str:
         f"{_count()} tests run the sync paths ({len(ROWS)} clients; a read-timeout cell waits out a "
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
-        f"`AsyncAzureOpenAI`, `AsyncAnthropic`) run {async_tests} more, for every client "
+        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

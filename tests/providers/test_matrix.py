@@ -26,7 +26,14 @@ from provider_cases import (
     cells,
     classifiers_to_prove,
 )
-from provider_surfaces import AZURE_DEPLOYMENT, BEDROCK_MODEL, UNRESOLVABLE_HOST, Endpoint, Row
+from provider_surfaces import (
+    AZURE_DEPLOYMENT,
+    BEDROCK_MODEL,
+    GEMINI_MODEL,
+    UNRESOLVABLE_HOST,
+    Endpoint,
+    Row,
+)
 
 from llm_resilience import TransientClassifier
 from llm_resilience.testing import FaultInjectingServer
@@ -42,7 +49,18 @@ PATHS = {
     "Anthropic": "/v1/messages",
     # botocore escapes the model id's ``:`` in the path.
     "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
+    # Gemini names the method after the model: a stream asks ``:streamGenerateContent``.
+    "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
 }
+
+
+def _path(row: Row, *, stream: bool) -> str:
+    path = PATHS[row.provider]
+    if stream and row.wire == "gemini":
+        return path.replace(":generateContent", ":streamGenerateContent")
+    return path
+
+
 CLASSIFIER_OBJECTS: dict[Classifier, TransientClassifier] = {
     "default": TransientClassifier(),
     "server-errors": TransientClassifier.with_server_errors(),
@@ -154,7 +172,7 @@ def test_each_provider_failure_falls_back_or_propagates_as_the_matrix_says(
     assert asked == (1 if column.target == "server" else 0)
     if asked:
         assert failing.requests[0].stream == (cell.mode != "call")
-        assert failing.requests[0].path == PATHS[row.provider]
+        assert failing.requests[0].path == _path(row, stream=cell.mode != "call")
 
 
 # One event loop for every async cell: the async HTTP clients the members (and the
@@ -202,4 +220,4 @@ async def test_the_async_paths_fall_back_or_propagate_as_the_matrix_says(
         assert healthy.requests == []
         assert len(delivered) == (DELIVERED if cell.mode == "stream-after" else 0)
     assert len(failing.requests) == 1
-    assert failing.requests[0].path == PATHS[row.provider]
+    assert failing.requests[0].path == _path(row, stream=cell.mode != "call")

@@ -125,7 +125,11 @@ ledger as reported (`estimated=False`), priced exactly. OpenAI reports a stream'
 only when asked (`stream_options={"include_usage": True}`): `ChatOpenAI` and
 `AzureChatOpenAI` ask by default; LlamaIndex's `OpenAI` does not, and its streams are
 recorded as estimated unless it is built with
-`additional_kwargs={"stream_options": {"include_usage": True}}`.
+`additional_kwargs={"stream_options": {"include_usage": True}}`. Gemini reports usage on
+every call and stream chunk (`usageMetadata`); its `promptTokenCount` includes the
+cached tokens (`cachedContentTokenCount`) and its thoughts (`thoughtsTokenCount`) are
+billed as output apart from `candidatesTokenCount`: both frameworks' entries carry
+input = prompt, output = candidates + thoughts, and the cache and reasoning splits.
 """
 
 _NOT_COVERED = """## Not covered yet

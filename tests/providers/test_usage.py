@@ -101,3 +101,33 @@ def test_a_llama_index_openai_stream_not_asked_for_usage_is_recorded_as_estimate
     assert "".join(row.stream(tracked)) == HEALTHY_REPLY
     [entry] = list(tracked.ledger.entries())
     assert entry.estimated is True
+
+
+def _gemini_framework_rows() -> list[object]:
+    return [
+        param
+        for param in _framework_rows()
+        if getattr(param, "values", (None,))[0].wire == "gemini"  # type: ignore[union-attr]
+    ]
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+@pytest.mark.parametrize("row", _gemini_framework_rows())
+def test_gemini_s_cached_and_thought_tokens_reach_the_ledger_as_reported(
+    row: Row, mode: str
+) -> None:
+    # Gemini's promptTokenCount includes the cached tokens; thoughtsTokenCount is billed
+    # as output but not inside candidatesTokenCount.
+    with (
+        FaultInjectingServer(name="failing") as failing,
+        FaultInjectingServer(
+            reply=HEALTHY_REPLY, name="healthy", usage_details={"cache_read": 3, "reasoning": 2}
+        ) as healthy,
+    ):
+        failing.script(Fault.status(503))
+        tracked = _tracked(row, (failing, healthy), ask_usage=True)
+        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
+    assert answer == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 3, REPORTED[1] + 2)
+    assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (3, 2, False)

@@ -8,7 +8,12 @@ integrations put them:
   ``openai`` SDK object or a dict), and the same counts copied into
   ``response.additional_kwargs`` by ``llama-index-llms-openai``;
 * Anthropic-shaped: ``response.raw["usage"]`` (``input_tokens``/``output_tokens``) or
-  ``response.message.additional_kwargs["usage"]``.
+  ``response.message.additional_kwargs["usage"]``;
+* Gemini-shaped: ``response.raw["usage_metadata"]`` (``llama-index-llms-google-genai``):
+  ``prompt_token_count`` (cached part included, ``cached_content_token_count``) in, and
+  ``candidates_token_count`` plus ``thoughts_token_count`` out (Google bills the
+  thoughts as output; the ``completion_tokens`` it copies into ``additional_kwargs``
+  leave them out).
 
 Cache and reasoning counts (:func:`reported_details`) come from the raw usage: OpenAI's
 ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
@@ -82,6 +87,9 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     then ``message.additional_kwargs["usage"]``; the first place with both counts wins,
     else the first with one.
     """
+    gemini = _gemini_counts(_field(response.raw, "usage_metadata"))
+    if gemini is not None and None not in gemini:
+        return gemini
     places: list[Any] = [
         _field(response.raw, "usage"),
         response.additional_kwargs,
@@ -89,7 +97,7 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     ]
     if isinstance(response, ChatResponse):
         places.append(_field(response.message.additional_kwargs, "usage"))
-    partial: tuple[int | None, int | None] | None = None
+    partial: tuple[int | None, int | None] | None = gemini
     for place in places:
         counts = _counts(place)
         if counts is None:
@@ -103,6 +111,12 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
 def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
     """The provider's cache and reasoning counts, from the same places as
     :func:`reported_tokens` (the first that has any); None where not reported."""
+    gemini = _field(response.raw, "usage_metadata")
+    if _gemini_counts(gemini) is not None:
+        return TokenDetails(
+            cache_read_tokens=_count(_field(gemini, "cached_content_token_count")),
+            reasoning_tokens=_count(_field(gemini, "thoughts_token_count")),
+        )
     places: list[Any] = [
         _field(response.raw, "usage"),
         _field(response.additional_kwargs, "usage"),
@@ -248,6 +262,21 @@ def _counts(place: Any) -> tuple[int | None, int | None] | None:
 
 
 _NONE = TokenDetails()
+
+
+def _gemini_counts(place: Any) -> tuple[int | None, int | None] | None:
+    """Gemini's ``(input, output)``: the prompt, and the candidates plus the thoughts."""
+    if place is None:
+        return None
+    prompt = _count(_field(place, "prompt_token_count"))
+    candidates = _count(_field(place, "candidates_token_count"))
+    thoughts = _count(_field(place, "thoughts_token_count"))
+    if prompt is None and candidates is None:
+        return None
+    output = (
+        None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
+    )
+    return prompt, output
 
 
 def _details(place: Any) -> TokenDetails:

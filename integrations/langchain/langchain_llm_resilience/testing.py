@@ -12,6 +12,9 @@
 >>> chain.invoke("Hello").text
 'Hello! This is a scripted answer.'
 
+:class:`RestartEvents` is a callback handler that collects the stream restarts a chain
+reports (pass it in ``config={"callbacks": [...]}``).
+
 The error helpers build real SDK exceptions over real ``httpx`` responses, so the
 transient rule sees exactly what it sees in production; they (and so
 ``FailingChatModel``'s default error) need ``openai`` installed.
@@ -28,7 +31,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    BaseCallbackHandler,
+    CallbackManagerForLLMRun,
+)
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import (
@@ -53,10 +60,12 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from langchain_llm_resilience._restart import STREAM_RESTART_EVENT
 from llm_resilience.testing._errors import fresh_error
 
 __all__ = [
     "FailingChatModel",
+    "RestartEvents",
     "ScriptedChatModel",
     "rate_limit_error",
     "service_unavailable_error",
@@ -692,3 +701,24 @@ class FailingChatModel(BaseChatModel):
             yield self._partial(index)
         await self._ahang()
         raise self._failure()
+
+
+class RestartEvents(BaseCallbackHandler):
+    """Collects each stream restart a fallback chain reports, as its event dict.
+
+    >>> from langchain_llm_resilience import FallbackChatModel
+    >>> primary = FailingChatModel(chunks_before_error=1)
+    >>> chain = FallbackChatModel(models=[primary, ScriptedChatModel()])
+    >>> restarts = RestartEvents()
+    >>> text = "".join(c.text for c in chain.stream("Hi", config={"callbacks": [restarts]}))
+    >>> [(e["failed_client"], e["next_client"]) for e in restarts.events]
+    [(0, 1)]
+    """
+
+    def __init__(self) -> None:
+        #: The ``llm_resilience.stream_restart`` event dicts received, in order.
+        self.events: list[dict[str, Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        if name == STREAM_RESTART_EVENT:
+            self.events.append(data)

@@ -19,14 +19,14 @@ from typing import Any
 import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessageChunk
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableConfig
 from langchain_openai import ChatOpenAI
 
-from langchain_llm_resilience import STREAM_RESTART_EVENT, FallbackChatModel
+from langchain_llm_resilience import FallbackChatModel
+from langchain_llm_resilience.testing import RestartEvents
 from llm_resilience import MemberProfile, StreamInterruptedError, is_transient
 from llm_resilience.testing import Fault, FaultInjectingServer
 
@@ -36,15 +36,6 @@ DELIVERED = "one two three"
 MODEL = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 OTHER = {"openai": "anthropic", "anthropic": "openai"}
 PROVIDERS = ["openai", "anthropic"]
-
-
-class RestartEvents(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        if name == STREAM_RESTART_EVENT:
-            self.events.append(data)
 
 
 @pytest.fixture

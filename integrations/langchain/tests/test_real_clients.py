@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from langchain_anthropic import ChatAnthropic
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from langchain_llm_resilience import STREAM_RESTART_EVENT, FallbackChatModel
+from langchain_llm_resilience import FallbackChatModel
+from langchain_llm_resilience.testing import RestartEvents
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 PRIMARY_REPLY = "one two three four five six seven eight"
@@ -85,15 +85,6 @@ def chain(
     return build
 
 
-class RestartCounter(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        if name == STREAM_RESTART_EVENT:
-            self.events.append(data)
-
-
 def _expected_warning(fault: str, streaming: bool) -> str:
     if not streaming:
         if fault == "hang":
@@ -147,7 +138,7 @@ async def test_ainvoke_is_served_by_the_secondary_when_the_real_primary_fails(
     assert len(secondary.requests) == 1
 
 
-def _assert_streamed(fault: str, chunks: list[AIMessageChunk], restarts: RestartCounter) -> None:
+def _assert_streamed(fault: str, chunks: list[AIMessageChunk], restarts: RestartEvents) -> None:
     text = "".join(str(chunk.content) for chunk in chunks)
     if fault == "drop-mid-stream":
         # The prefix the primary managed to send stays yielded; the secondary restarts.
@@ -179,7 +170,7 @@ def test_stream_is_served_by_the_secondary_when_the_real_primary_fails(
 ) -> None:
     primary, _ = servers
     primary.script(FAULTS[fault])
-    restarts = RestartCounter()
+    restarts = RestartEvents()
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
         chunks = list(chain(fault).stream("Capital of France?", {"callbacks": [restarts]}))
     _assert_streamed(fault, chunks, restarts)
@@ -195,7 +186,7 @@ async def test_astream_is_served_by_the_secondary_when_the_real_primary_fails(
 ) -> None:
     primary, _ = servers
     primary.script(FAULTS[fault])
-    restarts = RestartCounter()
+    restarts = RestartEvents()
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
         chunks = [
             c async for c in chain(fault).astream("Capital of France?", {"callbacks": [restarts]})

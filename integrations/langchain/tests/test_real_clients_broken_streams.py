@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from langchain_anthropic import ChatAnthropic
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from langchain_llm_resilience import STREAM_RESTART_EVENT, CostTrackedChatModel, FallbackChatModel
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel
+from langchain_llm_resilience.testing import RestartEvents
 from llm_resilience import Cooldown, CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
 from llm_resilience.testing import Fault, FaultInjectingServer
@@ -28,15 +27,6 @@ PRIMARY_REPLY = "one two three four five six seven eight"
 SECONDARY_REPLY = "the secondary answered this request"
 MODEL = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 OTHER = {"openai": "anthropic", "anthropic": "openai"}
-
-
-class RestartCounter(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        if name == STREAM_RESTART_EVENT:
-            self.events.append(data)
 
 
 @pytest.fixture
@@ -105,7 +95,7 @@ def test_a_malformed_event_mid_stream_restarts_the_stream_on_the_next_member(
 ) -> None:
     primary, secondary = servers
     primary.script(Fault.malformed_chunk(after_chunks=2))
-    restarts = RestartCounter()
+    restarts = RestartEvents()
     model = chain(provider, servers)
     chunks = list(model.stream("Capital of France?", {"callbacks": [restarts]}))
     assert after_restart(chunks, "one two") == SECONDARY_REPLY
@@ -134,7 +124,7 @@ async def test_a_malformed_event_mid_astream_restarts_the_stream_on_the_next_mem
 ) -> None:
     primary, _secondary = servers
     primary.script(Fault.malformed_chunk(after_chunks=2))
-    restarts = RestartCounter()
+    restarts = RestartEvents()
     model = chain(provider, servers)
     chunks = [c async for c in model.astream("Capital of France?", {"callbacks": [restarts]})]
     assert after_restart(chunks, "one two") == SECONDARY_REPLY
@@ -150,7 +140,7 @@ def test_a_malformed_event_before_any_text_leaves_only_the_next_members_text(
 ) -> None:
     primary, _secondary = servers
     primary.script(Fault.malformed_chunk(after_chunks=0))
-    restarts = RestartCounter()
+    restarts = RestartEvents()
     chunks = list(chain(provider, servers).stream("Hi", {"callbacks": [restarts]}))
     answer = merged(chunks)
     assert answer.text == SECONDARY_REPLY

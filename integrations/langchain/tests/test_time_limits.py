@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 from langchain_anthropic import ChatAnthropic
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from langchain_llm_resilience import STREAM_RESTART_EVENT, FallbackChatModel, ResilienceBuilder
+from langchain_llm_resilience import FallbackChatModel, ResilienceBuilder
+from langchain_llm_resilience.testing import RestartEvents
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.testing import Fault, FaultInjectingServer
 
@@ -41,15 +41,6 @@ FAULTS = {
     "slow-first-token": Fault.slow_first_token(FAULT_SECONDS),
     "stall": Fault.stall_mid_stream(after_chunks=3, seconds=FAULT_SECONDS),
 }
-
-
-class RestartRecorder(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        if name == STREAM_RESTART_EVENT:
-            self.events.append(data)
 
 
 @pytest.fixture
@@ -177,7 +168,7 @@ async def test_ainvoke_moves_to_the_secondary_within_the_first_token_timeout(
     await _assert_no_task_left()
 
 
-def _assert_restarted(fault: str, chunks: list[AIMessageChunk], restarts: RestartRecorder) -> None:
+def _assert_restarted(fault: str, chunks: list[AIMessageChunk], restarts: RestartEvents) -> None:
     text = "".join(str(chunk.content) for chunk in chunks)
     if fault == "stall":
         # The prefix stays delivered; the restart event tells the consumer to drop it.
@@ -208,7 +199,7 @@ def test_stream_restarts_on_the_secondary_within_the_limit(
 ) -> None:
     primary, _ = servers
     primary.script(FAULTS[fault])
-    restarts = RestartRecorder()
+    restarts = RestartEvents()
     began = time.monotonic()
     chunks = list(model.stream("Capital of France?", {"callbacks": [restarts]}))
     _assert_failed_over_in_time(began)
@@ -221,7 +212,7 @@ async def test_astream_restarts_on_the_secondary_within_the_limit(
 ) -> None:
     primary, _ = servers
     primary.script(FAULTS[fault])
-    restarts = RestartRecorder()
+    restarts = RestartEvents()
     began = time.monotonic()
     chunks = [c async for c in model.astream("Capital of France?", {"callbacks": [restarts]})]
     _assert_failed_over_in_time(began)
@@ -241,7 +232,7 @@ def _fake_members() -> list[BaseChatModel]:
 
 def test_a_finished_stream_is_not_restarted_when_the_consumer_holds_the_last_chunk() -> None:
     model = FallbackChatModel(models=_fake_members(), per_client_timeout=0.2)
-    restarts = RestartRecorder()
+    restarts = RestartEvents()
     chunks = []
     for chunk in model.stream("hi", {"callbacks": [restarts]}):
         chunks.append(chunk)
@@ -253,7 +244,7 @@ def test_a_finished_stream_is_not_restarted_when_the_consumer_holds_the_last_chu
 
 async def test_a_finished_astream_is_not_restarted_when_the_consumer_holds_the_last_chunk() -> None:
     model = FallbackChatModel(models=_fake_members(), per_client_timeout=0.2)
-    restarts = RestartRecorder()
+    restarts = RestartEvents()
     chunks = []
     async for chunk in model.astream("hi", {"callbacks": [restarts]}):
         chunks.append(chunk)

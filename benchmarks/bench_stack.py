@@ -1,6 +1,6 @@
 """Per-call overhead of the whole stack against the closest LangChain-only equivalent.
 
-Five contenders answer the same offline request from a fake model that replies at once
+Seven contenders answer the same offline request from a fake model that replies at once
 with usage (no network), in one process, interleaved:
 
 * ``bare``: the fake model on its own (the floor);
@@ -14,6 +14,9 @@ with usage (no network), in one process, interleaved:
 * ``ours_memory``: ``CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel([primary,
   secondary])))`` with an ``InMemoryCostLedger``;
 * ``ours_sqlite``: the same with a ``SqlCostLedger`` on a SQLite file (one row per call);
+* ``ours_sqlite_behind``: the same with ``SqlCostLedger(write_behind=WRITE_BEHIND)``: the
+  entry is queued and committed by the ledger's writer thread (opt-in; a crash may lose
+  the last interval's entries);
 * ``ours_strict``: ``ours_memory`` with ``strict=True`` (a hold reserved and settled per call).
 
 Ours does strictly more per call: a spend gate read before the call (and a refusal once a
@@ -69,7 +72,17 @@ from llm_resilience.ledger import InMemoryCostLedger, SqlCostLedger
 
 MESSAGES: list[BaseMessage] = [HumanMessage(content="Say ok.")]
 STREAM_TOKENS = ("o", "k", ",", " fine", ".")
-CONTENDERS = ("bare", "langchain", "langchain_sqlite", "ours_memory", "ours_sqlite", "ours_strict")
+CONTENDERS = (
+    "bare",
+    "langchain",
+    "langchain_sqlite",
+    "ours_memory",
+    "ours_sqlite",
+    "ours_sqlite_behind",
+    "ours_strict",
+)
+#: ``SqlCostLedger(write_behind=...)`` of ``ours_sqlite_behind``: committed at least this often.
+WRITE_BEHIND = 0.05
 #: Far above any rate a benchmark reaches: nobody waits, nobody is refused.
 REQUESTS_PER_MINUTE = 600_000_000
 DAILY_LIMIT = 10**12
@@ -167,7 +180,7 @@ def _ours(ledger: object, *, strict: bool = False) -> CostTrackedChatModel:
     )
 
 
-def contenders(sqlite_path: Path, anchor_path: Path) -> dict[str, Contender]:
+def contenders(sqlite_path: Path, anchor_path: Path, behind_path: Path) -> dict[str, Contender]:
     limiter = InMemoryRateLimiter(
         requests_per_second=REQUESTS_PER_MINUTE / 60, max_bucket_size=REQUESTS_PER_MINUTE / 60
     )
@@ -183,6 +196,9 @@ def contenders(sqlite_path: Path, anchor_path: Path) -> dict[str, Contender]:
         ),
         "ours_memory": Contender(_ours(InMemoryCostLedger())),
         "ours_sqlite": Contender(_ours(SqlCostLedger(f"sqlite:///{sqlite_path}"))),
+        "ours_sqlite_behind": Contender(
+            _ours(SqlCostLedger(f"sqlite:///{behind_path}", write_behind=WRITE_BEHIND))
+        ),
         "ours_strict": Contender(_ours(InMemoryCostLedger(), strict=True)),
     }
 
@@ -232,9 +248,11 @@ def table(title: str, results: dict[str, Samples]) -> str:
         f"### {title}",
         "",
         "| path | rounds | bare µs | LangChain-only µs | LangChain-only + SQLite µs "
-        "| ours, memory µs | ours, SQLite µs | ours, strict µs | memory / LangChain "
-        "| strict / LangChain | SQLite / LangChain + SQLite |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ours, memory µs | ours, SQLite µs | ours, SQLite write-behind µs | ours, strict µs "
+        "| memory / LangChain | strict / LangChain | SQLite / LangChain + SQLite "
+        "| SQLite write-behind / LangChain | SQLite write-behind / LangChain + SQLite |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for path, samples in results.items():
         medians = " | ".join(f"{_us(samples[name]):.0f}" for name in CONTENDERS)
@@ -243,6 +261,8 @@ def table(title: str, results: dict[str, Samples]) -> str:
                 _ratio(samples, "ours_memory", "langchain"),
                 _ratio(samples, "ours_strict", "langchain"),
                 _ratio(samples, "ours_sqlite", "langchain_sqlite"),
+                _ratio(samples, "ours_sqlite_behind", "langchain"),
+                _ratio(samples, "ours_sqlite_behind", "langchain_sqlite"),
             )
         )
         lines.append(f"| {path} | {len(samples['bare'])} | {medians} | {ratios} |")
@@ -253,7 +273,9 @@ def table(title: str, results: dict[str, Samples]) -> str:
             f"{path}: LangChain-only {_overhead(s, 'langchain'):.0f}, "
             f"LangChain-only + SQLite {_overhead(s, 'langchain_sqlite'):.0f}, "
             f"ours memory {_overhead(s, 'ours_memory'):.0f}, "
-            f"SQLite {_overhead(s, 'ours_sqlite'):.0f}, strict {_overhead(s, 'ours_strict'):.0f}"
+            f"SQLite {_overhead(s, 'ours_sqlite'):.0f}, "
+            f"SQLite write-behind {_overhead(s, 'ours_sqlite_behind'):.0f}, "
+            f"strict {_overhead(s, 'ours_strict'):.0f}"
             for path, s in results.items()
         ),
     ]
@@ -289,7 +311,11 @@ def benchmark(settings: Settings, shapes: tuple[str, ...]) -> str:
     out = [f"Machine: {machine()}", ""]
     with tempfile.TemporaryDirectory() as folder:
         for shape in shapes:
-            models = contenders(Path(folder) / f"{shape}.db", Path(folder) / f"{shape}-lc.db")
+            models = contenders(
+                Path(folder) / f"{shape}.db",
+                Path(folder) / f"{shape}-lc.db",
+                Path(folder) / f"{shape}-behind.db",
+            )
             results: dict[str, Samples] = {}
             sync = {name: sync_call(model, shape) for name, model in models.items()}
             results["sync"] = run_sync(sync, settings)
@@ -297,15 +323,19 @@ def benchmark(settings: Settings, shapes: tuple[str, ...]) -> str:
             results["async"] = run_async(aio, settings)
             title = "invoke / ainvoke" if shape == "invoke" else "stream / astream (5 chunks)"
             out += [table(f"Median per-call wall time, {title}", results), ""]
-            ledger = models["ours_sqlite"].runnable.ledger  # type: ignore[attr-defined]
-            ledger.close()
+            for name in ("ours_sqlite", "ours_sqlite_behind"):
+                models[name].runnable.ledger.close()  # type: ignore[attr-defined]
     return "\n".join(out)
 
 
 def profile(shape: str, calls: int) -> str:
     """cProfile of ``calls`` sync and ``calls`` async calls of ours (memory ledger)."""
     with tempfile.TemporaryDirectory() as folder:
-        models = contenders(Path(folder) / "profile.db", Path(folder) / "profile-lc.db")
+        models = contenders(
+            Path(folder) / "profile.db",
+            Path(folder) / "profile-lc.db",
+            Path(folder) / "profile-behind.db",
+        )
         sync = sync_call(models["ours_memory"], shape)
         aio = async_call(models["ours_memory"], shape)
 
@@ -321,7 +351,8 @@ def profile(shape: str, calls: int) -> str:
             sync()
         asyncio.run(many())
         profiler.disable()
-        models["ours_sqlite"].runnable.ledger.close()  # type: ignore[attr-defined]
+        for name in ("ours_sqlite", "ours_sqlite_behind"):
+            models[name].runnable.ledger.close()  # type: ignore[attr-defined]
     lines: list[str] = []
 
     class Sink:

@@ -69,3 +69,26 @@ def metric_reader() -> Iterator[Any]:
     finally:
         telemetry._instruments.clear()
         metrics_globals._METER_PROVIDER, metrics_globals._METER_PROVIDER_SET_ONCE = saved
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """A URL of the test PostgreSQL whose connections live in a new schema, dropped (with
+    its tables) after the test."""
+    import uuid
+
+    pytest.importorskip("psycopg")
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    schema = f"ledger_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(postgres_url)
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    try:
+        url = make_url(postgres_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
+        admin.dispose()

@@ -464,6 +464,76 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
     )
 
 
+_ENTRY_COLUMNS = (
+    '"timestamp", kind, input_tokens, output_tokens, cost, pages, model, estimated, '
+    "surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
+    "cache_write_1h_tokens, reasoning_tokens"
+)
+#: ``INSERT ... RETURNING`` (which rows a batch stored) needs SQLite 3.35.
+SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
+
+
+@functools.cache
+def _sqlite_insert_many(count: int) -> str:
+    row = "(" + ", ".join("?" * 15) + ")"
+    return (
+        f"INSERT INTO cost_ledger ({_ENTRY_COLUMNS}) VALUES {', '.join([row] * count)} "
+        "ON CONFLICT (entry_id) DO NOTHING RETURNING entry_id"
+    )
+
+
+def sqlite_insert_many(run: Run, entries: Sequence[LedgerEntry]) -> None:
+    """Store ``entries`` on SQLite and add their costs to their totals, skipping any whose
+    id is already stored (or repeated): one ``INSERT`` for the rows, one upsert per
+    total touched, inside the caller's transaction.
+
+    :func:`sqlite_insert` once per entry stores the same; this is for the write-behind
+    batches, which it keeps from running SQL (and the decimal function) per entry. Every
+    entry must have an ``entry_id``, and SQLite must have ``RETURNING``.
+    """
+    values: list[Any] = []
+    for entry in entries:
+        values += (
+            _sqlite_time(entry.timestamp),
+            entry.kind,
+            entry.input_tokens,
+            entry.output_tokens,
+            format(entry.cost, "f"),
+            entry.pages,
+            entry.model,
+            entry.estimated,
+            entry.surface,
+            entry.scope,
+            entry.entry_id,
+            entry.cache_read_tokens,
+            entry.cache_write_tokens,
+            entry.cache_write_1h_tokens,
+            entry.reasoning_tokens,
+        )
+    statement = _sqlite_insert_many(len(entries))
+    stored = {entry_id for (entry_id,) in run(statement, tuple(values))}
+    # Costs by UTC day and scope first: a batch is mostly one day and a few scopes.
+    costs: dict[tuple[datetime, str | None], list[Decimal]] = {}
+    for entry in entries:
+        if entry.entry_id not in stored:
+            continue  # stored before, or a repeat within the batch
+        stored.discard(entry.entry_id)
+        day = entry.timestamp.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        costs.setdefault((day, entry.scope), []).append(entry.cost)
+    totals: dict[tuple[str, str], list[Decimal]] = {}
+    for (day, scope), amounts in costs.items():
+        for key in _totals_keys(day, scope):
+            totals.setdefault(key, []).extend(amounts)
+    if totals:
+        run(
+            _SQLITE_ADD,
+            [
+                (key, each, format(exact_sum(costs), "f"))
+                for (key, each), costs in sorted(totals.items())
+            ],
+        )
+
+
 def sqlite_release(run: Run, hold_id: str) -> None:
     """Delete the hold ``hold_id`` on SQLite (nothing if it is gone already)."""
     run(_SQLITE_RELEASE, (hold_id,))

@@ -51,6 +51,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 from llm_resilience import _checks
 from llm_resilience.errors import LedgerTimeoutError
+from llm_resilience.ledger._behind import Flusher
 from llm_resilience.ledger._connector import Connector
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
@@ -71,6 +72,7 @@ from llm_resilience.ledger._protocol import (
 )
 from llm_resilience.ledger._queries import Cursor, read_groups, read_page
 from llm_resilience.ledger._schema import (
+    SQLITE_RETURNING,
     Run,
     driver_run,
     holds,
@@ -81,6 +83,7 @@ from llm_resilience.ledger._schema import (
     read_spend,
     read_spends,
     sqlite_insert,
+    sqlite_insert_many,
     sqlite_release,
     sqlite_run,
     sqlite_spend,
@@ -110,6 +113,12 @@ MIGRATION_TIMEOUT = timedelta(minutes=10)
 DEFAULT_PAGE_SIZE = 1000
 #: Pending writes stored per transaction when the database answers again.
 FLUSH_BATCH = 100
+#: The longest ``write_behind`` accepted: what a crash of the process may lose.
+MAX_WRITE_BEHIND = timedelta(seconds=60)
+# Write-behind: queued writes past which ``record`` stores the queue itself.
+_BEHIND_LIMIT = 10 * FLUSH_BATCH
+# Write-behind: distinct gate reads remembered (windows and scopes x day and month).
+_MAX_CACHED_READS = 256
 #: Connections pooled per ledger, and the extra ones it may open under load: at most
 #: this many operations run at once, the others wait (within their deadline).
 POOL_SIZE, MAX_OVERFLOW = 5, 10
@@ -226,6 +235,16 @@ class SqlCostLedger:
     * ``reservation_ttl`` (default 15 minutes): how long an unsettled strict-mode hold
       counts toward spend.
     * ``max_pending`` (default 10,000): writes kept in memory while the database fails.
+    * ``write_behind`` (seconds or ``timedelta``, default None, at most 60 s): trade a
+      little durability for speed. None: ``record`` returns once its entry is committed.
+      Set: ``record`` queues the entry and returns; a thread of the ledger's commits the
+      queue in batches at least this often (sooner once 100 wait), and :meth:`close` and
+      the exit of the process store the rest. Gates in this process count queued entries
+      at once; the stored part of a gate's read is reused for up to this long, so other
+      processes' spend reaches this process's gate within it. A crash (``kill -9``, power
+      loss) loses at most the entries of the last interval. Strict-mode holds and
+      ``settle`` stay immediate, but another process's queued entries are not seen by
+      this process's holds: a strict budget shared by several processes should not use it.
     * ``echo``: log the SQL; parameters are never logged nor put in exception messages
       (``hide_parameters``), since a scope can be a user id.
 
@@ -257,6 +276,7 @@ class SqlCostLedger:
         connect_timeout: float | timedelta = DEFAULT_CONNECT_TIMEOUT,
         reservation_ttl: float | timedelta = DEFAULT_RESERVATION_TTL,
         max_pending: int = DEFAULT_MAX_PENDING,
+        write_behind: float | timedelta | None = None,
         echo: bool = False,
     ) -> None:
         parsed = _parse_url(url)
@@ -271,6 +291,15 @@ class SqlCostLedger:
         #: How long an unsettled hold counts toward spend.
         self.reservation_ttl = _checks.duration("reservation_ttl", reservation_ttl)
         _checks.whole("max_pending", max_pending, minimum=1, maximum=_checks.MAX_COUNT)
+        #: How often queued records are committed; None: each before ``record`` returns.
+        self.write_behind = _write_behind(write_behind)
+        self._behind_seconds = (
+            0.0 if self.write_behind is None else self.write_behind.total_seconds()
+        )
+        self._behind_failing = False
+        # Past this many queued writes, ``record`` stores them itself: always below
+        # ``max_pending``, so the queue never drops an entry while the database answers.
+        self._behind_limit = max(1, min(_BEHIND_LIMIT, max_pending // 2))
         if not isinstance(echo, bool):
             raise _checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
         self._timeout = self.operation_timeout.total_seconds()
@@ -291,6 +320,20 @@ class SqlCostLedger:
         self._connector = Connector() if self._postgres else None
         self._pending = PendingWrites(max_pending, backend=backend)
         self._flushing = threading.Lock()
+        # Bumped after every write this process makes, before the written entries leave
+        # ``_pending``: a cached gate read taken under an older value is stale.
+        self._generation = 0
+        # Write-behind only: (windows, their keys) -> (stored amounts, read at, generation).
+        self._stored: dict[tuple[Any, ...], tuple[tuple[Decimal, ...], float, int]] = {}
+        self._flusher = (
+            None
+            if self.write_behind is None
+            else Flusher(
+                self._flush_behind,
+                interval=self.write_behind.total_seconds(),
+                name=f"llm-resilience-ledger-writer-{id(self):x}",
+            )
+        )
         # An in-memory SQLite database is one connection shared by every thread.
         self._slots = threading.BoundedSemaphore(1 if self._memory else POOL_SIZE + MAX_OVERFLOW)
         try:
@@ -300,7 +343,8 @@ class SqlCostLedger:
             self._engine.dispose()
             raise
         _live.add(self)
-        # A ledger dropped without close() takes its watchdog thread with it.
+        # A ledger dropped without close() takes its watchdog thread with it (and its
+        # writer, which holds it weakly, ends at its next wake-up).
         weakref.finalize(self, self._watchdog.stop).atexit = False
 
     def _create_engine(self, parsed: URL, *, echo: bool) -> Engine:
@@ -642,6 +686,11 @@ class SqlCostLedger:
             return
         if self._direct:
             with self._direct_connection(operation, transaction=True) as run:
+                entries = [w.entry for w in writes if w.hold_id is None and w.entry is not None]
+                batch = SQLITE_RETURNING and 1 < len(entries) == len(writes)
+                if batch and all(entry.entry_id for entry in entries):
+                    sqlite_insert_many(run, entries)  # a batch of records: one INSERT
+                    return
                 for write in writes:
                     if write.hold_id is not None:
                         sqlite_release(run, write.hold_id)
@@ -655,15 +704,17 @@ class SqlCostLedger:
                 if write.entry is not None:
                     insert_entry(connection, write.entry, postgres=self._postgres)
 
-    def _flush(self, operation: Operation, until: float) -> None:
+    def _flush(self, operation: Operation, until: float, *, wait: bool = False) -> None:
         """Store pending writes, oldest first, until none is left or ``until`` is near.
 
         Raises the failure that stopped it (the writes stay pending). A write the
         database refuses outright (not a failure to answer) is dropped, counted and
         logged, so it cannot block the ones behind it. Does nothing while another thread
-        is storing them.
+        is storing them (or, with ``wait``, until it is done, within the operation).
         """
-        if not len(self._pending) or not self._flushing.acquire(blocking=False):
+        if not len(self._pending):
+            return
+        if not self._flushing.acquire(timeout=max(0.0, operation.remaining()) if wait else -1):
             return
         try:
             with operation.phase(until):
@@ -678,6 +729,7 @@ class SqlCostLedger:
                             raise
                         self._apply_one_by_one(operation, batch)
                     else:
+                        self._generation += 1
                         self._pending.written(batch)
                     stored = True
         finally:
@@ -699,6 +751,7 @@ class SqlCostLedger:
                     self._pending.dropped,
                 )
             else:
+                self._generation += 1
                 self._pending.written([write])
 
     def _write(self, name: str, write: PendingWrite, started: float | None) -> None:
@@ -712,6 +765,7 @@ class SqlCostLedger:
             if not len(self._pending):
                 try:
                     self._apply(operation, [write])
+                    self._generation += 1
                     return
                 except Exception as error:
                     if not _unavailable(error):
@@ -763,13 +817,53 @@ class SqlCostLedger:
         """
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
+        if self._flusher is not None:
+            self._queue(entry)
+            return
         self._write("record", PendingWrite(entry), None)
 
     async def arecord(self, entry: LedgerEntry) -> None:
         """:meth:`record` in a worker thread, bounded from this call."""
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
+        if self._flusher is not None:
+            self._queue(entry)  # a lock held for a few µs: no thread needed
+            return
         await asyncio.to_thread(self._write, "record", PendingWrite(entry), time.monotonic())
+
+    def _queue(self, entry: LedgerEntry) -> None:
+        """Write-behind: queue ``entry`` for the writer thread."""
+        assert self._flusher is not None
+        if self._pending.push(entry, None):
+            self._warn_kept("record", None, True)
+        waiting = len(self._pending)
+        if waiting >= self._behind_limit:
+            # The writer thread falls behind: this caller stores the queue itself, so
+            # that writing faster than the database takes never drops an entry.
+            self._flush_behind(wait=True)
+        elif waiting >= FLUSH_BATCH:
+            self._flusher.wake()
+        else:
+            self._flusher.start()
+
+    def _flush_behind(self, *, wait: bool = False) -> None:
+        """The writer thread's work: store the queue, oldest first, in batches (with
+        ``wait``, after the storing already under way, if any)."""
+        if not len(self._pending):
+            return
+        with self._operation("write") as operation:
+            try:
+                self._flush(operation, operation.deadline, wait=wait)
+            except Exception as error:
+                if not _unavailable(error):
+                    raise
+                # Kept, and counted by every read, until the database answers: one
+                # WARNING per outage, not one per interval.
+                if not self._behind_failing:
+                    self._warn_kept("store queued writes", error, False)
+                self._behind_failing = True
+            else:
+                self._behind_failing = False
 
     def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
         """Release ``reservation`` and record ``entry`` (if not None) in one transaction.
@@ -787,11 +881,17 @@ class SqlCostLedger:
     # -- reading ------------------------------------------------------------------------
 
     def _read(
-        self, name: str, started: float | None, read: Callable[[Operation], _Result]
+        self,
+        name: str,
+        started: float | None,
+        read: Callable[[Operation], _Result],
+        *,
+        flush: bool = True,
     ) -> _Result:
-        """Run ``read`` after storing pending writes for at most half the bound."""
+        """Run ``read`` after storing pending writes for at most half the bound (unless
+        ``flush`` is False: a write-behind gate leaves that to the writer thread)."""
         with self._operation(name, started) as operation:
-            if len(self._pending):
+            if flush and len(self._pending):
                 try:
                     self._flush(operation, operation.started + operation.bound / 2)
                 except Exception as error:
@@ -803,6 +903,8 @@ class SqlCostLedger:
     def _spend(
         self, window: Window, scope: str | None, now: datetime | None, started: float | None
     ) -> Decimal:
+        if self._flusher is not None:
+            return self._spends([(window, scope)], now, started)[0]
         when = check_now(now)
         scope = check_scope(scope)
         key = window_key(window, when)  # validates ``window`` before touching the database
@@ -828,7 +930,12 @@ class SqlCostLedger:
     async def aspend(
         self, window: Window, *, scope: str | None = None, now: datetime | None = None
     ) -> Decimal:
-        """:meth:`spend` in a worker thread, bounded from this call."""
+        """:meth:`spend` in a worker thread, bounded from this call (with
+        ``write_behind``, on the event loop when the last read is still good)."""
+        if self._flusher is not None:
+            at_once = self._spends_at_once([(window, scope)], now)
+            if at_once is not None:
+                return at_once[0]
         return await asyncio.to_thread(self._spend, window, scope, now, time.monotonic())
 
     def _spends(
@@ -839,21 +946,68 @@ class SqlCostLedger:
         if not checked:
             return ()
 
+        keys = tuple(window_key(window, when) for window, _ in checked)
+
+        def read_stored(operation: Operation) -> tuple[Decimal, ...]:
+            if self._direct:
+                with self._direct_connection(operation) as run:
+                    return tuple(sqlite_spends(run, checked, when))
+            with self._connection(operation) as connection:
+                return tuple(read_spends(connection, checked, when))
+
         def read(operation: Operation) -> tuple[Decimal, ...]:
             # Pending first: a write stored meanwhile is then counted twice, never missed.
             waiting = [
-                self._pending.unwritten_cost(window_key(window, when), scope)
-                for window, scope in checked
+                self._pending.unwritten_cost(key, scope)
+                for key, (_, scope) in zip(keys, checked, strict=True)
             ]
-            if self._direct:
-                with self._direct_connection(operation) as run:
-                    stored = sqlite_spends(run, checked, when)
-            else:
-                with self._connection(operation) as connection:
-                    stored = read_spends(connection, checked, when)
+            stored = read_stored(operation)
             return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
 
-        return self._read("spend", started, read)
+        if self._flusher is None:
+            return self._read("spend", started, read)
+        # Write-behind: the stored part is reused while no write of this process has
+        # landed since and it is younger than the interval; the queue is added each time.
+        cache_key = (tuple(checked), keys)
+        waiting = self._waiting(checked, keys)
+        generation = self._generation  # read after the queue: see ``_flush``
+        fresh = time.monotonic()
+        stored = self._cached(cache_key, generation, fresh)
+        if stored is None:
+            stored = self._read("spend", started, read_stored, flush=False)
+            if len(self._stored) >= _MAX_CACHED_READS:
+                self._stored.clear()
+            self._stored[cache_key] = (stored, fresh, generation)
+        return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
+
+    def _waiting(self, checked: Sequence[SpendWindow], keys: Sequence[str]) -> list[Decimal]:
+        return [
+            self._pending.unwritten_cost(key, scope)
+            for key, (_, scope) in zip(keys, checked, strict=True)
+        ]
+
+    def _cached(
+        self, cache_key: tuple[Any, ...], generation: int, now: float
+    ) -> tuple[Decimal, ...] | None:
+        """Write-behind: the stored part of a gate read, if still good."""
+        cached = self._stored.get(cache_key)
+        if cached is None or cached[2] != generation or now - cached[1] >= self._behind_seconds:
+            return None
+        return cached[0]
+
+    def _spends_at_once(
+        self, windows: Sequence[SpendWindow], now: datetime | None
+    ) -> tuple[Decimal, ...] | None:
+        """Write-behind: :meth:`spends` when it needs no database (a fresh cached read),
+        else None. For the async gate, which then needs no worker thread."""
+        when = check_now(now)
+        checked = check_windows(windows)
+        keys = tuple(window_key(window, when) for window, _ in checked)
+        waiting = self._waiting(checked, keys)
+        stored = self._cached((tuple(checked), keys), self._generation, time.monotonic())
+        if stored is None:
+            return None
+        return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
 
     def spends(
         self, windows: Sequence[SpendWindow], *, now: datetime | None = None
@@ -871,7 +1025,12 @@ class SqlCostLedger:
     async def aspends(
         self, windows: Sequence[SpendWindow], *, now: datetime | None = None
     ) -> tuple[Decimal, ...]:
-        """:meth:`spends` in a worker thread, bounded from this call."""
+        """:meth:`spends` in a worker thread, bounded from this call (with
+        ``write_behind``, on the event loop when the last read is still good)."""
+        if self._flusher is not None:
+            at_once = self._spends_at_once(windows, now)
+            if at_once is not None:
+                return at_once
         return await asyncio.to_thread(self._spends, windows, now, time.monotonic())
 
     def _reserve(
@@ -912,6 +1071,7 @@ class SqlCostLedger:
                         "expires": when + self.reservation_ttl,
                     },
                 )
+            self._generation += 1  # committed: the hold counts in this process's gates at once
             return hold
 
         return self._read("reserve", started, reserve)
@@ -1174,6 +1334,8 @@ class SqlCostLedger:
         Writes still pending after that are logged (count and money) and kept for the
         next operation, or the exit of the process.
         """
+        if self._flusher is not None:
+            self._flusher.stop(self._timeout)
         try:
             self._store_pending("close")
         finally:
@@ -1208,6 +1370,18 @@ class SqlCostLedger:
                 count,
                 money,
             )
+
+
+def _write_behind(value: object) -> timedelta | None:
+    if value is None:
+        return None
+    interval = _checks.duration("write_behind", value)
+    if interval > MAX_WRITE_BEHIND:
+        raise ValueError(
+            f"write_behind must be None or at most {MAX_WRITE_BEHIND.total_seconds():.0f} "
+            f"seconds (what a crash may lose); got {value!r}"
+        )
+    return interval
 
 
 def _settlement(reservation: Reservation, entry: LedgerEntry | None) -> PendingWrite:

@@ -1,0 +1,87 @@
+"""Write-behind: the thread that stores a ledger's queued writes, every interval.
+
+With ``SqlCostLedger(write_behind=...)`` a ``record`` queues its entry (in the ledger's
+pending writes, which every read already counts) and returns; this thread stores the
+queue in batches, one transaction per batch, at least once per interval, and sooner once
+a batch's worth is waiting. It starts with the first queued write, holds only a weak
+reference to its ledger (a ledger dropped without ``close()`` stops it), and ``stop()``
+ends it within a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+
+__all__ = ["Flusher"]
+
+logger = logging.getLogger(__name__)
+
+
+class Flusher:
+    """Calls ``flush`` every ``interval`` seconds (or at once on :meth:`wake`) on a
+    daemon thread of its own, started on the first :meth:`wake`."""
+
+    __slots__ = ("_flush", "_interval", "_lock", "_name", "_stopping", "_thread", "_wake")
+
+    def __init__(self, flush: Callable[[], None], *, interval: float, name: str) -> None:
+        # A weak method: the thread must not keep its ledger alive.
+        self._flush = weakref.WeakMethod(flush)  # type: ignore[arg-type]
+        self._interval = interval
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Make sure the thread runs (a no-op once it does, and after :meth:`stop`)."""
+        if self._thread is not None:
+            return
+        with self._lock:
+            if self._thread is not None or self._stopping:
+                return
+            thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            thread.start()
+            self._thread = thread
+
+    def wake(self) -> None:
+        """Flush now rather than at the end of the interval."""
+        self.start()
+        self._wake.set()
+
+    def stop(self, timeout: float) -> None:
+        """End the thread, waiting at most ``timeout`` seconds for a flush in progress.
+
+        A later :meth:`start` starts a new thread (a closed ledger used again).
+        """
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with self._lock:
+            self._stopping = False
+            self._wake.clear()
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stopping or self._thread is not me:
+                return
+            flush = self._flush()
+            if flush is None:
+                return  # the ledger is gone
+            try:
+                flush()
+            except Exception as error:  # never end the thread: the writes stay queued
+                # The type only: an error's text could quote the database's view of a row.
+                logger.error(
+                    "%s: storing queued writes failed (%s)", self._name, type(error).__name__
+                )
+            del flush

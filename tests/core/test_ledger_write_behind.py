@@ -1,0 +1,279 @@
+"""``SqlCostLedger(write_behind=...)``: records queued and committed by the ledger's writer
+thread, on a real SQLite file (and the real PostgreSQL for the cross-process case).
+
+What it must keep: this process's gates count a queued entry at once; other processes see
+it within the interval; a caller writing faster than the database takes never loses an
+entry; ``close`` and a normal exit store everything; a database that stops answering
+keeps the queue (counted by reads) until it answers again; no writer thread outlives
+``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+#: The write-behind interval of the ledgers under test, in seconds.
+INTERVAL = 0.05
+#: How long a test waits for something the interval promises: far beyond it, so that a
+#: loaded machine cannot fail these tests (they check behaviour, not speed).
+PATIENCE = 10.0
+
+
+def entry(cost: str = "0.25", *, scope: str | None = None) -> LedgerEntry:
+    return LedgerEntry(
+        datetime.now(UTC), "chat", input_tokens=10, output_tokens=5, cost=Decimal(cost), scope=scope
+    )
+
+
+def writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("llm-resilience-ledger-writer")]
+
+
+def eventually(check: Callable[[], bool]) -> float:
+    """Seconds until ``check()`` holds (fails the test after PATIENCE)."""
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > PATIENCE:
+            pytest.fail(f"not true within {PATIENCE} s")
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
+def stored_costs(path: Path) -> list[str]:
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT cost FROM cost_ledger ORDER BY id").fetchall()
+    connection.close()
+    return [cost for (cost,) in rows]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "spend.db"
+
+
+@contextmanager
+def ledgers(url: str, **options: object) -> Iterator[tuple[SqlCostLedger, SqlCostLedger]]:
+    """A write-behind ledger and a plain one (another process's view) on one database."""
+    behind = SqlCostLedger(url, write_behind=INTERVAL, **options)  # type: ignore[arg-type]
+    other = SqlCostLedger(url)
+    try:
+        yield behind, other
+    finally:
+        behind.close()
+        other.close()
+
+
+# -- the option ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "write_behind must be greater than 0 seconds"),
+        (-1, "write_behind must be greater than 0 seconds"),
+        (61, "write_behind must be None or at most 60 seconds"),
+        (timedelta(minutes=2), "write_behind must be None or at most 60 seconds"),
+        ("50ms", "write_behind must be None, a number of seconds|write_behind must be a number"),
+        (True, "write_behind must be"),
+    ],
+)
+def test_a_bad_write_behind_is_refused_at_construction_naming_the_option(
+    path: Path, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        SqlCostLedger(f"sqlite:///{path}", write_behind=value)  # type: ignore[arg-type]
+
+
+def test_write_behind_is_off_by_default_and_kept_as_a_timedelta(path: Path) -> None:
+    plain = SqlCostLedger(f"sqlite:///{path}")
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=0.25)
+    try:
+        assert plain.write_behind is None
+        assert behind.write_behind == timedelta(seconds=0.25)
+    finally:
+        plain.close()
+        behind.close()
+
+
+# -- queued, counted, committed -----------------------------------------------------------
+
+
+def test_a_queued_record_counts_here_at_once_and_reaches_other_processes_within_the_interval(
+    path: Path,
+) -> None:
+    with ledgers(f"sqlite:///{path}") as (behind, other):
+        behind.spends([("day", None), ("month", None)])  # a cached read, before the record
+        behind.record(entry("0.25"))
+        assert behind.spends([("day", None), ("month", None)]) == (Decimal("0.25"),) * 2
+        assert behind.spend("day") == Decimal("0.25")
+        waited = eventually(lambda: other.spend("day") == Decimal("0.25"))
+        assert waited < PATIENCE
+        assert behind.pending == 0
+        # Stored once: the writer's commit and the queue are never both counted for long.
+        assert behind.spend("day") == Decimal("0.25")
+        assert stored_costs(path) == ["0.25"]
+
+
+async def test_an_async_record_is_queued_without_a_worker_thread_and_counted_at_once(
+    path: Path,
+) -> None:
+    with ledgers(f"sqlite:///{path}") as (behind, other):
+        await behind.aspends([("day", None), ("month", None)])
+        before = threading.active_count()
+        await behind.arecord(entry("0.5"))
+        assert await behind.aspends([("day", None), ("month", None)]) == (Decimal("0.5"),) * 2
+        assert await behind.aspend("day") == Decimal("0.5")
+        # The writer thread is the only thread the record may have started.
+        assert threading.active_count() - before <= 1
+        await asyncio.to_thread(eventually, lambda: other.spend("day") == Decimal("0.5"))
+
+
+def test_another_process_spend_reaches_this_gate_within_the_interval(path: Path) -> None:
+    with ledgers(f"sqlite:///{path}") as (behind, other):
+        assert behind.spend("day") == 0
+        other.record(entry("1.5"))
+        eventually(lambda: behind.spend("day") == Decimal("1.5"))
+
+
+def test_a_hold_taken_here_counts_in_this_process_gate_at_once(path: Path) -> None:
+    with ledgers(f"sqlite:///{path}") as (behind, _):
+        assert behind.spend("day") == 0  # cached: no hold yet
+        hold = behind.reserve(Decimal("2"), limits={("day", None): Decimal(10)}, scope=None)
+        assert behind.spend("day") == Decimal("2")
+        behind.settle(hold, entry("0.75"))
+        assert behind.spend("day") == Decimal("0.75")
+
+
+def test_writing_faster_than_the_database_takes_loses_no_entry(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A queue of 200 at most: the caller must store the queue itself long before it fills.
+    with ledgers(f"sqlite:///{path}", max_pending=200) as (behind, other):
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3000):
+                behind.record(entry("0.01"))
+        assert behind.dropped == 0
+        assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+        assert behind.spend("day") == Decimal("30.00")
+    assert len(stored_costs(path)) == 3000
+    assert other.spend("day") == Decimal("30.00")
+
+
+def test_a_batch_stores_an_entry_once_when_repeated_or_already_stored(path: Path) -> None:
+    other = SqlCostLedger(f"sqlite:///{path}")
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=60)  # one batch, at close
+    stored_before, repeated, single = entry("1"), entry("0.1"), entry("0.01")
+    other.record(stored_before)
+    for each in (stored_before, repeated, repeated, single):
+        behind.record(each)
+    behind.close()
+    assert sorted(stored_costs(path)) == ["0.01", "0.1", "1"]
+    assert other.spends([("day", None), ("month", None)]) == (Decimal("1.11"),) * 2
+    other.close()
+
+
+def test_close_stores_the_queue_and_ends_the_writer_thread(path: Path) -> None:
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=60)  # never on its own
+    for _ in range(5):
+        behind.record(entry("0.1"))
+    assert len(writer_threads()) == 1
+    assert stored_costs(path) == []
+    behind.close()
+    assert stored_costs(path) == ["0.1"] * 5
+    assert behind.pending == 0
+    assert writer_threads() == []
+
+
+def test_a_closed_ledger_used_again_starts_a_new_writer_and_stores_again(path: Path) -> None:
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=INTERVAL)
+    behind.record(entry("0.1"))
+    behind.close()
+    behind.record(entry("0.2"))
+    eventually(lambda: stored_costs(path) == ["0.1", "0.2"])
+    behind.close()
+    assert writer_threads() == []
+
+
+def test_no_writer_thread_runs_before_the_first_record(path: Path) -> None:
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=INTERVAL)
+    try:
+        behind.spend("day")
+        assert writer_threads() == []
+    finally:
+        behind.close()
+
+
+_AT_EXIT = """
+import sys
+from datetime import UTC, datetime
+from decimal import Decimal
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+ledger = SqlCostLedger(f"sqlite:///{sys.argv[1]}", write_behind=60)
+for _ in range(3):
+    ledger.record(LedgerEntry(datetime.now(UTC), "chat", 10, 5, Decimal("0.25")))
+# No close(): a normal exit must still store the queue.
+"""
+
+
+def test_a_process_exiting_without_close_stores_its_queue(path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_AT_EXIT), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert stored_costs(path) == ["0.25"] * 3
+
+
+def test_a_locked_database_keeps_the_queue_counted_and_stores_it_once_it_answers(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with ledgers(f"sqlite:///{path}", operation_timeout=0.2) as (behind, _):
+        behind.spend("day")
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            with caplog.at_level(logging.WARNING):
+                for _ in range(4):
+                    behind.record(entry("0.25"))
+                time.sleep(1.0)  # several intervals, each a failed store
+            assert behind.pending == 4
+            assert behind.spends([("day", None)], now=None) == (Decimal("1.00"),)
+            warnings = [r for r in caplog.records if "could not store queued writes" in r.message]
+            assert len(warnings) == 1, "one WARNING per outage, not one per interval"
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        eventually(lambda: behind.pending == 0)
+        assert stored_costs(path) == ["0.25"] * 4
+        assert behind.spend("day") == Decimal("1.00")
+
+
+@pytest.mark.postgres
+def test_on_postgres_a_queued_record_reaches_another_ledger_within_the_interval(
+    postgres_schema_url: str,
+) -> None:
+    with ledgers(postgres_schema_url) as (behind, other):
+        behind.record(entry("0.25", scope="team-a"))
+        assert behind.spend("day", scope="team-a") == Decimal("0.25")
+        eventually(lambda: other.spend("day", scope="team-a") == Decimal("0.25"))
+        eventually(lambda: behind.pending == 0)
+        assert behind.spend("month") == Decimal("0.25")

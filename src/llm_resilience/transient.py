@@ -10,9 +10,11 @@ An error is transient when trying the same request elsewhere (or later) may succ
   ``server_error`` as a 500; a botocore ``ClientError`` with the status its AWS error
   code stands for: ``ThrottlingException`` and the other throttling codes 429,
   ``ServiceUnavailableException`` 503, ``InternalServerException`` 500,
-  ``ModelTimeoutException`` 504; a google-genai ``APIError`` by its ``code``, so Gemini's
-  ``RESOURCE_EXHAUSTED`` is a 429 and ``UNAVAILABLE`` a 503, ``INTERNAL`` 500 and
-  ``DEADLINE_EXCEEDED`` 504 transient under the server-errors preset);
+  ``ModelTimeoutException`` 504, and so does an exception inside a Bedrock event
+  stream (``throttlingException``, ...; ``modelStreamErrorException`` 503); a
+  google-genai ``APIError`` by its ``code``, so Gemini's ``RESOURCE_EXHAUSTED`` is a 429
+  and ``UNAVAILABLE`` a 503, ``INTERNAL`` 500 and ``DEADLINE_EXCEEDED`` 504 transient
+  under the server-errors preset);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
   uses, httpcore, requests, urllib3, aiohttp, botocore's connection, read-timeout and
@@ -22,7 +24,8 @@ An error is transient when trying the same request elsewhere (or later) may succ
   timeouts, a fallback chain's own per-client timeout);
 * it is a stream event the SDK could not decode: the ``json.JSONDecodeError`` that
   openai and anthropic raise from their SSE decoder for one broken event (the same
-  error raised anywhere else is not transient);
+  error raised anywhere else is not transient), botocore's ``ChecksumMismatch`` for an
+  event-stream message that fails its CRC;
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
   whatever the case.
 
@@ -130,6 +133,9 @@ _TRANSPORT_TYPES: frozenset[tuple[str, str]] = frozenset(
         ("botocore", "ReadTimeoutError"),
         ("botocore", "ConnectionClosedError"),
         ("botocore", "ResponseStreamingError"),
+        # A Bedrock event stream whose message fails its CRC (bytes corrupted on the way):
+        # botocore's decoder stops at it, as the SSE decoders stop at a broken event.
+        ("botocore", "ChecksumMismatch"),
         # LangChain's typed errors, by type: a rate-limit error is a 429 by definition,
         # connection and timeout errors are transport failures. ``ModelAPIError`` (any
         # 5xx) is left to its status, so 500 stays non-transient by default although
@@ -162,6 +168,9 @@ _OPENAI_STREAM_ERROR_TYPE_STATUS: dict[str, int] = {"server_error": 500}
 # default), ``InternalServerException`` as 500 and Bedrock's ``ModelTimeoutException``
 # (sent with 408) as 504, like Anthropic's ``timeout_error``: server errors, transient
 # under the server-errors preset. Any other code counts with its HTTP status.
+# Bedrock's ``ModelStreamErrorException`` (a model's stream that failed after it
+# started; "Retry your request", says the service model) counts as 503: the stream broke,
+# as a cut connection does, and another member may well answer.
 _AWS_ERROR_CODE_STATUS: dict[str, int] = {
     "ThrottlingException": 429,
     "Throttling": 429,
@@ -171,9 +180,19 @@ _AWS_ERROR_CODE_STATUS: dict[str, int] = {
     "ModelNotReadyException": 429,
     "ServiceUnavailableException": 503,
     "ServiceUnavailable": 503,
+    "ModelStreamErrorException": 503,
     "InternalServerException": 500,
     "InternalFailure": 500,
     "ModelTimeoutException": 504,
+}
+# The statuses AWS declares for the exceptions an event stream can carry, for an
+# exception that arrives mid-stream: botocore's ``EventStreamError`` holds the code and
+# message only, no HTTP status (the stream's own response said 200).
+_AWS_STREAM_EXCEPTION_STATUS: dict[str, int] = {
+    "ValidationException": 400,
+    "AccessDeniedException": 403,
+    "ResourceNotFoundException": 404,
+    "ModelErrorException": 424,
 }
 
 
@@ -189,13 +208,22 @@ def status_code_of(exc: BaseException) -> int | None:
     A botocore ``ClientError`` (boto3) counts with the status its AWS error code stands
     for (``ThrottlingException`` 429, ``ServiceUnavailableException`` 503,
     ``InternalServerException`` 500, ``ModelTimeoutException`` 504), else with its
-    ``ResponseMetadata.HTTPStatusCode``. An error langchain-google-genai re-raised
+    ``ResponseMetadata.HTTPStatusCode``. An exception inside a Bedrock event stream
+    (botocore's ``EventStreamError``, its code the stream member's name:
+    ``throttlingException``, ``serviceUnavailableException``, ``internalServerException``,
+    ``modelStreamErrorException`` 503, ``validationException`` 400) counts the same
+    way, by its code. An error langchain-google-genai re-raised
     (``GoogleRateLimitError`` and its kin carry no status) has its cause's.
     """
     aws = _aws_error(exc)
     if aws is not None:
         code, status, _message = aws
-        return _AWS_ERROR_CODE_STATUS.get(code, status) if code else status
+        # An event stream names its exceptions in lower camel case (``throttlingException``).
+        code = code[:1].upper() + code[1:]
+        known = _AWS_ERROR_CODE_STATUS.get(code)
+        if known is not None:
+            return known
+        return status if status is not None else _AWS_STREAM_EXCEPTION_STATUS.get(code)
     for holder in (exc, _safe_getattr(exc, "response")):
         if holder is None:
             continue

@@ -3,7 +3,8 @@
 Every ``ClientError`` here comes out of a real ``boto3`` ``bedrock-runtime`` client
 (retries off) calling ``converse`` on the local fault server, which answers with
 Bedrock's status, ``x-amzn-ErrorType`` header and ``{"message": ...}`` body; botocore
-parses them into the error's ``response``. Transport errors come from real sockets on
+parses them into the error's ``response``. An ``EventStreamError`` comes out of reading a
+real ``converse_stream`` whose event stream carries Bedrock's exception message. Transport errors come from real sockets on
 127.0.0.1 (refused, hung, cut) and an unresolvable host.
 
 A verdict is the pair (default rule with 429/503, ``with_server_errors()`` preset).
@@ -21,6 +22,7 @@ import boto3
 import botocore.exceptions
 import pytest
 from botocore.config import Config
+from botocore.eventstream import ChecksumMismatch
 
 from llm_resilience import TransientClassifier, is_transient
 from llm_resilience.fallback import context_limit_of, is_context_overflow, self_retry_setting
@@ -103,6 +105,64 @@ def test_a_throttling_code_is_transient_whatever_status_carries_it(
     assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 400  # type: ignore[attr-defined]
     assert status_code_of(error) == 429
     assert is_transient(error)
+
+
+def _raised_mid_stream(server: FaultInjectingServer, fault: Fault) -> tuple[BaseException, int]:
+    """What botocore raises while a converse_stream is read, and the text events before it."""
+    server.reset()
+    server.script(fault)
+    client = _client(f"http://127.0.0.1:{server.port}", read_timeout=0.5)
+    stream = client.converse_stream(
+        modelId=MODEL, messages=[{"role": "user", "content": [{"text": "hi"}]}]
+    )["stream"]
+    texts: list[object] = []
+
+    def read() -> None:
+        texts.extend(event for event in stream if "contentBlockDelta" in event)
+
+    with pytest.raises(Exception) as caught:
+        read()
+    return caught.value, len(texts)
+
+
+@pytest.mark.parametrize(
+    ("code", "name", "status", "verdict"),
+    [
+        pytest.param(429, "throttlingException", 429, (True, True), id="throttling"),
+        pytest.param(503, "serviceUnavailableException", 503, (True, True), id="unavailable"),
+        pytest.param(500, "internalServerException", 500, (False, True), id="internal"),
+        pytest.param(424, "modelStreamErrorException", 503, (True, True), id="model-stream"),
+        pytest.param(400, "validationException", 400, (False, False), id="validation"),
+    ],
+)
+def test_an_exception_inside_a_bedrock_event_stream_counts_with_the_status_of_its_code(
+    server: FaultInjectingServer, code: int, name: str, status: int, verdict: tuple[bool, bool]
+) -> None:
+    # botocore raises it as an EventStreamError whose code is the stream member's name, in
+    # lower camel case, with no HTTP status: the stream's own response said 200.
+    error, delivered = _raised_mid_stream(server, Fault.error_event(code, after_chunks=2))
+    assert isinstance(error, botocore.exceptions.EventStreamError)
+    assert error.response["Error"]["Code"] == name
+    assert "ResponseMetadata" not in error.response
+    assert delivered == 2
+    assert status_code_of(error) == status
+    assert (is_transient(error), PRESET(error)) == verdict
+
+
+def test_a_bedrock_stream_cut_stalled_or_corrupted_after_it_started_is_transient(
+    server: FaultInjectingServer,
+) -> None:
+    cut, _ = _raised_mid_stream(server, Fault.drop_mid_stream(after_chunks=2))
+    stalled, _ = _raised_mid_stream(server, Fault.stall_mid_stream(after_chunks=2))
+    corrupted, delivered = _raised_mid_stream(server, Fault.malformed_chunk(after_chunks=1))
+    # The body is read through urllib3, which botocore does not wrap here.
+    assert type(cut).__module__.startswith("urllib3")
+    assert type(stalled).__module__.startswith("urllib3")
+    assert isinstance(corrupted, ChecksumMismatch)
+    assert delivered == 1
+    for error in (cut, stalled, corrupted):
+        assert is_transient(error), repr(error)
+        assert status_code_of(error) is None
 
 
 def test_the_error_code_named_in_the_text_is_no_keyword(server: FaultInjectingServer) -> None:
@@ -198,3 +258,27 @@ def test_a_boto3_client_that_retries_by_itself_is_noticed_by_its_retry_config(
         config=config,
     )
     assert self_retry_setting(client) == setting
+
+
+class _ModelOverABoto3Client:
+    """A framework model that calls through the boto3 client it holds, as langchain-aws's
+    ``ChatBedrockConverse`` (``client``) and LlamaIndex's ``BedrockConverse``
+    (``_client``) do, with no retry setting of its own."""
+
+    def __init__(self, attribute: str, client: Any) -> None:
+        setattr(self, attribute, client)
+        self.max_retries = None
+
+
+@pytest.mark.parametrize("attribute", ["client", "_client"])
+def test_a_model_over_a_boto3_client_is_noticed_by_its_client_s_retry_config(
+    attribute: str,
+) -> None:
+    def model(**retries: Any) -> _ModelOverABoto3Client:
+        return _ModelOverABoto3Client(attribute, _client("http://127.0.0.1:1", **retries))
+
+    assert self_retry_setting(model(total_max_attempts=3)) == (
+        f"{attribute}.retries.total_max_attempts",
+        3,
+    )
+    assert self_retry_setting(model(total_max_attempts=1)) is None

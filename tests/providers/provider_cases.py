@@ -176,6 +176,26 @@ def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
 
+def _bedrock_stream_exception(code: int) -> Callable[[Row, Mode], Fault | None]:
+    """Bedrock: the status before a stream starts; after its first chunk, the stream's own
+    exception message for it (``throttlingException``, ``serviceUnavailableException``,
+    ``validationException``), which botocore raises as an ``EventStreamError``."""
+
+    def fault(row: Row, mode: Mode) -> Fault | None:
+        if mode == "stream-after":
+            return Fault.error_event(code, after_chunks=DELIVERED)
+        return Fault.status(code)
+
+    return fault
+
+
+def _model_stream_error(row: Row, mode: Mode) -> Fault | None:
+    # Bedrock's ``modelStreamErrorException``: the model failed after its stream started.
+    if row.wire == "bedrock" and mode == "stream-after":
+        return Fault.error_event(424, after_chunks=DELIVERED)
+    return None
+
+
 def _rate_limited_with_retry_after(row: Row, mode: Mode) -> Fault | None:
     if mode == "stream-after":
         return None
@@ -234,11 +254,14 @@ def _filtered(row: Row, mode: Mode) -> Fault | None:
 COLUMNS: tuple[Column, ...] = (
     Column(
         "429", "rate limited (429)",
-        _azure_or(_status(429, body=_AZURE_429), _status(429)),
+        _bedrock_or(
+            _bedrock_stream_exception(429), _azure_or(_status(429, body=_AZURE_429), _status(429))
+        ),
         "falls back", "falls back",
         note=(
-            "Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException`; Gemini: "
-            "`RESOURCE_EXHAUSTED` with a `RetryInfo` detail, `retryDelay` \"7s\"."
+            "Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException` (mid-stream: "
+            "the event stream's `throttlingException`); Gemini: `RESOURCE_EXHAUSTED` with a "
+            "`RetryInfo` detail, `retryDelay` \"7s\"."
         ),
     ),
     Column(
@@ -247,8 +270,12 @@ COLUMNS: tuple[Column, ...] = (
         note="`retry-after: 1`; Azure adds `retry-after-ms: 1000`.",
     ),
     Column(
-        "503", "unavailable (503)", _status(503), "falls back", "falls back",
-        note="Bedrock: `ServiceUnavailableException`; Gemini: `UNAVAILABLE`.",
+        "503", "unavailable (503)", _bedrock_or(_bedrock_stream_exception(503), _status(503)),
+        "falls back", "falls back",
+        note=(
+            "Bedrock: `ServiceUnavailableException` (mid-stream: "
+            "`serviceUnavailableException`); Gemini: `UNAVAILABLE`."
+        ),
     ),
     Column(
         "overloaded", "overloaded", _overloaded,
@@ -268,7 +295,8 @@ COLUMNS: tuple[Column, ...] = (
         "500", "server error (500)", _server_error, "propagates", "falls back", status=500,
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
-            "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`). "
+            "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`), "
+            "Bedrock's `internalServerException` message in its event stream. "
             "Bedrock: `InternalServerException`; Gemini: `INTERNAL`."
         ),
     ),
@@ -309,7 +337,20 @@ COLUMNS: tuple[Column, ...] = (
         "dropped", "connection dropped", _dropped, "falls back", "falls back",
         note="A call: closed before any response; a stream: body cut, never terminated.",
     ),
-    Column("400", "bad request (400)", _status(400), "propagates", "propagates", status=400),
+    Column(
+        "model-stream-error", "model stream error", _model_stream_error,
+        "falls back", "falls back",
+        note=(
+            "Bedrock only: the event stream's `modelStreamErrorException` (the model failed "
+            "after its stream started; the service model says to retry the request), which "
+            "counts as a 503."
+        ),
+    ),
+    Column(
+        "400", "bad request (400)", _bedrock_or(_bedrock_stream_exception(400), _status(400)),
+        "propagates", "propagates", status=400,
+        note="Bedrock: `ValidationException` (mid-stream: `validationException`).",
+    ),
     Column(
         "401", "unauthorised (401)",
         _bedrock_or(

@@ -3,7 +3,8 @@ fallback chain of two of them is called and streamed.
 
 Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
-``llama-index-llms-anthropic``, ``boto3`` for AWS Bedrock, ``google-genai``,
+``llama-index-llms-anthropic``, ``boto3``, ``langchain-aws`` and
+``llama-index-llms-bedrock-converse`` for AWS Bedrock (``surfaces_bedrock``), ``google-genai``,
 ``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
@@ -15,6 +16,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from surfaces_bedrock import (
+    bedrock_sdk,
+    bedrock_sdk_call,
+    bedrock_sdk_stream,
+    chat_bedrock,
+    langchain_text_astream,
+    langchain_text_stream,
+    llama_bedrock,
+)
 
 Wire = Literal["openai", "anthropic", "bedrock", "gemini"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
@@ -301,39 +312,7 @@ async def _anthropic_sdk_astream(chain: Any) -> AsyncIterator[str]:
             yield text
 
 
-# -- AWS Bedrock through boto3 -----------------------------------------------------------
-
-
-def _bedrock_sdk(endpoint: Endpoint, *, timeout: float, max_retries: int | None = 0) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    # botocore counts attempts: ``total_max_attempts`` is the first request plus the
-    # retries (its ``max_attempts`` counts retries only). None keeps its default mode.
-    retries = {} if max_retries is None else {"total_max_attempts": max_retries + 1}
-    return boto3.client(
-        "bedrock-runtime",
-        endpoint_url=endpoint.root,
-        region_name="us-east-1",
-        aws_access_key_id="FAKE",
-        aws_secret_access_key="FAKE",
-        config=Config(
-            retries={"mode": "standard", **retries},
-            connect_timeout=timeout,
-            read_timeout=timeout,
-        ),
-    )
-
-
-def _bedrock_request(client: Any) -> Any:
-    return client.converse(
-        modelId=BEDROCK_MODEL, messages=[{"role": "user", "content": [{"text": QUESTION}]}]
-    )
-
-
-def _bedrock_sdk_call(chain: Any) -> str:
-    reply = chain.invoke(lambda _index, client: _bedrock_request(client))
-    return "".join(block.get("text", "") for block in reply["output"]["message"]["content"])
+# -- AWS Bedrock: boto3, ChatBedrockConverse, BedrockConverse, in ``surfaces_bedrock`` ---
 
 
 # -- Google Gemini through google-genai --------------------------------------------------
@@ -554,12 +533,25 @@ ROWS: tuple[Row, ...] = (
         "anthropic", _llama_anthropic, _llama_chain, _llama_call, _llama_stream,
         "llama_index.llms.anthropic", amember=_llama_anthropic, acall=_llama_acall, astream=_llama_astream,
     ),
-    # Converse only: no stream (the fault server does not frame AWS event streams yet),
-    # no async (boto3 has none).
+    # No async: boto3 has none (aioboto3 is not installed).
     Row(
         "bedrock-sdk", "AWS Bedrock", "SDK", 'boto3.client("bedrock-runtime")', "bedrock",
-        _bedrock_sdk, _core_chain, _bedrock_sdk_call, None, "boto3",
+        bedrock_sdk, _core_chain, bedrock_sdk_call, bedrock_sdk_stream, "boto3",
         amember=None, acall=None, astream=None,
+    ),
+    Row(
+        "bedrock-langchain", "AWS Bedrock", "LangChain", "ChatBedrockConverse", "bedrock",
+        chat_bedrock, _langchain_chain, _langchain_call, langchain_text_stream,
+        "langchain_aws", amember=chat_bedrock, acall=_langchain_acall,
+        astream=langchain_text_astream,
+    ),
+    # Async without aioboto3: llama-index-llms-bedrock-converse (0.15) then runs the sync
+    # boto3 client in a thread (``asyncio.to_thread``; a queue for streams).
+    Row(
+        "bedrock-llamaindex", "AWS Bedrock", "LlamaIndex",
+        "llama_index.llms.bedrock_converse.BedrockConverse", "bedrock", llama_bedrock,
+        _llama_chain, _llama_call, _llama_stream, "llama_index.llms.bedrock_converse",
+        amember=llama_bedrock, acall=_llama_acall, astream=_llama_astream,
     ),
     Row(
         "gemini-sdk", "Google Gemini", "SDK", "google.genai.Client", "gemini",

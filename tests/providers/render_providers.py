@@ -45,8 +45,11 @@ or the real LangChain or LlamaIndex class built on it, talks HTTP to a local ser
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
 `x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
-`Config(retries={{"total_max_attempts": 1}})`; google-genai:
-`HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`: `max_retries=1`); the test
+`Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
+with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
+`BedrockConverse`: `max_retries=1` and `botocore_config=Config(retries={{"total_max_attempts":
+1}})`; google-genai: `HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`:
+`max_retries=1`); the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -65,13 +68,18 @@ error code stands for, whatever status carried it: `ThrottlingException`,
 `ServiceUnavailableException` as 503 (transient by default),
 `InternalServerException` as 500 and `ModelTimeoutException` (sent with 408) as 504, like
 Anthropic's `timeout_error` (transient under the preset); any other code counts with
-its HTTP status. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
+its HTTP status. An exception inside Bedrock's event stream (botocore raises it as an
+`EventStreamError`, its code the stream member's name) counts the same way:
+`throttlingException` 429, `serviceUnavailableException` 503, `internalServerException`
+500, `validationException` 400, and `modelStreamErrorException` (the model failed
+mid-stream; "retry your request", says the service model) 503. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
 429, `UNAVAILABLE` a 503, `INTERNAL` a 500 and `DEADLINE_EXCEEDED` a 504; the errors
 `ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
 wrap. "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
-error event (a server error, an overload), a silence or a cut connection can. "not
-covered": no test yet (see the end of the page).
+error event (a server error, an overload; Bedrock's event stream also carries throttling,
+unavailable, validation and model-stream exceptions), a silence or a cut connection can.
+"not covered": no test yet (see the end of the page).
 """
 
 _RETRIES = """## SDK retries and failover
@@ -89,6 +97,8 @@ against a server that answers 503 every time, the failing member is asked:
 | LlamaIndex `OpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
 | LlamaIndex `Anthropic` | `max_retries=10` | 11 |
 | `boto3.client("bedrock-runtime")` | botocore's `standard` retry mode | 3 |
+| `ChatBedrockConverse` | its boto3 client's: botocore's `standard` mode | 3 |
+| LlamaIndex `BedrockConverse` | `max_retries=10`: its own loop of 10 attempts (on throttling, internal-server, unavailable and model-timeout errors, 4 to 10 s apart), each through a client it built with botocore's `max_attempts=10` | up to 110, over minutes (not counted by a test) |
 | `google.genai.Client` | no `retry_options`: no retry | 1 |
 | `ChatGoogleGenerativeAI` | `max_retries=6`, attempts in all (google-genai's `HttpRetryOptions(attempts=6)`) | 6, after 31 s of backoff (not counted by a test) |
 | LlamaIndex `GoogleGenAI` | `max_retries=3`, its own loop of 3 attempts (on a 5xx; never on a 429) | 3, with waits of a second or more |
@@ -100,8 +110,12 @@ A boto3 client counts attempts, not retries: build it with
 not read `retry-after-ms` and waits out its own backoff. The core `FallbackChain`,
 `FallbackChatModel` and `FallbackLLM` log a warning (logger `llm_resilience.fallback`)
 for each member that retries by itself, a boto3 client by its `meta.config.retries`, a
-google-genai client by its `HttpOptions.retry_options`; `ChatGoogleGenerativeAI` counts
-attempts, so it warns from `max_retries=2` and is quiet at `max_retries=1`. google-genai
+google-genai client by its `HttpOptions.retry_options`, `ChatBedrockConverse` by its boto3
+client's config; `ChatGoogleGenerativeAI` counts attempts, so it warns from
+`max_retries=2` and is quiet at `max_retries=1`, and so does LlamaIndex's
+`BedrockConverse` (its least is 1), which also warns for its client's botocore retries:
+its own `max_retries` sets them too (`max_retries=1` is 2 requests) unless it is given a
+`botocore_config` or a `client`. google-genai
 does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts.
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
@@ -130,6 +144,12 @@ every call and stream chunk (`usageMetadata`); its `promptTokenCount` includes t
 cached tokens (`cachedContentTokenCount`) and its thoughts (`thoughtsTokenCount`) are
 billed as output apart from `candidatesTokenCount`: both frameworks' entries carry
 input = prompt, output = candidates + thoughts, and the cache and reasoning splits.
+Bedrock reports usage in a Converse answer and in a stream's last event (`metadata`); its
+`inputTokens` leave out the cache reads (`cacheReadInputTokens`) and writes
+(`cacheWriteInputTokens`, split by lifetime in `cacheDetails`), and its `outputTokens`
+include the model's thinking, not reported apart: `ChatBedrockConverse` and LlamaIndex's
+`BedrockConverse` entries carry input = `inputTokens` + reads + writes, with the reads,
+the writes and the one-hour writes apart.
 """
 
 _NOT_COVERED = """## Not covered yet
@@ -144,13 +164,14 @@ _NOT_COVERED = """## Not covered yet
   installed; google-genai 2.x there leaves `ClientResponse.json` un-awaited on some
   errors (a `RuntimeWarning`) and its sessions unclosed at exit. The verdicts are the
   same.
-- AWS Bedrock streams (`converse_stream`): the answer is framed as a binary AWS event
-  stream (`application/vnd.amazon.eventstream`, CRC-checked frames), which the fault
-  server does not write yet; Bedrock's row covers `converse` calls only. boto3 has no
-  async client (`aioboto3` is not installed), so the row has no async cells.
-- `langchain-aws` (`ChatBedrockConverse`) and LlamaIndex's Bedrock classes are not
-  installed in the test environment (not installable within CI time); Bedrock is covered
-  through `boto3` on the core `FallbackChain`.
+- boto3 has no async client and `aioboto3` is not installed, so the boto3 row has no
+  async cells. Without `aioboto3`, LlamaIndex's `BedrockConverse` runs its sync boto3
+  client in a thread for `achat` and `astream_chat` (the async cells cover that); with
+  `aioboto3` installed it would call through it instead, which no test covers.
+  `ChatBedrockConverse`'s async methods run its sync client in an executor.
+- Bedrock's older `InvokeModel` APIs (`ChatBedrock`, LlamaIndex's `Bedrock`) and
+  Bedrock's tool-use and guardrail events in a stream are not covered; the rows use
+  Converse and ConverseStream with text.
 - LlamaIndex's `AzureOpenAI` (`llama-index-llms-azure-openai`) is not installed in the
   test environment; Azure OpenAI is covered through `openai.AzureOpenAI` and
   `AzureChatOpenAI`.

@@ -47,7 +47,7 @@ PATHS = {
     "OpenAI": "/v1/chat/completions",
     "Azure OpenAI": f"/openai/deployments/{AZURE_DEPLOYMENT}/chat/completions",
     "Anthropic": "/v1/messages",
-    # botocore escapes the model id's ``:`` in the path.
+    # botocore escapes the model id's ``:`` in the path; a stream asks ``converse-stream``.
     "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
     # Gemini names the method after the model: a stream asks ``:streamGenerateContent``.
     "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
@@ -58,6 +58,8 @@ def _path(row: Row, *, stream: bool) -> str:
     path = PATHS[row.provider]
     if stream and row.wire == "gemini":
         return path.replace(":generateContent", ":streamGenerateContent")
+    if stream and row.wire == "bedrock":
+        return path + "-stream"
     return path
 
 

@@ -37,6 +37,13 @@ REQUESTS_WITH_DEFAULTS = {
     # botocore's default ``standard`` retry mode: 3 attempts in all. It does not read
     # ``retry-after-ms``: its own backoff (up to 1 s, then 2 s) is waited out.
     "bedrock-sdk": 3,
+    # ChatBedrockConverse calls through the boto3 client it is given, botocore's default
+    # mode here: 3 attempts.
+    "bedrock-langchain": 3,
+    # LlamaIndex's BedrockConverse: its own loop of max_retries=10 attempts (on a
+    # ServiceUnavailableException, 4 to 10 s apart), each through a client it built with
+    # botocore's max_attempts=10 (11 attempts): up to 110 requests.
+    "bedrock-llamaindex": 110,
     # google-genai retries only when given ``HttpRetryOptions``: its client asks once.
     "gemini-sdk": 1,
     # ChatGoogleGenerativeAI passes max_retries=6 on as HttpRetryOptions(attempts=6).
@@ -47,8 +54,9 @@ REQUESTS_WITH_DEFAULTS = {
     "gemini-llamaindex": 3,
 }
 # Rows whose default schedule is too slow to wait out in a test: google-genai does not
-# read Retry-After and waits 1, 2, 4, 8 and 16 s between its attempts (31 s).
-TOO_SLOW_TO_COUNT = {"gemini-langchain"}
+# read Retry-After and waits 1, 2, 4, 8 and 16 s between its attempts (31 s);
+# BedrockConverse waits minutes (botocore's backoff, then its own 4 to 10 s).
+TOO_SLOW_TO_COUNT = {"gemini-langchain", "bedrock-llamaindex"}
 # Rows whose client does not retry unless told to: no warning is due.
 NO_RETRIES_BY_DEFAULT = {"gemini-sdk"}
 

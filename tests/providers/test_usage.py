@@ -131,3 +131,36 @@ def test_gemini_s_cached_and_thought_tokens_reach_the_ledger_as_reported(
     [entry] = list(tracked.ledger.entries())
     assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 3, REPORTED[1] + 2)
     assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (3, 2, False)
+
+
+def _bedrock_framework_rows() -> list[object]:
+    return [
+        param
+        for param in _framework_rows()
+        if getattr(param, "values", (None,))[0].wire == "bedrock"  # type: ignore[union-attr]
+    ]
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+@pytest.mark.parametrize("row", _bedrock_framework_rows())
+def test_bedrock_s_cache_reads_and_writes_reach_the_ledger_as_reported(row: Row, mode: str) -> None:
+    # Bedrock's inputTokens leave the cache out (cacheReadInputTokens, cacheWriteInputTokens,
+    # the writes split by lifetime in cacheDetails); its thinking is inside outputTokens.
+    details = {"cache_read": 5, "cache_write_5m": 3, "cache_write_1h": 2, "reasoning": 4}
+    with (
+        FaultInjectingServer(name="failing") as failing,
+        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
+    ):
+        failing.script(Fault.status(503))
+        tracked = _tracked(row, (failing, healthy), ask_usage=True)
+        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
+    assert answer == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 10, REPORTED[1] + 4)
+    assert (entry.cache_read_tokens, entry.cache_write_tokens, entry.cache_write_1h_tokens) == (
+        5,
+        5,
+        2,
+    )
+    # Bedrock does not split the thinking out: the ledger holds no reasoning count.
+    assert (entry.reasoning_tokens or 0, entry.estimated) == (0, False)

@@ -155,3 +155,46 @@ def test_a_usage_metadata_with_no_details_reads_none_of_them() -> None:
         TokenDetails()
     )
     assert token_details(None) == TokenDetails()
+
+
+# Bedrock (ChatBedrockConverse over a boto3 client): the same tokens in Converse's shape,
+# inputTokens without the cache, the writes split by lifetime in cacheDetails, and the
+# thinking inside outputTokens, never reported apart: it bills at the output price.
+BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+# 4 uncached x $3 + 6,000 read x $0.30 + 2,000 written for 5 minutes x $3.75 + 1,000
+# written for an hour x $6 + (4 visible + 100 thinking) output x $15.
+BEDROCK_COST = Decimal("0.016872")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_bedrock_cached_call_costs_each_part_at_its_rate_and_writes_once(
+    server: FaultInjectingServer, mode: str
+) -> None:
+    langchain_aws = pytest.importorskip("langchain_aws")
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+
+    server.usage_details = ANTHROPIC_DETAILS
+    client = boto3.client(
+        "bedrock-runtime",
+        endpoint_url=server.anthropic_base_url,
+        region_name="us-east-1",
+        aws_access_key_id="sk-FAKE-aws-access-key-id",
+        aws_secret_access_key="sk-FAKE-aws-secret-access-key",
+        config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
+    )
+    inner = langchain_aws.ChatBedrockConverse(model=BEDROCK_MODEL, client=client)
+    ledger = InMemoryCostLedger()
+    budget = CostBudget(daily_limit=10, prices={BEDROCK_MODEL: SONNET})
+    model = CostTrackedChatModel(inner=inner, budget=budget, ledger=ledger)
+    assert await _run(model, mode) == REPLY
+    entry = _only_entry(ledger)
+    # langchain-aws adds Bedrock's cache reads and writes back into the input.
+    assert (entry.model, entry.input_tokens, entry.output_tokens) == (BEDROCK_MODEL, 9004, 104)
+    assert (entry.cache_read_tokens, entry.cache_write_tokens, entry.cache_write_1h_tokens) == (
+        6000,
+        3000,
+        1000,
+    )
+    assert not entry.estimated
+    assert entry.cost == BEDROCK_COST

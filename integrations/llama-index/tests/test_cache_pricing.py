@@ -166,3 +166,67 @@ def test_a_usage_without_details_reports_none() -> None:
     raw = {"usage": {"prompt_tokens": 5, "completion_tokens": 2}}
     response = ChatResponse(message=ChatMessage(content="x"), raw=raw)
     assert reported_details(response) == TokenDetails()
+
+
+# Bedrock (BedrockConverse): the same tokens in Converse's shape, inputTokens without the
+# cache, the writes split by lifetime in cacheDetails, the thinking inside outputTokens and
+# never reported apart, so billed at the output price. Not aioboto3: its async methods run
+# the sync client in a thread.
+BEDROCK_MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
+# 4 uncached x $1 + 6,000 read x $0.10 + 2,000 written for 5 minutes x $1.25 + 1,000
+# written for an hour x $2 + (4 visible + 100 thinking) output x $5.
+BEDROCK_COST = Decimal("0.005624")
+
+
+@pytest.mark.parametrize("method", CALLS)
+async def test_a_bedrock_cached_call_costs_each_part_at_its_rate_and_writes_once(
+    server: FaultInjectingServer, method: str
+) -> None:
+    bedrock_llms = pytest.importorskip("llama_index.llms.bedrock_converse")
+    from botocore.config import Config
+
+    server.usage_details = ANTHROPIC_DETAILS
+    inner = bedrock_llms.BedrockConverse(
+        model=BEDROCK_MODEL,
+        endpoint_url=server.anthropic_base_url,
+        aws_access_key_id="sk-FAKE-aws-access-key-id",
+        aws_secret_access_key="sk-FAKE-aws-secret-access-key",
+        region_name="us-east-1",
+        max_retries=1,
+        botocore_config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
+    )
+    ledger = InMemoryCostLedger()
+    budget = CostBudget(daily_limit=10, prices={BEDROCK_MODEL: CLAUDE_PRICE})
+    llm = CostTrackedLLM(inner=inner, budget=budget, ledger=ledger)
+    assert await _answer(llm, method) == REPLY
+    entry = _only_entry(ledger)
+    # Bedrock's inputTokens leave the cache out: the adapter adds reads and writes back.
+    assert (entry.model, entry.input_tokens, entry.output_tokens) == (BEDROCK_MODEL, 9004, 104)
+    assert (entry.cache_read_tokens, entry.cache_write_tokens, entry.cache_write_1h_tokens) == (
+        6000,
+        3000,
+        1000,
+    )
+    assert not entry.estimated
+    assert entry.cost == BEDROCK_COST
+
+
+def test_a_bedrock_stream_s_metadata_event_reports_its_usage_with_the_cache_added_back() -> None:
+    # A stream's last chunk carries the ``metadata`` event as its raw.
+    usage = {
+        "inputTokens": 10,
+        "outputTokens": 3,
+        "totalTokens": 63,
+        "cacheReadInputTokens": 40,
+        "cacheWriteInputTokens": 10,
+    }
+    response = ChatResponse(message=ChatMessage(content="x"), raw={"metadata": {"usage": usage}})
+    assert reported_tokens(response) == (60, 3)
+    assert reported_details(response) == TokenDetails(cache_read_tokens=40, cache_write_tokens=10)
+
+
+def test_a_bedrock_content_chunk_reports_no_usage() -> None:
+    delta = {"contentBlockDelta": {"delta": {"text": "x"}, "contentBlockIndex": 0}}
+    response = ChatResponse(message=ChatMessage(content="x"), raw=delta)
+    assert reported_tokens(response) == (None, None)
+    assert reported_details(response) == TokenDetails()

@@ -86,7 +86,11 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     what it wraps, which is checked on its own (a chain would otherwise answer with
     its primary's ``max_retries``, which it forwards). A boto3 client (Bedrock) retries
     through ``meta.config.retries``: ``("retries.total_max_attempts", attempts)`` when it
-    makes more than one attempt. A google-genai client retries through its
+    makes more than one attempt; a model over one (``ChatBedrockConverse``'s ``client``,
+    LlamaIndex ``BedrockConverse``'s ``_client``) through its client's:
+    ``("client.retries.total_max_attempts", attempts)``. LlamaIndex's ``BedrockConverse``
+    also retries in a loop of its own, ``max_retries`` attempts in all (1: no retry).
+    A google-genai client retries through its
     ``HttpOptions.retry_options``: ``("http_options.retry_options.attempts", attempts)``;
     ``ChatGoogleGenerativeAI``'s ``max_retries`` counts attempts in all (1: no retry).
     """
@@ -104,17 +108,39 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
         # Attempts in all, passed on as google-genai's HttpRetryOptions(attempts=...),
         # where 0 counts as 1.
         return ("max_retries", own) if own > 1 else None
-    if isinstance(own, int) and not isinstance(own, bool):
-        return ("max_retries", own) if own > 0 else None
+    counted = own if isinstance(own, int) and not isinstance(own, bool) else None
+    if _is_llama_bedrock(model):
+        # The attempts of its own retry loop: 1 is no retry (and its least).
+        if counted is not None and counted > 1:
+            return ("max_retries", counted)
+    elif counted is not None and counted > 0:
+        return ("max_retries", counted)
     for attribute in _CLIENT_ATTRIBUTES:
-        try:
-            client = getattr(model, attribute, None)
-        except Exception:
-            continue
+        # A model over a boto3 client (langchain-aws, LlamaIndex's Bedrock classes)
+        # retries through the client's own retry config, whatever it was built with.
+        retries = _botocore_retries(_client_of(model, attribute))
+        if retries is not None:
+            return (f"{attribute}.{_BOTOCORE_SETTING}", retries + 1) if retries > 0 else None
+    if counted is not None:
+        return None
+    for attribute in _CLIENT_ATTRIBUTES:
+        client = _client_of(model, attribute)
         retries = getattr(client, "max_retries", None) if client is not None else None
         if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
             return (f"{attribute}.max_retries", retries)
     return None
+
+
+def _client_of(model: object, attribute: str) -> object:
+    try:
+        return getattr(model, attribute, None)
+    except Exception:
+        return None
+
+
+def _is_llama_bedrock(model: object) -> bool:
+    """LlamaIndex's ``BedrockConverse``, whose ``max_retries`` counts its own attempts."""
+    return type(model).__module__.startswith("llama_index.llms.bedrock_converse")
 
 
 def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback chain") -> None:
@@ -134,6 +160,13 @@ def _warn_once(model: object, *, position: int, role: str) -> None:
     name, retries = setting
     if name == _BOTOCORE_SETTING:
         advice = 'Build it with Config(retries={"total_max_attempts": 1}).'
+    elif _is_llama_bedrock(model):
+        advice = (
+            "Build it with max_retries=1 (its own attempts) and botocore_config="
+            'Config(retries={"total_max_attempts": 1}) (its client\'s).'
+        )
+    elif name.endswith(_BOTOCORE_SETTING):
+        advice = 'Build its boto3 client with Config(retries={"total_max_attempts": 1}).'
     elif name == _GENAI_SETTING:
         advice = "Build it with HttpOptions(retry_options=HttpRetryOptions(attempts=1))."
     elif _top_package(model) == "langchain_google_genai":

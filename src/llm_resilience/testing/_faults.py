@@ -216,7 +216,9 @@ class Fault:
 
         The SDKs decode each event as it arrives, so the client fails at the broken event
         (openai and anthropic raise ``json.JSONDecodeError``) on a response that said 200.
-        A non-streaming request is answered normally.
+        A non-streaming request is answered normally. On Bedrock's event stream the
+        broken event is a message whose CRC does not match (botocore raises
+        ``ChecksumMismatch``).
         """
         if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
             raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
@@ -225,8 +227,9 @@ class Fault:
     @classmethod
     def missing_done(cls) -> Fault:
         """Stream the whole answer, usage included, but not the end marker: no
-        ``data: [DONE]`` (OpenAI) or ``message_stop`` event (Anthropic). The body itself
-        ends cleanly. A non-streaming request is answered normally.
+        ``data: [DONE]`` (OpenAI), ``message_stop`` event (Anthropic) or ``messageStop``
+        (Bedrock). The body itself ends cleanly. A non-streaming request is answered
+        normally.
         """
         return cls("missing_done")
 
@@ -278,8 +281,12 @@ class Fault:
         said 200, so the failure travels in the body. Anthropic sends ``event: error``
         with its error body (``overloaded_error`` for 529, ``api_error`` for 500,
         ``rate_limit_error`` for 429); OpenAI a ``data:`` event whose object holds
-        ``error`` (``type`` ``"server_error"`` for a 5xx). A non-streaming request gets
-        the plain ``code`` answer, as :meth:`status` sends it.
+        ``error`` (``type`` ``"server_error"`` for a 5xx); Bedrock an event-stream message
+        of ``:message-type`` ``exception`` (``throttlingException`` for 429,
+        ``serviceUnavailableException`` 503, ``modelStreamErrorException`` 424,
+        ``validationException`` 400 and any other 4xx, ``internalServerException`` 500
+        and any other 5xx). A non-streaming request gets the plain ``code`` answer, as
+        :meth:`status` sends it.
 
         >>> Fault.error_event(529, after_chunks=2)
         Fault(kind='error_event', status_code=529, after_chunks=2)

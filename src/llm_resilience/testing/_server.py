@@ -1,8 +1,9 @@
 """A local HTTP server that answers like OpenAI, Anthropic, Bedrock and Gemini and fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
-Anthropic Messages API (``POST /v1/messages``) and AWS Bedrock Runtime's Converse API
-(``POST /model/{modelId}/converse``; not ``converse-stream`` yet) and the Gemini API
+Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
+(``POST /model/{modelId}/converse``, and ``converse-stream`` as a binary AWS event
+stream) and the Gemini API
 (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
 for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
@@ -11,7 +12,8 @@ answered; when the script is used up, requests get the normal answer (``default_
 
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
-in ``_faults`` and the providers' wire formats in ``_wire``; this module serves them.
+in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
+``_wire_bedrock``); this module serves them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, cast
 
 from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedRequest
 from llm_resilience.testing._wire import (
+    BEDROCK_STREAM_CONTENT_TYPE,
     _Answer,
     _error_body,
     _number,
@@ -103,8 +106,10 @@ class FaultInjectingServer:
     ``cache_read_input_tokens``, ``cache_creation_input_tokens`` with its ``cache_creation``
     split by lifetime, and the reasoning inside ``output_tokens``
     (``output_tokens_details.thinking_tokens``), in the body, ``message_start`` (input side)
-    and ``message_delta`` (all of it, cumulative). The attribute can be changed between
-    requests.
+    and ``message_delta`` (all of it, cumulative); Bedrock keeps ``inputTokens`` uncached
+    too and reports ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime
+    in ``cacheDetails``) and the reasoning inside ``outputTokens``, in the Converse body
+    and a stream's ``metadata`` event. The attribute can be changed between requests.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
@@ -323,30 +328,22 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/")
         provider: Provider
         path_model: str | None = None
-        gemini_stream = False
+        # Gemini and Bedrock name a stream in the path, not in the body.
+        path_stream = False
         if path.endswith("/chat/completions"):
             provider = "openai"
         elif path.endswith("/messages"):
             provider = "anthropic"
-        elif path.startswith("/model/") and path.endswith("/converse"):
+        elif path.startswith("/model/") and path.endswith(("/converse", "/converse-stream")):
             provider = "bedrock"
-            path_model = urllib.parse.unquote(path[len("/model/") : -len("/converse")])
+            operation = path.rsplit("/", 1)[1]
+            path_model = urllib.parse.unquote(path[len("/model/") : -len("/" + operation)])
+            path_stream = operation == "converse-stream"
         elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
             provider = "gemini"
             model, _, method = path.rsplit("/", 1)[1].partition(":")
             path_model = urllib.parse.unquote(model)
-            gemini_stream = method == "streamGenerateContent"
-        elif path.startswith("/model/") and path.endswith("/converse-stream"):
-            # Bedrock's streams (AWS event-stream framing) are not served yet.
-            unknown, header = bedrock_error(
-                400,
-                {
-                    "__type": "UnknownOperationException",
-                    "message": "converse-stream is not served by the fault-injecting server",
-                },
-            )
-            self._send_json(400, unknown, headers={"x-amzn-ErrorType": str(header)})
-            return
+            path_stream = method == "streamGenerateContent"
         else:
             error = {"message": f"Unknown path {path}", "type": "not_found"}
             self._send_json(404, {"error": error})
@@ -367,7 +364,7 @@ class _Handler(BaseHTTPRequestHandler):
             path=path,
             provider=provider,
             model=path_model or str(payload.get("model") or ""),
-            stream=gemini_stream or bool(payload.get("stream")),
+            stream=path_stream or bool(payload.get("stream")),
             fault=Fault.ok(),
             tool_call=tool is not None,
             at=time.monotonic(),
@@ -441,8 +438,12 @@ class _Handler(BaseHTTPRequestHandler):
         cut = fault.kind in ("drop_mid_stream", "stall_mid_stream", "error_event")
         limit = fault.after_chunks if cut else None
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
+        if provider == "bedrock":
+            # Binary AWS event-stream messages (``_wire_bedrock``), not SSE.
+            self.send_header("Content-Type", BEDROCK_STREAM_CONTENT_TYPE)
+        else:
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self._send_request_id(provider)
         self.end_headers()

@@ -1,5 +1,6 @@
 """The OpenAI, Anthropic, Bedrock and Gemini wire formats the fake server speaks: errors,
-answers, events."""
+answers, events. Bedrock's own (its errors, its answer, its binary event stream) are in
+``_wire_bedrock``; what ``_server`` needs of them is re-exported here."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llm_resilience.testing._faults import Provider
+from llm_resilience.testing._wire_bedrock import (
+    BEDROCK_STREAM_CONTENT_TYPE as BEDROCK_STREAM_CONTENT_TYPE,
+)
+from llm_resilience.testing._wire_bedrock import (
+    bedrock_body,
+    bedrock_events,
+    bedrock_malformed_event,
+    bedrock_stream_exception,
+)
+from llm_resilience.testing._wire_bedrock import bedrock_error as bedrock_error
 
 
 def _number(value: float) -> str:
@@ -43,57 +54,6 @@ _ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
     503: ("api_error", "Service unavailable"),
     529: ("overloaded_error", "Overloaded"),
 }
-
-
-# Bedrock Runtime's error codes (``x-amzn-ErrorType``) and messages by status, from
-# botocore's ``bedrock-runtime`` service model. A 502 or 504 comes from a gateway in front
-# of the service and carries no error type (the bodies are Amazon API Gateway's).
-_BEDROCK_ERRORS: dict[int, tuple[str | None, str]] = {
-    400: (
-        "ValidationException",
-        "Malformed input request, please reformat your input and try again.",
-    ),
-    403: (
-        "AccessDeniedException",
-        "You don't have access to the model with the specified model ID.",
-    ),
-    404: (
-        "ResourceNotFoundException",
-        "Could not resolve the foundation model from the provided model identifier.",
-    ),
-    408: (
-        "ModelTimeoutException",
-        "Model has timed out in processing the request. Try your request again.",
-    ),
-    429: (
-        "ThrottlingException",
-        "Too many requests, please wait before trying your request again.",
-    ),
-    500: (
-        "InternalServerException",
-        "The server encountered an internal error while processing the request.",
-    ),
-    502: (None, "Internal server error"),
-    503: ("ServiceUnavailableException", "Bedrock is unable to process your request."),
-    504: (None, "Endpoint request timed out"),
-}
-_BEDROCK_ERROR_NAMESPACE = ":http://internal.amazon.com/coral/com.amazon.bedrock/"
-
-
-def bedrock_error(code: int, body: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
-    """Bedrock's error body (``{"message": ...}``) and ``x-amzn-ErrorType`` header value.
-
-    A given ``body``'s ``"__type"`` names the error code; without one, the status's own.
-    """
-    error_type, message = _BEDROCK_ERRORS.get(code, (None, f"Status {code}"))
-    if body is None:
-        sent: dict[str, Any] = {"message": message}
-    else:
-        sent = dict(body)
-        error_type = str(sent.pop("__type", None) or error_type or "") or None
-        sent.setdefault("message", message)
-    header = None if error_type is None else error_type + _BEDROCK_ERROR_NAMESPACE
-    return sent, header
 
 
 # The Gemini API's errors by status: ``google.rpc.Status`` as JSON, ``{"error": {"code",
@@ -552,23 +512,10 @@ class _Answer:
 
     def body(self) -> dict[str, Any]:
         if self.provider == "bedrock":
-            return self._bedrock_body()
+            return bedrock_body(self)
         if self.provider == "gemini":
             return self._gemini_chunk(self.text, self.finish, self.output_tokens)
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
-
-    def _bedrock_body(self) -> dict[str, Any]:
-        # Bedrock Runtime's Converse answer.
-        return {
-            "output": {"message": {"role": "assistant", "content": [{"text": self.text}]}},
-            "stopReason": self.finish,
-            "usage": {
-                "inputTokens": self.input_tokens,
-                "outputTokens": self.output_tokens,
-                "totalTokens": self.input_tokens + self.output_tokens,
-            },
-            "metrics": {"latencyMs": 1},
-        }
 
     def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
         """SSE events, each with its phase: before, within or after the content chunks.
@@ -578,6 +525,8 @@ class _Answer:
         """
         if self.provider == "gemini":
             return self._gemini_events()
+        if self.provider == "bedrock":
+            return bedrock_events(self, end_marker=end_marker)
         events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
         if end_marker:
             return events
@@ -823,6 +772,8 @@ def malformed_event(provider: Provider) -> bytes:
         return b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "cho\n\n'
     if provider == "gemini":
         return b'data: {"candidates": [{"content": {"parts": [{"te\n\n'
+    if provider == "bedrock":
+        return bedrock_malformed_event()
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -832,6 +783,8 @@ def error_event(provider: Provider, code: int) -> bytes:
     Anthropic: ``event: error`` carrying its error body (``overloaded_error`` for 529).
     OpenAI: a ``data:`` event whose object holds ``error`` in the API's error shape.
     """
+    if provider == "bedrock":
+        return bedrock_stream_exception(code)
     body = _error_body(provider, code)
     if provider in ("openai", "gemini"):
         return _sse({"error": body["error"]})

@@ -13,7 +13,13 @@ integrations put them:
   ``prompt_token_count`` (cached part included, ``cached_content_token_count``) in, and
   ``candidates_token_count`` plus ``thoughts_token_count`` out (Google bills the
   thoughts as output; the ``completion_tokens`` it copies into ``additional_kwargs``
-  leave them out).
+  leave them out);
+* Bedrock-shaped: Converse's ``usage`` (``llama-index-llms-bedrock-converse``), in
+  ``response.raw["usage"]`` of a call and ``raw["metadata"]["usage"]`` of a stream's
+  last chunk: ``inputTokens`` (cache reads and writes left out, as Anthropic's),
+  ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime in
+  ``cacheDetails``) and ``outputTokens`` (the model's thinking included). The counts it
+  copies into ``additional_kwargs`` keep the input and cache counts, not the lifetimes.
 
 Cache and reasoning counts (:func:`reported_details`) come from the raw usage: OpenAI's
 ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
@@ -87,6 +93,9 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     then ``message.additional_kwargs["usage"]``; the first place with both counts wins,
     else the first with one.
     """
+    bedrock = _bedrock_usage(response)
+    if bedrock is not None:
+        return _bedrock_counts(bedrock)
     gemini = _gemini_counts(_field(response.raw, "usage_metadata"))
     if gemini is not None and None not in gemini:
         return gemini
@@ -111,6 +120,9 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
 def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
     """The provider's cache and reasoning counts, from the same places as
     :func:`reported_tokens` (the first that has any); None where not reported."""
+    bedrock = _bedrock_usage(response)
+    if bedrock is not None:
+        return _bedrock_details(bedrock)
     gemini = _field(response.raw, "usage_metadata")
     if _gemini_counts(gemini) is not None:
         return TokenDetails(
@@ -277,6 +289,50 @@ def _gemini_counts(place: Any) -> tuple[int | None, int | None] | None:
         None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
     )
     return prompt, output
+
+
+def _bedrock_usage(response: ChatResponse | CompletionResponse) -> Any:
+    """Bedrock Converse's ``usage`` of a call (``raw["usage"]``) or a stream's
+    ``metadata`` event (``raw["metadata"]["usage"]``), or None when not so shaped."""
+    raw = response.raw
+    for usage in (_field(raw, "usage"), _field(_field(raw, "metadata"), "usage")):
+        if not isinstance(usage, Mapping):
+            continue
+        counts = (_count(usage.get("inputTokens")), _count(usage.get("outputTokens")))
+        if counts != (None, None):
+            return usage
+    return None
+
+
+def _bedrock_counts(usage: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """Bedrock's ``(input, output)``: ``inputTokens`` with the cache reads and writes
+    added back, and ``outputTokens``."""
+    found_in = _count(usage.get("inputTokens"))
+    if found_in is not None:
+        details = _bedrock_details(usage)
+        found_in += (details.cache_read_tokens or 0) + (details.cache_write_tokens or 0)
+    return found_in, _count(usage.get("outputTokens"))
+
+
+def _bedrock_details(usage: Mapping[str, Any]) -> TokenDetails:
+    written = _count(usage.get("cacheWriteInputTokens"))
+    lifetimes = usage.get("cacheDetails")
+    one_hour: int | None = None
+    if isinstance(lifetimes, list) and lifetimes:
+        counts = [
+            (item.get("ttl"), _count(item.get("inputTokens")) or 0)
+            for item in lifetimes
+            if isinstance(item, Mapping)
+        ]
+        by_lifetime = sum(count for _ttl, count in counts)
+        if by_lifetime > 0:
+            written = by_lifetime
+            one_hour = sum(count for ttl, count in counts if ttl == "1h")
+    return TokenDetails(
+        cache_read_tokens=_count(usage.get("cacheReadInputTokens")),
+        cache_write_tokens=written,
+        cache_write_1h_tokens=one_hour,
+    )
 
 
 def _details(place: Any) -> TokenDetails:

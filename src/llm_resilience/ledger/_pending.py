@@ -45,7 +45,16 @@ class PendingWrites:
     gate sees the spend it was told about even before it reaches the database.
     """
 
-    __slots__ = ("_backend", "_lock", "_sequence", "_totals", "_writes", "capacity", "dropped")
+    __slots__ = (
+        "_backend",
+        "_keys",
+        "_lock",
+        "_sequence",
+        "_totals",
+        "_writes",
+        "capacity",
+        "dropped",
+    )
 
     def __init__(self, capacity: int, *, backend: str) -> None:
         #: The most writes kept; the oldest is dropped to make room.
@@ -58,6 +67,8 @@ class PendingWrites:
         self._sequence = 0
         # (window key, scope or None for every scope) -> money of the writes waiting.
         self._totals: dict[tuple[str, str | None], Decimal] = {}
+        # (year, month, day) -> the keys of the windows holding that day.
+        self._keys: dict[tuple[int, int, int], tuple[str, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -97,6 +108,12 @@ class PendingWrites:
         with self._lock:
             return self._totals.get((key, scope), Decimal(0))
 
+    def unwritten_costs(self, windows: Sequence[tuple[str, str | None]]) -> list[Decimal]:
+        """:meth:`unwritten_cost` of each ``(key, scope)``, under one lock."""
+        zero = Decimal(0)
+        with self._lock:
+            return [self._totals.get(window, zero) for window in windows]
+
     def summary(self) -> tuple[int, Decimal]:
         """How many writes wait, and the money of their entries."""
         with self._lock:
@@ -121,8 +138,14 @@ class PendingWrites:
             return
         amount = entry.cost if sign > 0 else -entry.cost
         scopes = (None,) if entry.scope is None else (None, entry.scope)
-        for window in WINDOWS:
-            key = window_key(window, entry.timestamp)
+        when = entry.timestamp
+        day = (when.year, when.month, when.day)
+        keys = self._keys.get(day)
+        if keys is None:
+            if len(self._keys) > 64:
+                self._keys.clear()
+            keys = self._keys[day] = tuple(window_key(window, when) for window in WINDOWS)
+        for key in keys:
             for scope in scopes:
                 total = exact_sum((self._totals.get((key, scope), Decimal(0)), amount))
                 if total:

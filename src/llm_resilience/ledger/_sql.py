@@ -325,6 +325,8 @@ class SqlCostLedger:
         self._generation = 0
         # Write-behind only: (windows, their keys) -> (stored amounts, read at, generation).
         self._stored: dict[tuple[Any, ...], tuple[tuple[Decimal, ...], float, int]] = {}
+        # Write-behind: (windows, day) -> windows checked and their keys (see _plan).
+        self._plans: dict[tuple[Any, ...], tuple[tuple[SpendWindow, ...], tuple[str, ...]]] = {}
         self._flusher = (
             None
             if self.write_behind is None
@@ -942,11 +944,9 @@ class SqlCostLedger:
         self, windows: Sequence[SpendWindow], now: datetime | None, started: float | None
     ) -> tuple[Decimal, ...]:
         when = check_now(now)
-        checked = check_windows(windows)
+        checked, keys = self._plan(windows, when)
         if not checked:
             return ()
-
-        keys = tuple(window_key(window, when) for window, _ in checked)
 
         def read_stored(operation: Operation) -> tuple[Decimal, ...]:
             if self._direct:
@@ -968,7 +968,7 @@ class SqlCostLedger:
             return self._read("spend", started, read)
         # Write-behind: the stored part is reused while no write of this process has
         # landed since and it is younger than the interval; the queue is added each time.
-        cache_key = (tuple(checked), keys)
+        cache_key = (checked, keys)
         waiting = self._waiting(checked, keys)
         generation = self._generation  # read after the queue: see ``_flush``
         fresh = time.monotonic()
@@ -980,11 +980,32 @@ class SqlCostLedger:
             self._stored[cache_key] = (stored, fresh, generation)
         return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
 
+    def _plan(
+        self, windows: Sequence[SpendWindow], when: datetime
+    ) -> tuple[tuple[SpendWindow, ...], tuple[str, ...]]:
+        """``windows`` checked, and the key of each at ``when``. With write-behind the
+        answer is remembered per ``windows`` and day: a gate asks the same all day."""
+        memo: tuple[Any, ...] | None = None
+        if self._flusher is not None and type(windows) in (list, tuple):
+            try:
+                memo = (tuple(windows), when.year, when.month, when.day)
+                known = self._plans.get(memo)
+            except TypeError:  # an unhashable pair: checked (and refused) below
+                memo = known = None
+            if known is not None:
+                return known
+        checked = tuple(check_windows(windows))
+        plan = checked, tuple(window_key(window, when) for window, _ in checked)
+        if memo is not None:
+            if len(self._plans) >= _MAX_CACHED_READS:
+                self._plans.clear()
+            self._plans[memo] = plan
+        return plan
+
     def _waiting(self, checked: Sequence[SpendWindow], keys: Sequence[str]) -> list[Decimal]:
-        return [
-            self._pending.unwritten_cost(key, scope)
-            for key, (_, scope) in zip(keys, checked, strict=True)
-        ]
+        return self._pending.unwritten_costs(
+            [(key, scope) for key, (_, scope) in zip(keys, checked, strict=True)]
+        )
 
     def _cached(
         self, cache_key: tuple[Any, ...], generation: int, now: float
@@ -1000,11 +1021,9 @@ class SqlCostLedger:
     ) -> tuple[Decimal, ...] | None:
         """Write-behind: :meth:`spends` when it needs no database (a fresh cached read),
         else None. For the async gate, which then needs no worker thread."""
-        when = check_now(now)
-        checked = check_windows(windows)
-        keys = tuple(window_key(window, when) for window, _ in checked)
+        checked, keys = self._plan(windows, check_now(now))
         waiting = self._waiting(checked, keys)
-        stored = self._cached((tuple(checked), keys), self._generation, time.monotonic())
+        stored = self._cached((checked, keys), self._generation, time.monotonic())
         if stored is None:
             return None
         return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))

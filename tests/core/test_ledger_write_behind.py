@@ -277,3 +277,25 @@ def test_on_postgres_a_queued_record_reaches_another_ledger_within_the_interval(
         eventually(lambda: other.spend("day", scope="team-a") == Decimal("0.25"))
         eventually(lambda: behind.pending == 0)
         assert behind.spend("month") == Decimal("0.25")
+
+
+@pytest.mark.parametrize(
+    ("windows", "error"),
+    [
+        ("day", TypeError),
+        ([["day", None]], TypeError),
+        ([("week", None)], ValueError),
+        ([("day", "")], ValueError),
+    ],
+)
+def test_a_gate_read_with_bad_windows_is_refused_every_time_not_remembered(
+    path: Path, windows: object, error: type[Exception]
+) -> None:
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=INTERVAL)
+    try:
+        for _ in range(2):
+            with pytest.raises(error):
+                behind.spends(windows)  # type: ignore[arg-type]
+        assert behind.spends([("day", None)]) == (Decimal(0),)
+    finally:
+        behind.close()

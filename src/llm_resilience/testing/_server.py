@@ -111,7 +111,9 @@ class FaultInjectingServer:
     and ``message_delta`` (all of it, cumulative); Bedrock keeps ``inputTokens`` uncached
     too and reports ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime
     in ``cacheDetails``) and the reasoning inside ``outputTokens``, in the Converse body
-    and a stream's ``metadata`` event. The attribute can be changed between requests.
+    and a stream's ``metadata`` event; Mistral's usage has no cache or reasoning counts, so
+    its ``completion_tokens`` include the reasoning and nothing else is reported. The
+    attribute can be changed between requests.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.

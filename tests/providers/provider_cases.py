@@ -14,6 +14,7 @@ from typing import Any, Literal
 from provider_surfaces import ROWS, Row
 
 from llm_resilience.testing import Fault
+from llm_resilience.testing._wire_mistral import MISTRAL_CAPACITY_EXCEEDED
 
 Mode = Literal["call", "stream-before", "stream-after"]
 Outcome = Literal["falls back", "propagates"]
@@ -172,6 +173,19 @@ def _gemini_or(
     return lambda row, mode: (gemini if row.wire == "gemini" else other)(row, mode)
 
 
+def _mistral_or(
+    mistral: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (mistral if row.wire == "mistral" else other)(row, mode)
+
+
+def _before_stream(
+    fault: Callable[[Row, Mode], Fault | None],
+) -> Callable[[Row, Mode], Fault | None]:
+    """``fault`` for a call and before a stream starts; nothing after its first chunk."""
+    return lambda row, mode: None if mode == "stream-after" else fault(row, mode)
+
+
 def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
@@ -216,6 +230,9 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
     if row.wire == "gemini":
         # Gemini's own 503 UNAVAILABLE: "The model is overloaded. Please try again later."
         return Fault.status(503)
+    if row.wire == "mistral":
+        # Mistral's own: a 429 whose type is service_tier_capacity_exceeded (code 3505).
+        return Fault.status(429, body=MISTRAL_CAPACITY_EXCEEDED)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
     return Fault.status(503, body=_OPENAI_OVERLOADED)
@@ -281,23 +298,27 @@ COLUMNS: tuple[Column, ...] = (
         "overloaded", "overloaded", _overloaded,
         {
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
-            "AWS Bedrock": "falls back", "Google Gemini": "falls back",
+            "AWS Bedrock": "falls back", "Google Gemini": "falls back", "Mistral": "falls back",
         },
         "falls back", status=529,
         note=(
             "Anthropic: 529 `overloaded_error` (mid-stream: its `error` event); OpenAI: 503 "
             "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
             "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`; "
-            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"."
+            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"; Mistral: 429 "
+            "`service_tier_capacity_exceeded` (code \"3505\")."
         ),
     ),
     Column(
-        "500", "server error (500)", _server_error, "propagates", "falls back", status=500,
+        "500", "server error (500)", _mistral_or(_before_stream(_server_error), _server_error),
+        "propagates", "falls back", status=500,
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
             "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`), "
             "Bedrock's `internalServerException` message in its event stream. "
-            "Bedrock: `InternalServerException`; Gemini: `INTERNAL`."
+            "Bedrock: `InternalServerException`; Gemini: `INTERNAL`. Mistral documents no "
+            "in-stream error event (a failure mid-stream is a cut connection, the dropped "
+            "column)."
         ),
     ),
     Column(
@@ -363,11 +384,12 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "propagates",
         status={
             "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
-            "Google Gemini": 400,
+            "Google Gemini": 400, "Mistral": 401,
         },
         note=(
             "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
-            "`INVALID_ARGUMENT` \"API key not valid\" (reason `API_KEY_INVALID`)."
+            "`INVALID_ARGUMENT` \"API key not valid\" (reason `API_KEY_INVALID`); Mistral: "
+            "its gateway's `{\"message\": \"Unauthorized\"}`."
         ),
     ),
     Column(
@@ -389,18 +411,22 @@ COLUMNS: tuple[Column, ...] = (
             "OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\"; "
             "Bedrock: `ValidationException` \"Input is too long for requested model.\"; "
             "Gemini: `INVALID_ARGUMENT` \"The input token count (N) exceeds the maximum "
-            "number of tokens allowed (M).\""
+            "number of tokens allowed (M).\"; Mistral: \"Prompt contains N tokens and 0 draft "
+            "tokens, too large for model with M maximum context length\"."
         ),
     ),
     Column(
-        "content-filter", "content filtered", _bedrock_or(_never, _gemini_or(_never, _filtered)),
+        "content-filter", "content filtered",
+        _mistral_or(_never, _bedrock_or(_never, _gemini_or(_never, _filtered))),
         "propagates", "propagates", status=400,
         note=(
             "Azure's 400 `content_filter` with `innererror.code` "
             "`ResponsibleAIPolicyViolation`. Bedrock has no such error: a guardrail answers "
             "200 with `stopReason` `guardrail_intervened`; nor has Gemini: a blocked prompt "
             "is a 200 with `promptFeedback.blockReason` `SAFETY` and no candidates, a "
-            "blocked answer a candidate with `finishReason` `SAFETY`."
+            "blocked answer a candidate with `finishReason` `SAFETY`. Mistral filters nothing "
+            "unless a request asks for `guardrails` (moderation), whose blocked answer its "
+            "SDK declares no shape for: no cell."
         ),
     ),
 )  # fmt: skip

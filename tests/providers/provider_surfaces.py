@@ -5,7 +5,8 @@ Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
 ``llama-index-llms-anthropic``, ``boto3``, ``langchain-aws`` and
 ``llama-index-llms-bedrock-converse`` for AWS Bedrock (``surfaces_bedrock``), ``google-genai``,
-``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini, ``mistralai``,
+``langchain-mistralai`` and ``llama-index-llms-mistralai`` for Mistral (``surfaces_mistral``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -26,8 +27,17 @@ from surfaces_bedrock import (
     langchain_text_stream,
     llama_bedrock,
 )
+from surfaces_mistral import (
+    chat_mistral,
+    llama_mistral,
+    mistral_sdk,
+    mistral_sdk_acall,
+    mistral_sdk_astream,
+    mistral_sdk_call,
+    mistral_sdk_stream,
+)
 
-Wire = Literal["openai", "anthropic", "bedrock", "gemini"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -569,5 +579,22 @@ ROWS: tuple[Row, ...] = (
         "llama_index.llms.google_genai.GoogleGenAI", "gemini", _llama_google, _llama_chain,
         _llama_call, _llama_stream, "llama_index.llms.google_genai", amember=_llama_google,
         acall=_llama_acall, astream=_llama_astream,
+    ),
+    Row(
+        "mistral-sdk", "Mistral", "SDK", "mistralai.Mistral", "mistral",
+        mistral_sdk, _core_chain, mistral_sdk_call, mistral_sdk_stream, "mistralai",
+        amember=mistral_sdk, acall=mistral_sdk_acall, astream=mistral_sdk_astream,
+    ),
+    Row(
+        "mistral-langchain", "Mistral", "LangChain", "ChatMistralAI", "mistral",
+        chat_mistral, _langchain_chain, _langchain_call, _langchain_stream,
+        "langchain_mistralai", amember=chat_mistral, acall=_langchain_acall,
+        astream=_langchain_astream,
+    ),
+    Row(
+        "mistral-llamaindex", "Mistral", "LlamaIndex", "llama_index.llms.mistralai.MistralAI",
+        "mistral", llama_mistral, _llama_chain, _llama_call, _llama_stream,
+        "llama_index.llms.mistralai", amember=llama_mistral, acall=_llama_acall,
+        astream=_llama_astream,
     ),
 )  # fmt: skip

@@ -43,13 +43,15 @@ you at once. Every cell below is a test (`tests/providers/test_matrix.py`): the 
 or the real LangChain or LlamaIndex class built on it, talks HTTP to a local server
 (`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
-`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`).
+`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`, Mistral's
+`{{"object": "error", "type", "code"}}` object).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
 `BedrockConverse`: `max_retries=1` and `botocore_config=Config(retries={{"total_max_attempts":
 1}})`; google-genai: `HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`:
-`max_retries=1`); the test
+`max_retries=1`; `mistralai.Mistral`: no `retry_config`; `ChatMistralAI`: `max_retries=1`;
+LlamaIndex `MistralAI`: `max_retries=0`); the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -75,7 +77,9 @@ its HTTP status. An exception inside Bedrock's event stream (botocore raises it 
 mid-stream; "retry your request", says the service model) 503. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
 429, `UNAVAILABLE` a 503, `INTERNAL` a 500 and `DEADLINE_EXCEEDED` a 504; the errors
 `ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
-wrap. "—" marks a failure that cannot come there: a
+wrap. A Mistral error counts with its HTTP status (mistralai's `SDKError`, and
+`HTTPValidationError` for a 422; `ChatMistralAI` raises httpx's `HTTPStatusError`);
+Mistral's own overload is a 429 `service_tier_capacity_exceeded`. "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
@@ -102,6 +106,9 @@ against a server that answers 503 every time, the failing member is asked:
 | `google.genai.Client` | no `retry_options`: no retry | 1 |
 | `ChatGoogleGenerativeAI` | `max_retries=6`, attempts in all (google-genai's `HttpRetryOptions(attempts=6)`) | 6, after 31 s of backoff (not counted by a test) |
 | LlamaIndex `GoogleGenAI` | `max_retries=3`, its own loop of 3 attempts (on a 5xx; never on a 429) | 3, with waits of a second or more |
+| `mistralai.Mistral` | no `retry_config`: no retry | 1 |
+| `ChatMistralAI` | `max_retries=5`, attempts in all, on httpx transport errors only (4 to 10 s apart) | 1 (an error status is never retried; a connection closed unanswered is asked `max_retries` times) |
+| LlamaIndex `MistralAI` | `max_retries=5`, passed to the SDK as `retries=5`, an int, which retries nothing | 1 |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -116,7 +123,12 @@ client's config; `ChatGoogleGenerativeAI` counts attempts, so it warns from
 `BedrockConverse` (its least is 1), which also warns for its client's botocore retries:
 its own `max_retries` sets them too (`max_retries=1` is 2 requests) unless it is given a
 `botocore_config` or a `client`. google-genai
-does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts.
+does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts. A
+`mistralai` client retries (on 429, 500, 502, 503, 504) only with a backoff `RetryConfig`,
+until its `max_elapsed_time` (ms) is spent, honouring `Retry-After`: the warning names that
+budget (`retry_config.backoff.max_elapsed_time=...`); LlamaIndex's `MistralAI` passes its
+own `retries=` on every call, overriding the client's config, so only a `RetryConfig` in
+its `additional_kwargs["retries"]` makes it retry (`tests/providers/test_mistral_retries.py`).
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
 
@@ -149,12 +161,22 @@ Bedrock reports usage in a Converse answer and in a stream's last event (`metada
 (`cacheWriteInputTokens`, split by lifetime in `cacheDetails`), and its `outputTokens`
 include the model's thinking, not reported apart: `ChatBedrockConverse` and LlamaIndex's
 `BedrockConverse` entries carry input = `inputTokens` + reads + writes, with the reads,
-the writes and the one-hour writes apart.
+the writes and the one-hour writes apart. Mistral reports `prompt_tokens` and
+`completion_tokens` in a call's `usage` and in a stream's last chunk (always, with no
+option to ask for it), and no cache or reasoning split (`UsageInfo` has none):
+`ChatMistralAI` and LlamaIndex's `MistralAI` entries carry those counts as reported.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Mistral, Cohere, Groq and Ollama: no rows yet.
+- Cohere, Groq and Ollama: no rows yet.
+- Mistral's content filter: a chat completion is filtered only when it asks for
+  `guardrails` (moderation), and the SDK declares no shape for a blocked answer; the
+  matrix has no cell for it. Mistral documents no error event inside a stream: a failure
+  after the first chunk is covered as a cut connection or a silence. Mistral on Azure and
+  GCP (`mistralai.azure`, `mistralai.gcp`) is not covered. The server's Mistral error
+  bodies other than the 429s (`rate_limited` 1300, `service_tier_capacity_exceeded`
+  3505) follow the API's error object, not captured responses.
 - Gemini's content filter is not an error: a blocked prompt is a 200 with
   `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
   `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
@@ -242,7 +264,8 @@ def render() -> str:
         f"{_count()} tests run the sync paths ({len(ROWS)} clients; a read-timeout cell waits out a "
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
-        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`) run {async_tests} more, for every client "
+        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, mistralai's "
+        f"`complete_async`/`stream_async`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

@@ -51,6 +51,8 @@ PATHS = {
     "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
     # Gemini names the method after the model: a stream asks ``:streamGenerateContent``.
     "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
+    # Mistral's path is OpenAI's; the fault server serves it under /mistral.
+    "Mistral": "/mistral/v1/chat/completions",
 }
 
 

@@ -168,6 +168,8 @@ _OVERFLOW_PHRASES = (
     "input is too long",
     # Gemini: "The input token count (N) exceeds the maximum number of tokens allowed (M)."
     "exceeds the maximum number of tokens allowed",
+    # Mistral: "Prompt contains N tokens and 0 draft tokens, too large for model with M
+    # maximum context length" (the phrase above already matches it).
 )
 # LangChain's own type for it (langchain_core.exceptions.ContextOverflowError), which
 # langchain-openai and langchain-anthropic raise; matched by name, never imported.
@@ -182,6 +184,7 @@ _LIMIT_PATTERNS = (
     re.compile(r"tokens? > (\d+) maximum"),
     re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)"),
     re.compile(r"maximum number of tokens allowed \((\d+)\)"),
+    re.compile(r"too large for model with (\d+) maximum context length"),
 )
 
 _MAX_CAUSE_DEPTH = 8
@@ -195,8 +198,9 @@ def is_context_overflow(exc: BaseException | None) -> bool:
     code or message says so: OpenAI's ``context_length_exceeded``, Anthropic's
     ``prompt is too long: N tokens > M maximum``, Bedrock's ``ValidationException``
     "Input is too long for requested model", Gemini's ``INVALID_ARGUMENT`` "The input
-    token count (N) exceeds the maximum number of tokens allowed (M).", along the
-    ``raise ... from`` chain.
+    token count (N) exceeds the maximum number of tokens allowed (M).", Mistral's "Prompt
+    contains N tokens and 0 draft tokens, too large for model with M maximum context
+    length", along the ``raise ... from`` chain.
 
     >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
     True

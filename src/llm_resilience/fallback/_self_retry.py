@@ -47,6 +47,10 @@ _GENAI_DEFAULT_ATTEMPTS = 5  # google-genai's attempts when HttpRetryOptions giv
 _GENAI_SETTING = "http_options.retry_options.attempts"
 
 
+# The LangChain packages whose ``max_retries`` counts attempts in all (1: no retry).
+_ATTEMPTS_IN_ALL = frozenset({"langchain_google_genai", "langchain_mistralai"})
+
+
 def _top_package(model: object) -> str:
     return type(model).__module__.partition(".")[0]
 
@@ -76,6 +80,54 @@ def _genai_attempts(model: object) -> int | None:
     return max(1, attempts)
 
 
+_MISTRAL_SETTING = "retry_config.backoff.max_elapsed_time"
+_LLAMA_MISTRAL_SETTING = "additional_kwargs.retries.backoff.max_elapsed_time"
+
+
+def _mistral_backoff_ms(config: object) -> int:
+    """The retry budget (ms) of a mistralai ``RetryConfig``: 0 unless its strategy is
+    ``"backoff"``. The SDK retries (on 429, 500, 502, 503, 504) until that much time has
+    passed, so the budget, not a count, is its setting."""
+    if getattr(config, "strategy", None) != "backoff":
+        return 0
+    budget = getattr(getattr(config, "backoff", None), "max_elapsed_time", None)
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else 0
+
+
+def _is_mistral(model: object) -> bool:
+    """The ``mistralai`` client, or LlamaIndex's ``MistralAI`` over it."""
+    klass = type(model)
+    return (
+        klass.__module__.startswith("mistralai.") and klass.__name__ == "Mistral"
+    ) or klass.__module__.startswith("llama_index.llms.mistralai")
+
+
+def _mistral_retries(model: object) -> tuple[str, int] | None:
+    """A Mistral model's (:func:`_is_mistral`) retry setting as ``(name, milliseconds)``,
+    or None when it makes one attempt.
+
+    The ``mistralai`` client (``Mistral``) retries only with a ``RetryConfig``
+    (``retry_config=``; one attempt by default). LlamaIndex's ``MistralAI`` passes its
+    ``max_retries`` to every call as ``retries=``, which overrides the client's config
+    and turns retrying on only when it is a ``RetryConfig``: an int means one attempt,
+    unless ``additional_kwargs["retries"]`` holds a ``RetryConfig``.
+    """
+    klass = type(model)
+    if klass.__module__.startswith("mistralai.") and klass.__name__ == "Mistral":
+        try:
+            config = model.sdk_configuration.retry_config  # type: ignore[attr-defined]
+        except Exception:
+            return None
+        budget = _mistral_backoff_ms(config)
+        return (_MISTRAL_SETTING, budget) if budget > 0 else None
+    if klass.__module__.startswith("llama_index.llms.mistralai"):
+        extra = getattr(model, "additional_kwargs", None)
+        config = extra.get("retries") if isinstance(extra, dict) else None
+        budget = _mistral_backoff_ms(config)
+        return (_LLAMA_MISTRAL_SETTING, budget) if budget > 0 else None
+    return None
+
+
 def self_retry_setting(model: object) -> tuple[str, int] | None:
     """The setting through which ``model`` retries on its own, as ``(name, retries)``.
 
@@ -92,7 +144,12 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     also retries in a loop of its own, ``max_retries`` attempts in all (1: no retry).
     A google-genai client retries through its
     ``HttpOptions.retry_options``: ``("http_options.retry_options.attempts", attempts)``;
-    ``ChatGoogleGenerativeAI``'s ``max_retries`` counts attempts in all (1: no retry).
+    ``ChatGoogleGenerativeAI``'s ``max_retries`` counts attempts in all (1: no retry),
+    and so does ``ChatMistralAI``'s (its tenacity loop, on transport errors). A
+    ``mistralai`` client retries through its ``RetryConfig`` for a time budget:
+    ``("retry_config.backoff.max_elapsed_time", milliseconds)``; LlamaIndex's
+    ``MistralAI`` only through a ``RetryConfig`` in ``additional_kwargs["retries"]``
+    (its ``max_retries`` reaches the SDK as ``retries=<int>``, which retries nothing).
     """
     if layers_below(model):
         return None
@@ -103,10 +160,12 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     genai_attempts = _genai_attempts(model)
     if genai_attempts is not None:
         return (_GENAI_SETTING, genai_attempts) if genai_attempts > 1 else None
+    if _is_mistral(model):
+        return _mistral_retries(model)
     own = getattr(model, "max_retries", None)
-    if _top_package(model) == "langchain_google_genai" and isinstance(own, int):
-        # Attempts in all, passed on as google-genai's HttpRetryOptions(attempts=...),
-        # where 0 counts as 1.
+    if _top_package(model) in _ATTEMPTS_IN_ALL and isinstance(own, int):
+        # Attempts in all: passed on as google-genai's HttpRetryOptions(attempts=...),
+        # where 0 counts as 1; ChatMistralAI's tenacity stop_after_attempt alike.
         return ("max_retries", own) if own > 1 else None
     counted = own if isinstance(own, int) and not isinstance(own, bool) else None
     if _is_llama_bedrock(model):
@@ -169,8 +228,10 @@ def _warn_once(model: object, *, position: int, role: str) -> None:
         advice = 'Build its boto3 client with Config(retries={"total_max_attempts": 1}).'
     elif name == _GENAI_SETTING:
         advice = "Build it with HttpOptions(retry_options=HttpRetryOptions(attempts=1))."
-    elif _top_package(model) == "langchain_google_genai":
+    elif _top_package(model) in _ATTEMPTS_IN_ALL:
         advice = "Build it with max_retries=1 (its attempts in all)."
+    elif name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
+        advice = "Build it without a backoff RetryConfig (the SDK then makes one attempt)."
     else:
         advice = "Build it with max_retries=0."
     label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""

@@ -3,9 +3,10 @@
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
 (``POST /model/{modelId}/converse``, and ``converse-stream`` as a binary AWS event
-stream) and the Gemini API
+stream), the Gemini API
 (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
-for the real SDK clients, and the
+and Mistral's chat API (``POST /v1/chat/completions`` under the prefix ``/mistral``, as
+OpenAI's path is the same) for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
 answered; when the script is used up, requests get the normal answer (``default_fault``).
@@ -13,7 +14,7 @@ answered; when the script is used up, requests get the normal answer (``default_
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
 in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
-``_wire_bedrock``); this module serves them.
+``_wire_bedrock``, Mistral's in ``_wire_mistral``); this module serves them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, cast
 from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedRequest
 from llm_resilience.testing._wire import (
     BEDROCK_STREAM_CONTENT_TYPE,
+    MISTRAL_PREFIX,
     _Answer,
     _error_body,
     _number,
@@ -109,7 +111,9 @@ class FaultInjectingServer:
     and ``message_delta`` (all of it, cumulative); Bedrock keeps ``inputTokens`` uncached
     too and reports ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime
     in ``cacheDetails``) and the reasoning inside ``outputTokens``, in the Converse body
-    and a stream's ``metadata`` event. The attribute can be changed between requests.
+    and a stream's ``metadata`` event; Mistral's usage has no cache or reasoning counts, so
+    its ``completion_tokens`` include the reasoning and nothing else is reported. The
+    attribute can be changed between requests.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
@@ -208,6 +212,12 @@ class FaultInjectingServer:
     def anthropic_base_url(self) -> str:
         """``http://127.0.0.1:PORT``, the ``base_url`` for Anthropic clients."""
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def mistral_base_url(self) -> str:
+        """``http://127.0.0.1:PORT/mistral``, the ``server_url`` for ``mistralai.Mistral``
+        (LangChain's ``ChatMistralAI`` takes it with ``/v1`` as its ``endpoint``)."""
+        return f"http://127.0.0.1:{self.port}{MISTRAL_PREFIX}"
 
     # -- the script --------------------------------------------------------------------
 
@@ -330,7 +340,10 @@ class _Handler(BaseHTTPRequestHandler):
         path_model: str | None = None
         # Gemini and Bedrock name a stream in the path, not in the body.
         path_stream = False
-        if path.endswith("/chat/completions"):
+        if path.startswith(MISTRAL_PREFIX + "/") and path.endswith("/chat/completions"):
+            # Mistral's path is OpenAI's: it is served under a prefix (``_wire_mistral``).
+            provider = "mistral"
+        elif path.endswith("/chat/completions"):
             provider = "openai"
         elif path.endswith("/messages"):
             provider = "anthropic"
@@ -519,6 +532,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("request-id", f"req_{uuid.uuid4().hex}")
         elif provider == "bedrock":
             self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
+        elif provider == "mistral":
+            self.send_header("mistral-correlation-id", str(uuid.uuid4()))
 
     def _send_json(
         self,

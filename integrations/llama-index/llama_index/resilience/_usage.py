@@ -20,6 +20,9 @@ integrations put them:
   ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime in
   ``cacheDetails``) and ``outputTokens`` (the model's thinking included). The counts it
   copies into ``additional_kwargs`` keep the input and cache counts, not the lifetimes.
+* Mistral-shaped (``llama-index-llms-mistralai``): OpenAI's counts, in ``raw["usage"]``
+  of a call and, for a stream, in the last chunk's ``raw``, the SDK's
+  ``CompletionEvent``, whose ``data`` is the chunk (``raw.data.usage``, ``raw.data.model``).
 
 Cache and reasoning counts (:func:`reported_details`) come from the raw usage: OpenAI's
 ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
@@ -106,6 +109,7 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     ]
     if isinstance(response, ChatResponse):
         places.append(_field(response.message.additional_kwargs, "usage"))
+    places.append(_field(_event_data(response.raw), "usage"))
     partial: tuple[int | None, int | None] | None = gemini
     for place in places:
         counts = _counts(place)
@@ -135,6 +139,7 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
     ]
     if isinstance(response, ChatResponse):
         places.append(_field(response.message.additional_kwargs, "usage"))
+    places.append(_field(_event_data(response.raw), "usage"))
     for place in places:
         details = _details(place)
         if details != _NONE:
@@ -144,8 +149,15 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
 
 def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
     """The model the provider says served (``raw.model``), if it says so."""
-    model = _field(response.raw, "model")
+    model = _field(response.raw, "model") or _field(_event_data(response.raw), "model")
     return model if isinstance(model, str) and model else None
+
+
+def _event_data(raw: Any) -> Any:
+    """The chunk inside a mistralai ``CompletionEvent`` (a Mistral stream chunk's raw)."""
+    if raw is None or isinstance(raw, Mapping):
+        return None
+    return getattr(raw, "data", None)
 
 
 def max_output_tokens(llm: LLM, kwargs: Mapping[str, Any]) -> int | None:

@@ -115,6 +115,22 @@ _GOOGLE_502 = (
 )
 
 
+# -- Groq's front end ----------------------------------------------------------------------
+
+
+# Groq's API sits behind Cloudflare: a bad gateway or a gateway timeout is its HTML page.
+def _cloudflare_page(code: int, title: str) -> str:
+    return (
+        f"<html>\r\n<head><title>{code} {title}</title></head>\r\n<body>\r\n"
+        f"<center><h1>{code} {title}</h1></center>\r\n<hr><center>cloudflare</center>\r\n"
+        "</body>\r\n</html>\r\n"
+    )
+
+
+_CLOUDFLARE_502 = _cloudflare_page(502, "Bad Gateway")
+_CLOUDFLARE_504 = _cloudflare_page(504, "Gateway Time-out")
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """One kind of failure, as each provider sends it."""
@@ -172,6 +188,12 @@ def _gemini_or(
     return lambda row, mode: (gemini if row.wire == "gemini" else other)(row, mode)
 
 
+def _groq_or(
+    groq: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (groq if row.wire == "groq" else other)(row, mode)
+
+
 def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
@@ -216,6 +238,9 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
     if row.wire == "gemini":
         # Gemini's own 503 UNAVAILABLE: "The model is overloaded. Please try again later."
         return Fault.status(503)
+    if row.wire == "groq":
+        # Groq's own code: 498, its flex tier at capacity (``capacity_exceeded``).
+        return Fault.status(498)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
     return Fault.status(503, body=_OPENAI_OVERLOADED)
@@ -261,7 +286,8 @@ COLUMNS: tuple[Column, ...] = (
         note=(
             "Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException` (mid-stream: "
             "the event stream's `throttlingException`); Gemini: `RESOURCE_EXHAUSTED` with a "
-            "`RetryInfo` detail, `retryDelay` \"7s\"."
+            "`RetryInfo` detail, `retryDelay` \"7s\"; Groq: type `requests`, code "
+            "`rate_limit_exceeded`."
         ),
     ),
     Column(
@@ -274,21 +300,23 @@ COLUMNS: tuple[Column, ...] = (
         "falls back", "falls back",
         note=(
             "Bedrock: `ServiceUnavailableException` (mid-stream: "
-            "`serviceUnavailableException`); Gemini: `UNAVAILABLE`."
+            "`serviceUnavailableException`); Gemini: `UNAVAILABLE`; Groq: \"is currently over "
+            "capacity\", code `service_unavailable`."
         ),
     ),
     Column(
         "overloaded", "overloaded", _overloaded,
         {
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
-            "AWS Bedrock": "falls back", "Google Gemini": "falls back",
+            "AWS Bedrock": "falls back", "Google Gemini": "falls back", "Groq": "falls back",
         },
         "falls back", status=529,
         note=(
             "Anthropic: 529 `overloaded_error` (mid-stream: its `error` event); OpenAI: 503 "
             "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
             "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`; "
-            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"."
+            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"; Groq: 498 `capacity_exceeded` "
+            "(its flex tier at capacity), which counts as a 503."
         ),
     ),
     Column(
@@ -296,25 +324,34 @@ COLUMNS: tuple[Column, ...] = (
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
             "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`), "
-            "Bedrock's `internalServerException` message in its event stream. "
+            "Bedrock's `internalServerException` message in its event stream, Groq's "
+            "`data:` event holding its error object (`internal_server_error`). "
             "Bedrock: `InternalServerException`; Gemini: `INTERNAL`."
         ),
     ),
     Column(
-        "502", "bad gateway (502)", _gemini_or(_status(502, body=_GOOGLE_502), _status(502)),
+        "502", "bad gateway (502)",
+        _groq_or(
+            _status(502, body=_CLOUDFLARE_502),
+            _gemini_or(_status(502, body=_GOOGLE_502), _status(502)),
+        ),
         "propagates", "falls back", status=502,
         note=(
             "Bedrock: a gateway's 502 with no AWS error code; Gemini: Google's front end's "
-            "HTML error page."
+            "HTML error page; Groq: Cloudflare's HTML page (its API sits behind Cloudflare)."
         ),
     ),
     Column(
         "504", "gateway timeout (504)",
-        _bedrock_or(_status(408, body={"__type": "ModelTimeoutException"}), _status(504)),
+        _groq_or(
+            _status(504, body=_CLOUDFLARE_504),
+            _bedrock_or(_status(408, body={"__type": "ModelTimeoutException"}), _status(504)),
+        ),
         "propagates", "falls back", status=504,
         note=(
             "Bedrock: its own timeout, 408 `ModelTimeoutException`, which counts as a 504 "
-            "(like Anthropic's `timeout_error`). Gemini: `DEADLINE_EXCEEDED`."
+            "(like Anthropic's `timeout_error`). Gemini: `DEADLINE_EXCEEDED`. Groq: "
+            "Cloudflare's \"504 Gateway Time-out\" page."
         ),
     ),
     Column(
@@ -363,7 +400,7 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "propagates",
         status={
             "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
-            "Google Gemini": 400,
+            "Google Gemini": 400, "Groq": 401,
         },
         note=(
             "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
@@ -389,18 +426,21 @@ COLUMNS: tuple[Column, ...] = (
             "OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\"; "
             "Bedrock: `ValidationException` \"Input is too long for requested model.\"; "
             "Gemini: `INVALID_ARGUMENT` \"The input token count (N) exceeds the maximum "
-            "number of tokens allowed (M).\""
+            "number of tokens allowed (M).\"; Groq: `context_length_exceeded` \"Please reduce the "
+            "length of the messages or completion.\""
         ),
     ),
     Column(
-        "content-filter", "content filtered", _bedrock_or(_never, _gemini_or(_never, _filtered)),
+        "content-filter", "content filtered",
+        _groq_or(_never, _bedrock_or(_never, _gemini_or(_never, _filtered))),
         "propagates", "propagates", status=400,
         note=(
             "Azure's 400 `content_filter` with `innererror.code` "
             "`ResponsibleAIPolicyViolation`. Bedrock has no such error: a guardrail answers "
             "200 with `stopReason` `guardrail_intervened`; nor has Gemini: a blocked prompt "
             "is a 200 with `promptFeedback.blockReason` `SAFETY` and no candidates, a "
-            "blocked answer a candidate with `finishReason` `SAFETY`."
+            "blocked answer a candidate with `finishReason` `SAFETY`. Nor has Groq: it filters "
+            "no chat content itself (moderation is a model the caller runs, Llama Guard)."
         ),
     ),
 )  # fmt: skip

@@ -43,7 +43,9 @@ you at once. Every cell below is a test (`tests/providers/test_matrix.py`): the 
 or the real LangChain or LlamaIndex class built on it, talks HTTP to a local server
 (`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
-`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`).
+`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`; Groq's
+`{{"error": {{"message", "type", "code"}}}}` on `/openai/v1/chat/completions`, with its
+custom 498 and Cloudflare's HTML pages for a 502 or a 504).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
@@ -75,7 +77,11 @@ its HTTP status. An exception inside Bedrock's event stream (botocore raises it 
 mid-stream; "retry your request", says the service model) 503. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
 429, `UNAVAILABLE` a 503, `INTERNAL` a 500 and `DEADLINE_EXCEEDED` a 504; the errors
 `ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
-wrap. "—" marks a failure that cannot come there: a
+wrap. Groq's 498 (its flex tier at capacity, error code `capacity_exceeded`: "the
+request won't be processed, you can try again later") counts as a 503, like Groq's own
+503 "over capacity", so it falls back under both classifiers; a Groq error object inside
+a stream counts by its code (`service_unavailable` 503, `rate_limit_exceeded` 429), else
+by its type (`internal_server_error` 500). "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
@@ -94,7 +100,7 @@ against a server that answers 503 every time, the failing member is asked:
 |---|---|---|
 | `openai.OpenAI`, `openai.AzureOpenAI`, `anthropic.Anthropic` | `max_retries=2` | 3 |
 | `ChatOpenAI`, `AzureChatOpenAI`, `ChatAnthropic` | the SDK's 2 | 3 |
-| LlamaIndex `OpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
+| LlamaIndex `OpenAI`, `AzureOpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
 | LlamaIndex `Anthropic` | `max_retries=10` | 11 |
 | `boto3.client("bedrock-runtime")` | botocore's `standard` retry mode | 3 |
 | `ChatBedrockConverse` | its boto3 client's: botocore's `standard` mode | 3 |
@@ -102,6 +108,8 @@ against a server that answers 503 every time, the failing member is asked:
 | `google.genai.Client` | no `retry_options`: no retry | 1 |
 | `ChatGoogleGenerativeAI` | `max_retries=6`, attempts in all (google-genai's `HttpRetryOptions(attempts=6)`) | 6, after 31 s of backoff (not counted by a test) |
 | LlamaIndex `GoogleGenAI` | `max_retries=3`, its own loop of 3 attempts (on a 5xx; never on a 429) | 3, with waits of a second or more |
+| `groq.Groq`, `ChatGroq` | `max_retries=2` (ChatGroq passes its own on to the groq SDK) | 3 |
+| LlamaIndex `Groq` | an `OpenAILike`: the openai SDK's `max_retries=3` inside LlamaIndex's own loop of 3 attempts | 12, with waits of a second or more |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -149,12 +157,29 @@ Bedrock reports usage in a Converse answer and in a stream's last event (`metada
 (`cacheWriteInputTokens`, split by lifetime in `cacheDetails`), and its `outputTokens`
 include the model's thinking, not reported apart: `ChatBedrockConverse` and LlamaIndex's
 `BedrockConverse` entries carry input = `inputTokens` + reads + writes, with the reads,
-the writes and the one-hour writes apart.
+the writes and the one-hour writes apart. Groq reports OpenAI's shape (cached tokens
+inside `prompt_tokens`, reasoning inside `completion_tokens`, no cache writes) and a
+stream's usage in its last chunk's `x_groq.usage` without being asked: `ChatGroq` and
+LlamaIndex's `Groq` (whose usage was estimated before it read `x_groq.usage`) record
+it as reported, with the cache and reasoning splits. LlamaIndex's `AzureOpenAI`, like
+its `OpenAI`, reports a stream's usage only when built with
+`additional_kwargs={"stream_options": {"include_usage": True}}`.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Mistral, Cohere, Groq and Ollama: no rows yet.
+- Mistral, Cohere and Ollama: no rows yet.
+- Groq: no content-filter cell (Groq filters no chat content itself; moderation is a
+  model the caller runs, Llama Guard). Its 413 "Request too large ... on tokens per
+  minute (TPM)" (code `rate_limit_exceeded`: a request larger than the organisation's
+  per-minute budget, which no retry on that member can serve) has no column and
+  propagates. groq 0.37's `Stream` does not close its response when iteration fails or
+  stops early (openai's does): a half-read stream's generators are left to the garbage
+  collector, which can finalize them while a later request on the same client holds the
+  connection pool's lock, a deadlock the matrix met once; the `groq.Groq` row closes
+  each stream (`with stream:`), `ChatGroq` does not. Groq's message texts in the fault
+  server are its public ones where known (the 401, 404, 429, 503 and context-length
+  messages) and plausible elsewhere.
 - Gemini's content filter is not an error: a blocked prompt is a 200 with
   `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
   `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
@@ -172,9 +197,6 @@ _NOT_COVERED = """## Not covered yet
 - Bedrock's older `InvokeModel` APIs (`ChatBedrock`, LlamaIndex's `Bedrock`) and
   Bedrock's tool-use and guardrail events in a stream are not covered; the rows use
   Converse and ConverseStream with text.
-- LlamaIndex's `AzureOpenAI` (`llama-index-llms-azure-openai`) is not installed in the
-  test environment; Azure OpenAI is covered through `openai.AzureOpenAI` and
-  `AzureChatOpenAI`.
 - Cost with prompt caching (cache reads, cache writes, reasoning tokens priced apart).
 
 ## Versions
@@ -242,7 +264,7 @@ def render() -> str:
         f"{_count()} tests run the sync paths ({len(ROWS)} clients; a read-timeout cell waits out a "
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
-        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`) run {async_tests} more, for every client "
+        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, `AsyncGroq`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

@@ -51,6 +51,8 @@ PATHS = {
     "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
     # Gemini names the method after the model: a stream asks ``:streamGenerateContent``.
     "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
+    # Groq serves OpenAI's API under /openai/v1.
+    "Groq": "/openai/v1/chat/completions",
 }
 
 

@@ -67,15 +67,15 @@ _GROQ_ERRORS: dict[int, tuple[str, str, str | None]] = {
         "capacity_exceeded",
     ),
     500: ("Internal Server Error", _SERVER, None),
-    502: ("Bad Gateway", _SERVER, None),
     503: (
         "fault-server-model is currently over capacity. Please try again and back off "
         "exponentially.",
         _SERVER,
         "service_unavailable",
     ),
-    504: ("Gateway Timeout", _SERVER, None),
 }
+# A 502 or 504 comes from the CDN in front of Groq's API (Cloudflare), as an HTML page, not
+# as Groq's error object; the matrix sends those pages (``provider_cases``).
 
 
 def groq_error(code: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ An error is transient when trying the same request elsewhere (or later) may succ
   stream (``throttlingException``, ...; ``modelStreamErrorException`` 503); a
   google-genai ``APIError`` by its ``code``, so Gemini's ``RESOURCE_EXHAUSTED`` is a 429
   and ``UNAVAILABLE`` a 503, ``INTERNAL`` 500 and ``DEADLINE_EXCEEDED`` 504 transient
-  under the server-errors preset);
+  under the server-errors preset; Groq's 498, its flex tier at capacity, as a 503);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
   uses, httpcore, requests, urllib3, aiohttp, botocore's connection, read-timeout and
@@ -23,7 +23,7 @@ An error is transient when trying the same request elsewhere (or later) may succ
 * it is a timeout (builtin and asyncio ``TimeoutError``, the transports' and SDKs'
   timeouts, a fallback chain's own per-client timeout);
 * it is a stream event the SDK could not decode: the ``json.JSONDecodeError`` that
-  openai and anthropic raise from their SSE decoder for one broken event (the same
+  openai, anthropic and groq raise from their SSE decoder for one broken event (the same
   error raised anywhere else is not transient), botocore's ``ChecksumMismatch`` for an
   event-stream message that fails its CRC;
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
@@ -159,8 +159,28 @@ _ANTHROPIC_ERROR_TYPE_STATUS: dict[str, int] = {
     "overloaded_error": 529,
 }
 # The error types of an OpenAI stream's in-body ``error`` object and the statuses they
-# stand for: a stream that fails after its 200 says ``server_error``, a 500's type.
-_OPENAI_STREAM_ERROR_TYPE_STATUS: dict[str, int] = {"server_error": 500}
+# stand for: a stream that fails after its 200 says ``server_error``, a 500's type
+# (Groq's streams, OpenAI-shaped, say ``internal_server_error``, its 5xx type).
+_OPENAI_STREAM_ERROR_TYPE_STATUS: dict[str, int] = {
+    "server_error": 500,
+    "internal_server_error": 500,
+}
+# The ``code`` of an OpenAI-shaped error object that names its status, for an error that
+# arrives with no status of its own (inside a stream): a rate limit is a 429, Groq's
+# ``service_unavailable`` (a model over capacity) and ``capacity_exceeded`` 503s.
+_ERROR_OBJECT_CODE_STATUS: dict[str, int] = {
+    "rate_limit_exceeded": 429,
+    "service_unavailable": 503,
+    "capacity_exceeded": 503,
+}
+# Groq's custom status for a flex-tier request refused at capacity ("the request won't be
+# processed. You can try again later"; error code ``capacity_exceeded``). It counts as a
+# 503: the same condition as Groq's own 503 "over capacity" on the on-demand tier, a
+# refusal before any work, sent fast so that the caller goes elsewhere; left as a 4xx it
+# would read as the caller's fault and propagate. Only Groq's: other services use 498 for
+# other things (an invalid token), so it must come from the groq SDK or say
+# ``capacity_exceeded``.
+_GROQ_CAPACITY_EXCEEDED = 498
 # AWS error codes (botocore's ``ClientError.response["Error"]["Code"]``) and the statuses
 # they stand for. AWS names a throttle by its code, whatever status carries it (older
 # services send ``ThrottlingException`` with a 400), so the code decides: the throttling
@@ -213,7 +233,11 @@ def status_code_of(exc: BaseException) -> int | None:
     ``throttlingException``, ``serviceUnavailableException``, ``internalServerException``,
     ``modelStreamErrorException`` 503, ``validationException`` 400) counts the same
     way, by its code. An error langchain-google-genai re-raised
-    (``GoogleRateLimitError`` and its kin carry no status) has its cause's.
+    (``GoogleRateLimitError`` and its kin carry no status) has its cause's. Groq's 498
+    (flex tier at capacity, ``capacity_exceeded``) counts as 503; an OpenAI-shaped error
+    object inside a stream counts by its ``code`` (``rate_limit_exceeded`` 429, Groq's
+    ``service_unavailable`` and ``capacity_exceeded`` 503), else by its type
+    (``server_error``, Groq's ``internal_server_error``: 500).
     """
     aws = _aws_error(exc)
     if aws is not None:
@@ -230,6 +254,8 @@ def status_code_of(exc: BaseException) -> int | None:
         for name in ("status_code", "status", "code"):
             value = _safe_getattr(holder, name)
             if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
+                if value == _GROQ_CAPACITY_EXCEEDED and _is_groq_capacity_error(exc):
+                    return 503
                 return value
     body = _safe_getattr(exc, "body")
     if isinstance(body, Mapping) and body.get("type") == "error":
@@ -240,7 +266,10 @@ def status_code_of(exc: BaseException) -> int | None:
                 return _ANTHROPIC_ERROR_TYPE_STATUS.get(error_type)
     if isinstance(body, Mapping) and "message" in body:
         # OpenAI's SDK raises a bare ``APIError`` (no status) for an ``error`` object
-        # in a stream that already said 200; its ``body`` is that object.
+        # in a stream that already said 200; its ``body`` is that object (groq's too).
+        error_code = body.get("code")
+        if isinstance(error_code, str) and error_code in _ERROR_OBJECT_CODE_STATUS:
+            return _ERROR_OBJECT_CODE_STATUS[error_code]
         error_type = body.get("type")
         if isinstance(error_type, str):
             return _OPENAI_STREAM_ERROR_TYPE_STATUS.get(error_type)
@@ -253,6 +282,17 @@ def status_code_of(exc: BaseException) -> int | None:
         # GoogleRateLimitError, GoogleInvalidRequestError, ... with no status, ``from`` it.
         return status_code_of(cause)
     return None
+
+
+def _is_groq_capacity_error(exc: BaseException) -> bool:
+    """A 498 from Groq: raised by the groq SDK, or an error object saying ``capacity_exceeded``
+    (the openai SDK keeps the object as ``body``; groq's keeps ``{"error": ...}``)."""
+    if any(klass.__module__.partition(".")[0] == "groq" for klass in type(exc).__mro__):
+        return True
+    body = _safe_getattr(exc, "body")
+    if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
+        body = body["error"]
+    return isinstance(body, Mapping) and "capacity_exceeded" in (body.get("code"), body.get("type"))
 
 
 def _aws_error(exc: BaseException) -> tuple[str, int | None, str] | None:
@@ -292,9 +332,10 @@ def _is_transport_type(cls: type) -> bool:
     return False
 
 
-# The SDK modules that decode a stream's SSE events. openai and anthropic call
-# ``json.loads`` on each event's data there and let its ``JSONDecodeError`` out as is.
-_SSE_DECODERS = frozenset({"openai._streaming", "anthropic._streaming"})
+# The SDK modules that decode a stream's SSE events. openai, anthropic and groq (a
+# Stainless SDK too) call ``json.loads`` on each event's data there and let its
+# ``JSONDecodeError`` out as is.
+_SSE_DECODERS = frozenset({"openai._streaming", "anthropic._streaming", "groq._streaming"})
 
 
 def _is_broken_stream_event(exc: BaseException) -> bool:

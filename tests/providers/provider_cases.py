@@ -116,6 +116,22 @@ _GOOGLE_502 = (
 )
 
 
+# -- Groq's front end ----------------------------------------------------------------------
+
+
+# Groq's API sits behind Cloudflare: a bad gateway or a gateway timeout is its HTML page.
+def _cloudflare_page(code: int, title: str) -> str:
+    return (
+        f"<html>\r\n<head><title>{code} {title}</title></head>\r\n<body>\r\n"
+        f"<center><h1>{code} {title}</h1></center>\r\n<hr><center>cloudflare</center>\r\n"
+        "</body>\r\n</html>\r\n"
+    )
+
+
+_CLOUDFLARE_502 = _cloudflare_page(502, "Bad Gateway")
+_CLOUDFLARE_504 = _cloudflare_page(504, "Gateway Time-out")
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """One kind of failure, as each provider sends it."""
@@ -186,6 +202,12 @@ def _before_stream(
     return lambda row, mode: None if mode == "stream-after" else fault(row, mode)
 
 
+def _groq_or(
+    groq: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (groq if row.wire == "groq" else other)(row, mode)
+
+
 def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
@@ -233,6 +255,9 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
     if row.wire == "mistral":
         # Mistral's own: a 429 whose type is service_tier_capacity_exceeded (code 3505).
         return Fault.status(429, body=MISTRAL_CAPACITY_EXCEEDED)
+    if row.wire == "groq":
+        # Groq's own code: 498, its flex tier at capacity (``capacity_exceeded``).
+        return Fault.status(498)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
     return Fault.status(503, body=_OPENAI_OVERLOADED)
@@ -278,7 +303,8 @@ COLUMNS: tuple[Column, ...] = (
         note=(
             "Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException` (mid-stream: "
             "the event stream's `throttlingException`); Gemini: `RESOURCE_EXHAUSTED` with a "
-            "`RetryInfo` detail, `retryDelay` \"7s\"."
+            "`RetryInfo` detail, `retryDelay` \"7s\"; Groq: type `requests`, code "
+            "`rate_limit_exceeded`."
         ),
     ),
     Column(
@@ -291,7 +317,8 @@ COLUMNS: tuple[Column, ...] = (
         "falls back", "falls back",
         note=(
             "Bedrock: `ServiceUnavailableException` (mid-stream: "
-            "`serviceUnavailableException`); Gemini: `UNAVAILABLE`."
+            "`serviceUnavailableException`); Gemini: `UNAVAILABLE`; Groq: \"is currently over "
+            "capacity\", code `service_unavailable`."
         ),
     ),
     Column(
@@ -299,6 +326,7 @@ COLUMNS: tuple[Column, ...] = (
         {
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
             "AWS Bedrock": "falls back", "Google Gemini": "falls back", "Mistral": "falls back",
+            "Groq": "falls back",
         },
         "falls back", status=529,
         note=(
@@ -306,7 +334,8 @@ COLUMNS: tuple[Column, ...] = (
             "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
             "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`; "
             "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"; Mistral: 429 "
-            "`service_tier_capacity_exceeded` (code \"3505\")."
+            "`service_tier_capacity_exceeded` (code \"3505\"); Groq: 498 `capacity_exceeded` "
+            "(its flex tier at capacity), which counts as a 503."
         ),
     ),
     Column(
@@ -315,27 +344,36 @@ COLUMNS: tuple[Column, ...] = (
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
             "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`), "
-            "Bedrock's `internalServerException` message in its event stream. "
+            "Bedrock's `internalServerException` message in its event stream, Groq's "
+            "`data:` event holding its error object (`internal_server_error`). "
             "Bedrock: `InternalServerException`; Gemini: `INTERNAL`. Mistral documents no "
             "in-stream error event (a failure mid-stream is a cut connection, the dropped "
             "column)."
         ),
     ),
     Column(
-        "502", "bad gateway (502)", _gemini_or(_status(502, body=_GOOGLE_502), _status(502)),
+        "502", "bad gateway (502)",
+        _groq_or(
+            _status(502, body=_CLOUDFLARE_502),
+            _gemini_or(_status(502, body=_GOOGLE_502), _status(502)),
+        ),
         "propagates", "falls back", status=502,
         note=(
             "Bedrock: a gateway's 502 with no AWS error code; Gemini: Google's front end's "
-            "HTML error page."
+            "HTML error page; Groq: Cloudflare's HTML page (its API sits behind Cloudflare)."
         ),
     ),
     Column(
         "504", "gateway timeout (504)",
-        _bedrock_or(_status(408, body={"__type": "ModelTimeoutException"}), _status(504)),
+        _groq_or(
+            _status(504, body=_CLOUDFLARE_504),
+            _bedrock_or(_status(408, body={"__type": "ModelTimeoutException"}), _status(504)),
+        ),
         "propagates", "falls back", status=504,
         note=(
             "Bedrock: its own timeout, 408 `ModelTimeoutException`, which counts as a 504 "
-            "(like Anthropic's `timeout_error`). Gemini: `DEADLINE_EXCEEDED`."
+            "(like Anthropic's `timeout_error`). Gemini: `DEADLINE_EXCEEDED`. Groq: "
+            "Cloudflare's \"504 Gateway Time-out\" page."
         ),
     ),
     Column(
@@ -384,7 +422,7 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "propagates",
         status={
             "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
-            "Google Gemini": 400, "Mistral": 401,
+            "Google Gemini": 400, "Mistral": 401, "Groq": 401,
         },
         note=(
             "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
@@ -412,12 +450,14 @@ COLUMNS: tuple[Column, ...] = (
             "Bedrock: `ValidationException` \"Input is too long for requested model.\"; "
             "Gemini: `INVALID_ARGUMENT` \"The input token count (N) exceeds the maximum "
             "number of tokens allowed (M).\"; Mistral: \"Prompt contains N tokens and 0 draft "
-            "tokens, too large for model with M maximum context length\"."
+            "tokens, too large for model with M maximum context length\"; Groq: "
+            "`context_length_exceeded` \"Please reduce the length of the messages or "
+            "completion.\""
         ),
     ),
     Column(
         "content-filter", "content filtered",
-        _mistral_or(_never, _bedrock_or(_never, _gemini_or(_never, _filtered))),
+        _mistral_or(_never, _groq_or(_never, _bedrock_or(_never, _gemini_or(_never, _filtered)))),
         "propagates", "propagates", status=400,
         note=(
             "Azure's 400 `content_filter` with `innererror.code` "
@@ -426,7 +466,8 @@ COLUMNS: tuple[Column, ...] = (
             "is a 200 with `promptFeedback.blockReason` `SAFETY` and no candidates, a "
             "blocked answer a candidate with `finishReason` `SAFETY`. Mistral filters nothing "
             "unless a request asks for `guardrails` (moderation), whose blocked answer its "
-            "SDK declares no shape for: no cell."
+            "SDK declares no shape for: no cell. Nor has Groq: it filters no chat content "
+            "itself (moderation is a model the caller runs, Llama Guard)."
         ),
     ),
 )  # fmt: skip

@@ -6,7 +6,9 @@ Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``llama-index-llms-anthropic``, ``boto3``, ``langchain-aws`` and
 ``llama-index-llms-bedrock-converse`` for AWS Bedrock (``surfaces_bedrock``), ``google-genai``,
 ``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini, ``mistralai``,
-``langchain-mistralai`` and ``llama-index-llms-mistralai`` for Mistral (``surfaces_mistral``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``langchain-mistralai`` and ``llama-index-llms-mistralai`` for Mistral (``surfaces_mistral``),
+``groq``, ``langchain-groq`` and ``llama-index-llms-groq`` for Groq and
+``llama-index-llms-azure-openai`` (``surfaces_groq``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -27,6 +29,17 @@ from surfaces_bedrock import (
     langchain_text_stream,
     llama_bedrock,
 )
+from surfaces_groq import (
+    async_groq_sdk,
+    chat_groq,
+    groq_sdk,
+    groq_sdk_acall,
+    groq_sdk_astream,
+    groq_sdk_call,
+    groq_sdk_stream,
+    llama_azure,
+    llama_groq,
+)
 from surfaces_mistral import (
     chat_mistral,
     llama_mistral,
@@ -37,7 +50,7 @@ from surfaces_mistral import (
     mistral_sdk_stream,
 )
 
-Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -529,6 +542,11 @@ ROWS: tuple[Row, ...] = (
         "langchain_openai", amember=_azure_chat_openai, acall=_langchain_acall, astream=_langchain_astream,
     ),
     Row(
+        "azure-llamaindex", "Azure OpenAI", "LlamaIndex", "llama_index.llms.azure_openai.AzureOpenAI",
+        "openai", llama_azure, _llama_chain, _llama_call, _llama_stream,
+        "llama_index.llms.azure_openai", amember=llama_azure, acall=_llama_acall, astream=_llama_astream,
+    ),
+    Row(
         "anthropic-sdk", "Anthropic", "SDK", "anthropic.Anthropic", "anthropic",
         _anthropic_sdk, _core_chain, _anthropic_sdk_call, _anthropic_sdk_stream, "anthropic",
         amember=_async_anthropic_sdk, acall=_anthropic_sdk_acall, astream=_anthropic_sdk_astream,
@@ -596,5 +614,21 @@ ROWS: tuple[Row, ...] = (
         "mistral", llama_mistral, _llama_chain, _llama_call, _llama_stream,
         "llama_index.llms.mistralai", amember=llama_mistral, acall=_llama_acall,
         astream=_llama_astream,
+    ),
+    # Groq (``surfaces_groq``): its API is OpenAI's at /openai/v1, with its own errors.
+    Row(
+        "groq-sdk", "Groq", "SDK", "groq.Groq", "groq",
+        groq_sdk, _core_chain, groq_sdk_call, groq_sdk_stream, "groq",
+        amember=async_groq_sdk, acall=groq_sdk_acall, astream=groq_sdk_astream,
+    ),
+    Row(
+        "groq-langchain", "Groq", "LangChain", "ChatGroq", "groq",
+        chat_groq, _langchain_chain, _langchain_call, _langchain_stream, "langchain_groq",
+        amember=chat_groq, acall=_langchain_acall, astream=_langchain_astream,
+    ),
+    Row(
+        "groq-llamaindex", "Groq", "LlamaIndex", "llama_index.llms.groq.Groq", "groq",
+        llama_groq, _llama_chain, _llama_call, _llama_stream, "llama_index.llms.groq",
+        amember=llama_groq, acall=_llama_acall, astream=_llama_astream,
     ),
 )  # fmt: skip

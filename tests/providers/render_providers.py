@@ -44,7 +44,9 @@ or the real LangChain or LlamaIndex class built on it, talks HTTP to a local ser
 (`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
 `x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`, Mistral's
-`{{"object": "error", "type", "code"}}` object).
+`{{"object": "error", "type", "code"}}` object; Groq's
+`{{"error": {{"message", "type", "code"}}}}` on `/openai/v1/chat/completions`, with its
+custom 498 and Cloudflare's HTML pages for a 502 or a 504).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
@@ -79,7 +81,12 @@ mid-stream; "retry your request", says the service model) 503. A google-genai er
 `ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
 wrap. A Mistral error counts with its HTTP status (mistralai's `SDKError`, and
 `HTTPValidationError` for a 422; `ChatMistralAI` raises httpx's `HTTPStatusError`);
-Mistral's own overload is a 429 `service_tier_capacity_exceeded`. "—" marks a failure that cannot come there: a
+Mistral's own overload is a 429 `service_tier_capacity_exceeded`.
+Groq's 498 (its flex tier at capacity, error code `capacity_exceeded`: "the
+request won't be processed, you can try again later") counts as a 503, like Groq's own
+503 "over capacity", so it falls back under both classifiers; a Groq error object inside
+a stream counts by its code (`service_unavailable` 503, `rate_limit_exceeded` 429), else
+by its type (`internal_server_error` 500). "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
@@ -98,7 +105,7 @@ against a server that answers 503 every time, the failing member is asked:
 |---|---|---|
 | `openai.OpenAI`, `openai.AzureOpenAI`, `anthropic.Anthropic` | `max_retries=2` | 3 |
 | `ChatOpenAI`, `AzureChatOpenAI`, `ChatAnthropic` | the SDK's 2 | 3 |
-| LlamaIndex `OpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
+| LlamaIndex `OpenAI`, `AzureOpenAI` | `max_retries=3`, and its own loop of 3 attempts | 12, with waits of a second or more |
 | LlamaIndex `Anthropic` | `max_retries=10` | 11 |
 | `boto3.client("bedrock-runtime")` | botocore's `standard` retry mode | 3 |
 | `ChatBedrockConverse` | its boto3 client's: botocore's `standard` mode | 3 |
@@ -109,6 +116,8 @@ against a server that answers 503 every time, the failing member is asked:
 | `mistralai.Mistral` | no `retry_config`: no retry | 1 |
 | `ChatMistralAI` | `max_retries=5`, attempts in all, on httpx transport errors only (4 to 10 s apart) | 1 (an error status is never retried; a connection closed unanswered is asked `max_retries` times) |
 | LlamaIndex `MistralAI` | `max_retries=5`, passed to the SDK as `retries=5`, an int, which retries nothing | 1 |
+| `groq.Groq`, `ChatGroq` | `max_retries=2` (ChatGroq passes its own on to the groq SDK) | 3 |
+| LlamaIndex `Groq` | an `OpenAILike`: the openai SDK's `max_retries=3` inside LlamaIndex's own loop of 3 attempts | 12, with waits of a second or more |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -165,11 +174,18 @@ the writes and the one-hour writes apart. Mistral reports `prompt_tokens` and
 `completion_tokens` in a call's `usage` and in a stream's last chunk (always, with no
 option to ask for it), and no cache or reasoning split (`UsageInfo` has none):
 `ChatMistralAI` and LlamaIndex's `MistralAI` entries carry those counts as reported.
+Groq reports OpenAI's shape (cached tokens
+inside `prompt_tokens`, reasoning inside `completion_tokens`, no cache writes) and a
+stream's usage in its last chunk's `x_groq.usage` without being asked: `ChatGroq` and
+LlamaIndex's `Groq` (whose usage was estimated before it read `x_groq.usage`) record
+it as reported, with the cache and reasoning splits. LlamaIndex's `AzureOpenAI`, like
+its `OpenAI`, reports a stream's usage only when built with
+`additional_kwargs={"stream_options": {"include_usage": True}}`.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Cohere, Groq and Ollama: no rows yet.
+- Cohere and Ollama: no rows yet.
 - Mistral's content filter: a chat completion is filtered only when it asks for
   `guardrails` (moderation), and the SDK declares no shape for a blocked answer; the
   matrix has no cell for it. Mistral documents no error event inside a stream: a failure
@@ -177,6 +193,17 @@ _NOT_COVERED = """## Not covered yet
   GCP (`mistralai.azure`, `mistralai.gcp`) is not covered. The server's Mistral error
   bodies other than the 429s (`rate_limited` 1300, `service_tier_capacity_exceeded`
   3505) follow the API's error object, not captured responses.
+- Groq: no content-filter cell (Groq filters no chat content itself; moderation is a
+  model the caller runs, Llama Guard). Its 413 "Request too large ... on tokens per
+  minute (TPM)" (code `rate_limit_exceeded`: a request larger than the organisation's
+  per-minute budget, which no retry on that member can serve) has no column and
+  propagates. groq 0.37's `Stream` does not close its response when iteration fails or
+  stops early (openai's does): a half-read stream's generators are left to the garbage
+  collector, which can finalize them while a later request on the same client holds the
+  connection pool's lock, a deadlock the matrix met once; the `groq.Groq` row closes
+  each stream (`with stream:`), `ChatGroq` does not. Groq's message texts in the fault
+  server are its public ones where known (the 401, 404, 429, 503 and context-length
+  messages) and plausible elsewhere.
 - Gemini's content filter is not an error: a blocked prompt is a 200 with
   `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
   `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
@@ -194,9 +221,6 @@ _NOT_COVERED = """## Not covered yet
 - Bedrock's older `InvokeModel` APIs (`ChatBedrock`, LlamaIndex's `Bedrock`) and
   Bedrock's tool-use and guardrail events in a stream are not covered; the rows use
   Converse and ConverseStream with text.
-- LlamaIndex's `AzureOpenAI` (`llama-index-llms-azure-openai`) is not installed in the
-  test environment; Azure OpenAI is covered through `openai.AzureOpenAI` and
-  `AzureChatOpenAI`.
 - Cost with prompt caching (cache reads, cache writes, reasoning tokens priced apart).
 
 ## Versions
@@ -265,7 +289,7 @@ def render() -> str:
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
         f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, mistralai's "
-        f"`complete_async`/`stream_async`) run {async_tests} more, for every client "
+        f"`complete_async`/`stream_async`, `AsyncGroq`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

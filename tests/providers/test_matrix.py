@@ -53,6 +53,8 @@ PATHS = {
     "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
     # Mistral's path is OpenAI's; the fault server serves it under /mistral.
     "Mistral": "/mistral/v1/chat/completions",
+    # Groq serves OpenAI's API under /openai/v1.
+    "Groq": "/openai/v1/chat/completions",
 }
 
 

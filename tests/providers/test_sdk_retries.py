@@ -31,6 +31,8 @@ REQUESTS_WITH_DEFAULTS = {
     "openai-llamaindex": 12,
     "azure-sdk": 3,
     "azure-langchain": 3,
+    # LlamaIndex's AzureOpenAI is its OpenAI: max_retries=3 in the SDK, 3 attempts of its own.
+    "azure-llamaindex": 12,
     "anthropic-sdk": 3,
     "anthropic-langchain": 3,
     "anthropic-llamaindex": 11,
@@ -60,6 +62,12 @@ REQUESTS_WITH_DEFAULTS = {
     # LlamaIndex's MistralAI passes max_retries=5 to the SDK as retries=5, an int, which
     # retries nothing.
     "mistral-llamaindex": 1,
+    # groq is a Stainless SDK like openai: max_retries=2, and ChatGroq passes its 2 on.
+    # LlamaIndex's Groq is an OpenAILike: the openai SDK's max_retries=3 inside
+    # llama-index-llms-openai's own loop of 3 attempts.
+    "groq-sdk": 3,
+    "groq-langchain": 3,
+    "groq-llamaindex": 12,
 }
 # Rows whose default schedule is too slow to wait out in a test: google-genai does not
 # read Retry-After and waits 1, 2, 4, 8 and 16 s between its attempts (31 s);

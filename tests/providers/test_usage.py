@@ -26,8 +26,9 @@ REPORTED = (len(QUESTION.split()), len(HEALTHY_REPLY.split()))
 # One token in costs 1 millionth, one out 2.
 BUDGET = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10)
 COST = (REPORTED[0] * 1 + REPORTED[1] * 2) / Decimal(1_000_000)
-# LlamaIndex's OpenAI does not ask for a stream's usage unless told to.
+# LlamaIndex's OpenAI (and its AzureOpenAI) does not ask for a stream's usage unless told to.
 STREAM_USAGE = {"stream_options": {"include_usage": True}}
+ASKED_FOR_STREAM_USAGE = {"openai-llamaindex", "azure-llamaindex"}
 
 
 def _framework_rows() -> list[object]:
@@ -62,7 +63,7 @@ def _tracked(
         row.member(Endpoint("127.0.0.1", server.port), timeout=10, max_retries=0)
         for server in (failing, healthy)
     ]
-    if ask_usage and row.key == "openai-llamaindex":
+    if ask_usage and row.key in ASKED_FOR_STREAM_USAGE:
         for member in members:
             member.additional_kwargs = STREAM_USAGE
     chain = row.chain(members, None)
@@ -164,3 +165,32 @@ def test_bedrock_s_cache_reads_and_writes_reach_the_ledger_as_reported(row: Row,
     )
     # Bedrock does not split the thinking out: the ledger holds no reasoning count.
     assert (entry.reasoning_tokens or 0, entry.estimated) == (0, False)
+
+
+def _groq_framework_rows() -> list[object]:
+    return [
+        param
+        for param in _framework_rows()
+        if getattr(param, "values", (None,))[0].wire == "groq"  # type: ignore[union-attr]
+    ]
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+@pytest.mark.parametrize("row", _groq_framework_rows())
+def test_groq_s_cached_and_reasoning_tokens_reach_the_ledger_as_reported(
+    row: Row, mode: str
+) -> None:
+    # Groq reports OpenAI's shape: cached tokens inside prompt_tokens, reasoning inside
+    # completion_tokens; a stream's usage in its last chunk's x_groq.usage, unasked.
+    details = {"cache_read": 3, "reasoning": 2}
+    with (
+        FaultInjectingServer(name="failing") as failing,
+        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
+    ):
+        failing.script(Fault.status(498))
+        tracked = _tracked(row, (failing, healthy), ask_usage=False)
+        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
+    assert answer == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 3, REPORTED[1] + 2)
+    assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (3, 2, False)

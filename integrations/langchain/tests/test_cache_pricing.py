@@ -198,3 +198,34 @@ async def test_a_bedrock_cached_call_costs_each_part_at_its_rate_and_writes_once
     )
     assert not entry.estimated
     assert entry.cost == BEDROCK_COST
+
+
+GROQ_MODEL = "openai/gpt-oss-120b"
+GROQ_PRICE = ModelPrice("0.15", "0.60", cache_read_price_per_mtok="0.075")
+# 4 uncached x $0.15 + 6,000 read x $0.075 + (4 visible + 100 reasoning) x $0.60.
+GROQ_COST = Decimal("0.000513")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_groq_cached_reasoning_call_costs_its_cache_reads_at_their_rate(
+    server: FaultInjectingServer, mode: str
+) -> None:
+    langchain_groq = pytest.importorskip("langchain_groq")
+    server.usage_details = OPENAI_DETAILS
+    inner = langchain_groq.ChatGroq(
+        model=GROQ_MODEL,
+        base_url=server.anthropic_base_url,
+        api_key="sk-FAKE-groq",
+        max_retries=0,
+        timeout=10,
+    )
+    ledger = InMemoryCostLedger()
+    budget = CostBudget(daily_limit=10, prices={GROQ_MODEL: GROQ_PRICE})
+    model = CostTrackedChatModel(inner=inner, budget=budget, ledger=ledger)
+    assert await _run(model, mode) == REPLY
+    entry = _only_entry(ledger)
+    # Groq's prompt_tokens hold the cached tokens, completion_tokens the reasoning; a
+    # stream's usage comes in its last chunk's x_groq.usage.
+    assert (entry.model, entry.input_tokens, entry.output_tokens) == (GROQ_MODEL, 6004, 104)
+    assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (6000, 100, False)
+    assert entry.cost == GROQ_COST

@@ -230,3 +230,34 @@ def test_a_bedrock_content_chunk_reports_no_usage() -> None:
     response = ChatResponse(message=ChatMessage(content="x"), raw=delta)
     assert reported_tokens(response) == (None, None)
     assert reported_details(response) == TokenDetails()
+
+
+GROQ_MODEL = "openai/gpt-oss-120b"
+GROQ_PRICE = ModelPrice("0.15", "0.60", cache_read_price_per_mtok="0.075")
+# 4 uncached x $0.15 + 6,000 read x $0.075 + (4 visible + 100 reasoning) x $0.60.
+GROQ_COST = Decimal("0.000513")
+
+
+@pytest.mark.parametrize("method", CALLS)
+async def test_a_groq_cached_reasoning_call_costs_its_cache_reads_at_their_rate(
+    server: FaultInjectingServer, method: str
+) -> None:
+    groq_llms = pytest.importorskip("llama_index.llms.groq")
+    server.usage_details = OPENAI_DETAILS
+    # Not asked for stream usage: Groq sends it in the last chunk's x_groq.usage anyway.
+    inner = groq_llms.Groq(
+        model=GROQ_MODEL,
+        api_base=f"{server.anthropic_base_url}/openai/v1",
+        api_key="sk-FAKE-groq",
+        max_retries=0,
+        timeout=10,
+        context_window=131_072,
+    )
+    ledger = InMemoryCostLedger()
+    budget = CostBudget(daily_limit=10, prices={GROQ_MODEL: GROQ_PRICE})
+    llm = CostTrackedLLM(inner=inner, budget=budget, ledger=ledger)
+    assert await _answer(llm, method) == REPLY
+    entry = _only_entry(ledger)
+    assert (entry.model, entry.input_tokens, entry.output_tokens) == (GROQ_MODEL, 6004, 104)
+    assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (6000, 100, False)
+    assert entry.cost == GROQ_COST

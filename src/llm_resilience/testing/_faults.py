@@ -23,7 +23,7 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic", "bedrock", "gemini", "mistral"]
+Provider = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq"]
 
 
 _FAULT_OPTIONS = (
@@ -113,7 +113,9 @@ class Fault:
         ``INVALID_ARGUMENT``, "The input token count ({tokens}) exceeds the maximum number of
         tokens allowed ({maximum})." (google-genai raises ``ClientError``). Mistral: a 400
         "Prompt contains {tokens} tokens and 0 draft tokens, too large for model with
-        {maximum} maximum context length" (mistralai raises ``SDKError``).
+        {maximum} maximum context length" (mistralai raises ``SDKError``). Groq: a 400
+        ``context_length_exceeded``, "Please reduce the length of the messages or
+        completion." (no counts; the groq SDK raises ``BadRequestError``).
 
         >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
         >>> fault.body["error"]["message"]
@@ -160,10 +162,14 @@ class Fault:
             from llm_resilience.testing._wire_mistral import mistral_context_overflow
 
             body = mistral_context_overflow(tokens, maximum)
+        elif provider == "groq":
+            from llm_resilience.testing._wire_groq import groq_context_length_exceeded
+
+            body = groq_context_length_exceeded()
         else:
             raise ValueError(
-                f"provider must be 'openai', 'anthropic', 'bedrock', 'gemini' or 'mistral'; "
-                f"got {provider!r}"
+                "provider must be 'openai', 'anthropic', 'bedrock', 'gemini', 'mistral' or "
+                f"'groq'; got {provider!r}"
             )
         return cls.status(400, body=body)
 

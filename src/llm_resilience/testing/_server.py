@@ -1,4 +1,5 @@
-"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock and Gemini and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini, Mistral and Groq
+and fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
@@ -6,7 +7,8 @@ Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse A
 stream), the Gemini API
 (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
 and Mistral's chat API (``POST /v1/chat/completions`` under the prefix ``/mistral``, as
-OpenAI's path is the same) for the real SDK clients, and the
+OpenAI's path is the same) and Groq's (``POST /openai/v1/chat/completions``: OpenAI's
+API with Groq's errors, its 498 and ``x_groq``) for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
 answered; when the script is used up, requests get the normal answer (``default_fault``).
@@ -14,7 +16,8 @@ answered; when the script is used up, requests get the normal answer (``default_
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
 in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
-``_wire_bedrock``, Mistral's in ``_wire_mistral``); this module serves them.
+``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in ``_wire_groq``); this module
+serves them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from llm_resilience.testing._wire import (
     prefill_rejection_body,
     usage_details_option,
 )
+from llm_resilience.testing._wire_groq import GROQ_PATH, groq_body, groq_events, groq_request_id
 
 __all__ = ["Fault", "FaultInjectingServer", "FaultKind", "Provider", "ServedRequest"]
 
@@ -112,8 +116,9 @@ class FaultInjectingServer:
     too and reports ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime
     in ``cacheDetails``) and the reasoning inside ``outputTokens``, in the Converse body
     and a stream's ``metadata`` event; Mistral's usage has no cache or reasoning counts, so
-    its ``completion_tokens`` include the reasoning and nothing else is reported. The
-    attribute can be changed between requests.
+    its ``completion_tokens`` include the reasoning and nothing else is reported; Groq as
+    OpenAI does, less the cache writes it does not report, in the body and in a stream's
+    last ``x_groq.usage``. The attribute can be changed between requests.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
@@ -277,6 +282,11 @@ class FaultInjectingServer:
         return True
 
 
+def _answer_wire(provider: Provider) -> Provider:
+    """The wire a normal answer is built on: Groq's is OpenAI's, with its additions."""
+    return "openai" if provider == "groq" else provider
+
+
 def _close_abruptly(connection: socket.socket) -> None:
     # shutdown() wakes a thread blocked reading this socket and sends FIN at once,
     # which close() alone would not do while another thread still uses the socket.
@@ -343,6 +353,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith(MISTRAL_PREFIX + "/") and path.endswith("/chat/completions"):
             # Mistral's path is OpenAI's: it is served under a prefix (``_wire_mistral``).
             provider = "mistral"
+        elif path == GROQ_PATH:
+            # OpenAI's API with Groq's errors and additions (``_wire_groq``).
+            provider = "groq"
         elif path.endswith("/chat/completions"):
             provider = "openai"
         elif path.endswith("/messages"):
@@ -372,7 +385,7 @@ class _Handler(BaseHTTPRequestHandler):
             # Gemini names the model in the path; its answer's ``modelVersion`` repeats it.
             payload.setdefault("model", path_model)
         owner = self.server.owner
-        tool = _tool_to_call(provider, payload)
+        tool = _tool_to_call(_answer_wire(provider), payload)
         record = ServedRequest(
             path=path,
             provider=provider,
@@ -404,11 +417,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault.kind == "status" or (fault.kind == "error_event" and not record.stream):
             self._send_status_fault(provider, fault)
             return
+        wire = _answer_wire(provider)
         prefill = prefill_of(payload)
         if fault.kind == "prefill_rejected" and prefill is not None:
-            self._send_json(400, prefill_rejection_body(provider), provider=provider)
+            self._send_json(400, prefill_rejection_body(wire), provider=provider)
             return
-        problem = prefill_problem(provider, prefill)
+        problem = prefill_problem(wire, prefill)
         if problem is not None:
             self._send_json(400, problem, provider=provider)
             return
@@ -417,7 +431,7 @@ class _Handler(BaseHTTPRequestHandler):
                 # Gemini blocks a prompt with a 200 and ``promptFeedback.blockReason``.
                 self._send_blocked_prompt(payload, record.stream)
                 return
-            self._send_json(fault.status_code, content_filter_body(provider), provider=provider)
+            self._send_json(fault.status_code, content_filter_body(wire), provider=provider)
             return
         if fault.kind == "refuse" or (fault.kind == "drop_mid_stream" and not record.stream):
             self._drop()
@@ -432,7 +446,7 @@ class _Handler(BaseHTTPRequestHandler):
         filtered = fault.after_chunks if fault.kind == "content_filtered" else None
         owner = self.server.owner
         answer = _Answer(
-            provider,
+            wire,
             payload,
             owner.reply,
             tool,
@@ -446,7 +460,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Stopped
             if delay and stopping.wait(delay * len(answer.pieces)):
                 raise _Stopped
-            self._send_json(200, answer.body(), provider=provider)
+            body = groq_body(answer, groq_request_id()) if provider == "groq" else answer.body()
+            self._send_json(200, body, provider=provider)
             return
         cut = fault.kind in ("drop_mid_stream", "stall_mid_stream", "error_event")
         limit = fault.after_chunks if cut else None
@@ -464,7 +479,13 @@ class _Handler(BaseHTTPRequestHandler):
         # A malformed-chunk fault sends one undecodable event where content chunk N+1
         # (or, for a shorter reply, the tail) would start; the answer then goes on.
         broken = fault.kind == "malformed_chunk"
-        for event, phase in answer.events(end_marker=fault.kind != "missing_done"):
+        end_marker = fault.kind != "missing_done"
+        events = (
+            groq_events(answer, groq_request_id(), end_marker=end_marker)
+            if provider == "groq"
+            else answer.events(end_marker=end_marker)
+        )
+        for event, phase in events:
             if broken and (phase == "tail" or (phase == "content" and sent == fault.after_chunks)):
                 self._write_chunk(malformed_event(provider))
                 broken = False
@@ -526,7 +547,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _send_request_id(self, provider: Provider | None) -> None:
-        if provider == "openai":
+        if provider in ("openai", "groq"):
             self.send_header("x-request-id", f"req_{uuid.uuid4().hex}")
         elif provider == "anthropic":
             self.send_header("request-id", f"req_{uuid.uuid4().hex}")

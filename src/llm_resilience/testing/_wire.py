@@ -24,6 +24,7 @@ from llm_resilience.testing._wire_bedrock import (
     bedrock_stream_exception,
 )
 from llm_resilience.testing._wire_bedrock import bedrock_error as bedrock_error
+from llm_resilience.testing._wire_groq import groq_error, groq_malformed_event, groq_stream_error
 from llm_resilience.testing._wire_mistral import MISTRAL_PREFIX as MISTRAL_PREFIX
 from llm_resilience.testing._wire_mistral import mistral_body, mistral_error, mistral_events
 
@@ -111,6 +112,8 @@ def gemini_error(code: int) -> dict[str, Any]:
 
 
 def _error_body(provider: Provider, code: int) -> dict[str, Any]:
+    if provider == "groq":
+        return groq_error(code)
     if provider == "bedrock":
         return bedrock_error(code, None)[0]
     if provider == "gemini":
@@ -788,6 +791,8 @@ def malformed_event(provider: Provider) -> bytes:
         return b'data: {"id": "broken", "object": "chat.completion.chunk", "cho\n\n'
     if provider == "bedrock":
         return bedrock_malformed_event()
+    if provider == "groq":
+        return groq_malformed_event()
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -799,6 +804,8 @@ def error_event(provider: Provider, code: int) -> bytes:
     """
     if provider == "bedrock":
         return bedrock_stream_exception(code)
+    if provider == "groq":
+        return groq_stream_error(code)
     body = _error_body(provider, code)
     if provider == "mistral":
         # Mistral documents no in-stream error event; its error object as a data event.

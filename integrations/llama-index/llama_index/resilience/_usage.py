@@ -33,6 +33,11 @@ Cache and reasoning counts (:func:`reported_details`) come from the raw usage: O
 ``input_tokens`` leaves its cache reads and writes out, so they are added back: the
 core's input count is every input token billed in some form.
 
+Groq (``llama-index-llms-groq``, an ``OpenAILike``) reports a stream's usage, OpenAI-shaped,
+in its last chunk's ``raw.x_groq.usage`` without being asked (``stream_options`` adds
+OpenAI's usage chunk too; the largest total counts, so never twice); its cached tokens
+and reasoning tokens are inside ``prompt_tokens``/``completion_tokens`` as OpenAI's.
+
 The serving model is ``raw.model`` when the provider reports it.
 """
 
@@ -104,6 +109,7 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
         return gemini
     places: list[Any] = [
         _field(response.raw, "usage"),
+        _groq_usage(response),
         response.additional_kwargs,
         _field(response.additional_kwargs, "usage"),
     ]
@@ -135,6 +141,7 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
         )
     places: list[Any] = [
         _field(response.raw, "usage"),
+        _groq_usage(response),
         _field(response.additional_kwargs, "usage"),
     ]
     if isinstance(response, ChatResponse):
@@ -145,6 +152,11 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
         if details != _NONE:
             return details
     return _NONE
+
+
+def _groq_usage(response: ChatResponse | CompletionResponse) -> Any:
+    """Groq's usage of a stream, in its last chunk's ``x_groq.usage`` (OpenAI-shaped)."""
+    return _field(_field(response.raw, "x_groq"), "usage")
 
 
 def raw_model(response: ChatResponse | CompletionResponse) -> str | None:

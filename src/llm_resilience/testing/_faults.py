@@ -23,7 +23,7 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic", "bedrock", "gemini"]
+Provider = Literal["openai", "anthropic", "bedrock", "gemini", "ollama"]
 
 
 _FAULT_OPTIONS = (
@@ -154,6 +154,10 @@ class Fault:
                 f"allowed ({maximum})."
             )
             body = {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+        elif provider == "ollama":
+            # Ollama answers a prompt longer than its context window (``num_ctx``) with a
+            # 200: it truncates the prompt (logging "truncating input prompt") and goes on.
+            raise ValueError("Ollama has no context-overflow error: it truncates the prompt")
         else:
             raise ValueError(
                 f"provider must be 'openai', 'anthropic', 'bedrock' or 'gemini'; got {provider!r}"

@@ -1,10 +1,12 @@
-"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock and Gemini and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini and Ollama and
+fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
 (``POST /model/{modelId}/converse``, and ``converse-stream`` as a binary AWS event
 stream) and the Gemini API
 (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
+and Ollama's native chat API (``POST /api/chat``, streamed as newline-delimited JSON)
 for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
@@ -13,7 +15,7 @@ answered; when the script is used up, requests get the normal answer (``default_
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
 in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
-``_wire_bedrock``); this module serves them.
+``_wire_bedrock``, Ollama's in ``_wire_ollama``); this module serves them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, cast
 from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedRequest
 from llm_resilience.testing._wire import (
     BEDROCK_STREAM_CONTENT_TYPE,
+    OLLAMA_STREAM_CONTENT_TYPE,
     _Answer,
     _error_body,
     _number,
@@ -339,6 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
             operation = path.rsplit("/", 1)[1]
             path_model = urllib.parse.unquote(path[len("/model/") : -len("/" + operation)])
             path_stream = operation == "converse-stream"
+        elif path == "/api/chat":
+            provider = "ollama"
         elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
             provider = "gemini"
             model, _, method = path.rsplit("/", 1)[1].partition(":")
@@ -364,7 +369,8 @@ class _Handler(BaseHTTPRequestHandler):
             path=path,
             provider=provider,
             model=path_model or str(payload.get("model") or ""),
-            stream=path_stream or bool(payload.get("stream")),
+            # Ollama streams unless the request says ``"stream": false``.
+            stream=path_stream or bool(payload.get("stream", provider == "ollama")),
             fault=Fault.ok(),
             tool_call=tool is not None,
             at=time.monotonic(),
@@ -441,6 +447,9 @@ class _Handler(BaseHTTPRequestHandler):
         if provider == "bedrock":
             # Binary AWS event-stream messages (``_wire_bedrock``), not SSE.
             self.send_header("Content-Type", BEDROCK_STREAM_CONTENT_TYPE)
+        elif provider == "ollama":
+            # Newline-delimited JSON objects (``_wire_ollama``), not SSE.
+            self.send_header("Content-Type", OLLAMA_STREAM_CONTENT_TYPE)
         else:
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")

@@ -1,6 +1,7 @@
-"""The OpenAI, Anthropic, Bedrock and Gemini wire formats the fake server speaks: errors,
-answers, events. Bedrock's own (its errors, its answer, its binary event stream) are in
-``_wire_bedrock``; what ``_server`` needs of them is re-exported here."""
+"""The OpenAI, Anthropic, Bedrock, Gemini and Ollama wire formats the fake server speaks:
+errors, answers, events. Bedrock's own (its errors, its answer, its binary event stream)
+are in ``_wire_bedrock``, Ollama's (``/api/chat``, newline-delimited JSON) in
+``_wire_ollama``; what ``_server`` needs of them is re-exported here."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ from llm_resilience.testing._wire_bedrock import (
     bedrock_stream_exception,
 )
 from llm_resilience.testing._wire_bedrock import bedrock_error as bedrock_error
+from llm_resilience.testing._wire_ollama import (
+    OLLAMA_STREAM_CONTENT_TYPE as OLLAMA_STREAM_CONTENT_TYPE,
+)
+from llm_resilience.testing._wire_ollama import (
+    ollama_body,
+    ollama_error,
+    ollama_events,
+    ollama_malformed_line,
+    ollama_stream_error,
+)
 
 
 def _number(value: float) -> str:
@@ -112,6 +123,8 @@ def _error_body(provider: Provider, code: int) -> dict[str, Any]:
         return bedrock_error(code, None)[0]
     if provider == "gemini":
         return gemini_error(code)
+    if provider == "ollama":
+        return ollama_error(code)
     if provider == "openai":
         message, kind, error_code = _OPENAI_ERRORS.get(
             code,
@@ -260,7 +273,8 @@ def _tool_to_call(provider: Provider, payload: Mapping[str, Any]) -> _ToolCall |
     if not any(_WEATHER.search(text) for text in _texts(last.get("content"))):
         return None
     first: dict[str, Any] = tools[0] if isinstance(tools[0], dict) else {}
-    if provider == "openai":
+    if provider in ("openai", "ollama"):
+        # Ollama takes OpenAI's tool shape: ``{"type": "function", "function": {...}}``.
         nested = first.get("function")
         function: dict[str, Any] = nested if isinstance(nested, dict) else first
         name, schema = function.get("name"), function.get("parameters")
@@ -498,6 +512,9 @@ class _Answer:
             self.finish = "content_filter" if self.filtered else finish
         elif provider == "gemini":
             self.finish = "SAFETY" if self.filtered else "STOP"
+        elif provider == "ollama":
+            # Ollama has no content filter: a cut answer still says why it stopped.
+            self.finish = "stop"
         else:
             finish = "tool_use" if tool is not None else "end_turn"
             refusal = "content_filtered" if provider == "bedrock" else "refusal"
@@ -515,6 +532,8 @@ class _Answer:
             return bedrock_body(self)
         if self.provider == "gemini":
             return self._gemini_chunk(self.text, self.finish, self.output_tokens)
+        if self.provider == "ollama":
+            return ollama_body(self)
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
 
     def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
@@ -527,6 +546,8 @@ class _Answer:
             return self._gemini_events()
         if self.provider == "bedrock":
             return bedrock_events(self, end_marker=end_marker)
+        if self.provider == "ollama":
+            return ollama_events(self, end_marker=end_marker)
         events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
         if end_marker:
             return events
@@ -774,6 +795,8 @@ def malformed_event(provider: Provider) -> bytes:
         return b'data: {"candidates": [{"content": {"parts": [{"te\n\n'
     if provider == "bedrock":
         return bedrock_malformed_event()
+    if provider == "ollama":
+        return ollama_malformed_line()
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -785,6 +808,8 @@ def error_event(provider: Provider, code: int) -> bytes:
     """
     if provider == "bedrock":
         return bedrock_stream_exception(code)
+    if provider == "ollama":
+        return ollama_stream_error(code)
     body = _error_body(provider, code)
     if provider in ("openai", "gemini"):
         return _sse({"error": body["error"]})

@@ -5,7 +5,8 @@ Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
 ``llama-index-llms-anthropic``, ``boto3``, ``langchain-aws`` and
 ``llama-index-llms-bedrock-converse`` for AWS Bedrock (``surfaces_bedrock``), ``google-genai``,
-``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini, ``ollama``,
+``langchain-ollama`` and ``llama-index-llms-ollama`` for Ollama (``surfaces_ollama``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -26,8 +27,18 @@ from surfaces_bedrock import (
     langchain_text_stream,
     llama_bedrock,
 )
+from surfaces_ollama import (
+    async_ollama_sdk,
+    chat_ollama,
+    llama_ollama,
+    ollama_sdk,
+    ollama_sdk_acall,
+    ollama_sdk_astream,
+    ollama_sdk_call,
+    ollama_sdk_stream,
+)
 
-Wire = Literal["openai", "anthropic", "bedrock", "gemini"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini", "ollama"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -569,5 +580,20 @@ ROWS: tuple[Row, ...] = (
         "llama_index.llms.google_genai.GoogleGenAI", "gemini", _llama_google, _llama_chain,
         _llama_call, _llama_stream, "llama_index.llms.google_genai", amember=_llama_google,
         acall=_llama_acall, astream=_llama_astream,
+    ),
+    Row(
+        "ollama-sdk", "Ollama", "SDK", "ollama.Client", "ollama", ollama_sdk, _core_chain,
+        ollama_sdk_call, ollama_sdk_stream, "ollama", amember=async_ollama_sdk,
+        acall=ollama_sdk_acall, astream=ollama_sdk_astream,
+    ),
+    Row(
+        "ollama-langchain", "Ollama", "LangChain", "ChatOllama", "ollama", chat_ollama,
+        _langchain_chain, _langchain_call, _langchain_stream, "langchain_ollama",
+        amember=chat_ollama, acall=_langchain_acall, astream=_langchain_astream,
+    ),
+    Row(
+        "ollama-llamaindex", "Ollama", "LlamaIndex", "llama_index.llms.ollama.Ollama", "ollama",
+        llama_ollama, _llama_chain, _llama_call, _llama_stream, "llama_index.llms.ollama",
+        amember=llama_ollama, acall=_llama_acall, astream=_llama_astream,
     ),
 )  # fmt: skip

@@ -43,13 +43,15 @@ you at once. Every cell below is a test (`tests/providers/test_matrix.py`): the 
 or the real LangChain or LlamaIndex class built on it, talks HTTP to a local server
 (`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
-`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`).
+`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`, Ollama's
+`{{"error": "..."}}`, which the ollama SDK raises as `ResponseError` with its `status_code`).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
 `BedrockConverse`: `max_retries=1` and `botocore_config=Config(retries={{"total_max_attempts":
 1}})`; google-genai: `HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`:
-`max_retries=1`); the test
+`max_retries=1`; the ollama SDK, `ChatOllama` and LlamaIndex `Ollama` have no retries to
+turn off); the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -75,7 +77,14 @@ its HTTP status. An exception inside Bedrock's event stream (botocore raises it 
 mid-stream; "retry your request", says the service model) 503. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
 429, `UNAVAILABLE` a 503, `INTERNAL` a 500 and `DEADLINE_EXCEEDED` a 504; the errors
 `ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
-wrap. "—" marks a failure that cannot come there: a
+wrap. An ollama `ResponseError` counts with its `status_code`; the one the SDK raises for
+an `{{"error": ...}}` line inside a stream that already said 200 (Ollama's model runner
+failed mid-answer) has none (`status_code` -1) and counts as a 500. Ollama's own
+statuses are few: 503 "server busy" when its queue is full, 404 for a model not pulled,
+400, and 500 for everything else; it sends no `Retry-After`. Its 401, 403, 429, 502 and
+504 cells are what a proxy in front of it sends, or ollama.com behind a cloud model
+(Ollama passes that status and its headers on). `ChatOllama` streams on the wire even for
+`invoke` (its `stream` defaults to true): its call cells are streamed requests. "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
@@ -102,6 +111,7 @@ against a server that answers 503 every time, the failing member is asked:
 | `google.genai.Client` | no `retry_options`: no retry | 1 |
 | `ChatGoogleGenerativeAI` | `max_retries=6`, attempts in all (google-genai's `HttpRetryOptions(attempts=6)`) | 6, after 31 s of backoff (not counted by a test) |
 | LlamaIndex `GoogleGenAI` | `max_retries=3`, its own loop of 3 attempts (on a 5xx; never on a 429) | 3, with waits of a second or more |
+| `ollama.Client`, `ChatOllama`, LlamaIndex `Ollama` | no retries at all | 1 |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -116,7 +126,11 @@ client's config; `ChatGoogleGenerativeAI` counts attempts, so it warns from
 `BedrockConverse` (its least is 1), which also warns for its client's botocore retries:
 its own `max_retries` sets them too (`max_retries=1` is 2 requests) unless it is given a
 `botocore_config` or a `client`. google-genai
-does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts.
+does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts. The ollama
+SDK makes one request; it hands its keyword arguments to httpx, so an
+`ollama.Client(transport=httpx.HTTPTransport(retries=N))` retries a connection that
+failed to open (refused, DNS, connect timeout; never a status) N times, and the chain
+warns of that (`_client.transport.retries`).
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
 
@@ -127,7 +141,10 @@ Every client's rate-limit error carries the provider's headers through to
 both; from a boto3 `ClientError`, the headers botocore keeps in `ResponseMetadata`
 (Bedrock seldom sends one) (`tests/providers/test_retry_after.py`). Gemini states the wait in
 its 429 body, a `google.rpc.RetryInfo` detail (`"retryDelay": "7s"`), which
-`retry_after_of` reads when no header says otherwise (`tests/core/test_transient_gemini.py`). With `Cooldown(honor_retry_after=True)` a
+`retry_after_of` reads when no header says otherwise (`tests/core/test_transient_gemini.py`).
+Ollama sends no `Retry-After`; a proxy's or ollama.com's reaches `retry_after_of`
+although the ollama SDK's `ResponseError` keeps no headers: it is raised `from None` over
+the httpx error, which stays its `__context__` and holds the response. With `Cooldown(honor_retry_after=True)` a
 chain skips that member for as long as its provider asked.
 
 ## Usage from the provider's own response
@@ -149,12 +166,16 @@ Bedrock reports usage in a Converse answer and in a stream's last event (`metada
 (`cacheWriteInputTokens`, split by lifetime in `cacheDetails`), and its `outputTokens`
 include the model's thinking, not reported apart: `ChatBedrockConverse` and LlamaIndex's
 `BedrockConverse` entries carry input = `inputTokens` + reads + writes, with the reads,
-the writes and the one-hour writes apart.
+the writes and the one-hour writes apart. Ollama reports `prompt_eval_count` and
+`eval_count` in a call and in a stream's last (`done`) line, and nothing more: a thinking
+model's thinking is inside `eval_count`, and a prompt prefix it reused from its KV cache
+is not counted; `ChatOllama` and LlamaIndex's `Ollama` entries carry those two counts,
+with no cache or reasoning split.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Mistral, Cohere, Groq and Ollama: no rows yet.
+- Mistral, Cohere and Groq: no rows yet.
 - Gemini's content filter is not an error: a blocked prompt is a 200 with
   `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
   `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
@@ -176,6 +197,10 @@ _NOT_COVERED = """## Not covered yet
   test environment; Azure OpenAI is covered through `openai.AzureOpenAI` and
   `AzureChatOpenAI`.
 - Cost with prompt caching (cache reads, cache writes, reasoning tokens priced apart).
+- Ollama's OpenAI-compatible API (`/v1/chat/completions`, which `ChatOpenAI` can call) is
+  not covered; the rows use its native `/api/chat`. Ollama's `/api/generate` and
+  embeddings are not covered either. Its context overflow has no cell: Ollama truncates
+  a prompt longer than `num_ctx` and answers 200, so nothing can fall back on it.
 
 ## Versions
 
@@ -242,7 +267,7 @@ def render() -> str:
         f"{_count()} tests run the sync paths ({len(ROWS)} clients; a read-timeout cell waits out a "
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
-        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`) run {async_tests} more, for every client "
+        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, `ollama.AsyncClient`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

@@ -51,7 +51,14 @@ PATHS = {
     "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
     # Gemini names the method after the model: a stream asks ``:streamGenerateContent``.
     "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
+    # Ollama's native chat API: one path, the body says whether to stream.
+    "Ollama": "/api/chat",
 }
+
+
+# Rows whose call streams on the wire too: ChatOllama's ``invoke`` sends ``"stream": true``
+# (its default) and joins the chunks.
+STREAMED_CALLS = frozenset({"ollama-langchain"})
 
 
 def _path(row: Row, *, stream: bool) -> str:
@@ -173,7 +180,7 @@ def test_each_provider_failure_falls_back_or_propagates_as_the_matrix_says(
     asked = len(failing.requests)
     assert asked == (1 if column.target == "server" else 0)
     if asked:
-        assert failing.requests[0].stream == (cell.mode != "call")
+        assert failing.requests[0].stream == (cell.mode != "call" or row.key in STREAMED_CALLS)
         assert failing.requests[0].path == _path(row, stream=cell.mode != "call")
 
 

@@ -112,7 +112,10 @@ class FaultInjectingServer:
     and ``message_delta`` (all of it, cumulative); Bedrock keeps ``inputTokens`` uncached
     too and reports ``cacheReadInputTokens``, ``cacheWriteInputTokens`` (split by lifetime
     in ``cacheDetails``) and the reasoning inside ``outputTokens``, in the Converse body
-    and a stream's ``metadata`` event. The attribute can be changed between requests.
+    and a stream's ``metadata`` event; Ollama reports no split: the reasoning is inside
+    ``eval_count``, and the cache reads are not counted at all (``prompt_eval_count`` is
+    the prompt words alone), in a call and a stream's ``done`` line. The attribute can be
+    changed between requests.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.

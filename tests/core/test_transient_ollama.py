@@ -181,3 +181,16 @@ def test_an_ollama_client_on_an_httpx_transport_with_retries_is_seen_retrying() 
     # httpx's transport retries a failed connect; ollama.Client passes it to httpx.
     client = ollama.Client(host="http://127.0.0.1:11434", **_httpx_retries(2))
     assert self_retry_setting(client) == ("_client.transport.retries", 2)
+
+
+def test_chat_ollama_over_a_retrying_httpx_transport_is_seen_retrying() -> None:
+    httpx = pytest.importorskip("httpx")
+    langchain_ollama = pytest.importorskip("langchain_ollama")
+    quiet = langchain_ollama.ChatOllama(model=MODEL, base_url="http://127.0.0.1:11434")
+    retrying = langchain_ollama.ChatOllama(
+        model=MODEL,
+        base_url="http://127.0.0.1:11434",
+        sync_client_kwargs={"transport": httpx.HTTPTransport(retries=3)},
+    )
+    assert self_retry_setting(quiet) is None
+    assert self_retry_setting(retrying) == ("_client._client.transport.retries", 3)

@@ -59,7 +59,9 @@ OLLAMA_BUSY = "server busy, please try again.  maximum pending requests exceeded
 # cloud proxy also answers 502 when ollama.com cannot be reached); a 429 and a 504 only
 # from something in front of Ollama.
 _OLLAMA_ERRORS: dict[int, str] = {
-    400: "invalid request: json: cannot unmarshal string into Go value of type api.ChatRequest",
+    # gin's JSON binding error, as ChatHandler passes it on.
+    400: "json: cannot unmarshal string into Go struct field ChatRequest.messages of type "
+    "[]api.Message",
     401: "unauthorized",
     403: "ollama cloud is disabled",
     404: 'model "llama3.2" not found, try pulling it first',

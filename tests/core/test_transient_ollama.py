@@ -192,5 +192,11 @@ def test_chat_ollama_over_a_retrying_httpx_transport_is_seen_retrying() -> None:
         base_url="http://127.0.0.1:11434",
         sync_client_kwargs={"transport": httpx.HTTPTransport(retries=3)},
     )
+    async_only = langchain_ollama.ChatOllama(
+        model=MODEL,
+        base_url="http://127.0.0.1:11434",
+        async_client_kwargs={"transport": httpx.AsyncHTTPTransport(retries=1)},
+    )
     assert self_retry_setting(quiet) is None
     assert self_retry_setting(retrying) == ("_client._client.transport.retries", 3)
+    assert self_retry_setting(async_only) == ("_async_client._client.transport.retries", 1)

@@ -200,9 +200,7 @@ _NOT_COVERED = """## Not covered yet
 - Ollama's OpenAI-compatible API (`/v1/chat/completions`, which `ChatOpenAI` can call) is
   not covered; the rows use its native `/api/chat`. Ollama's `/api/generate` and
   embeddings are not covered either. Its context overflow has no cell: Ollama truncates
-  a prompt longer than `num_ctx` and answers 200, so nothing can fall back on it. The
-  self-retry warning reads a model's sync ollama client: a `ChatOllama` given a retrying
-  httpx transport through `async_client_kwargs` alone is not warned about.
+  a prompt longer than `num_ctx` and answers 200, so nothing can fall back on it.
 
 ## Versions
 

@@ -77,6 +77,9 @@ def _genai_attempts(model: object) -> int | None:
 
 
 _HTTPX_SETTING = "transport.retries"
+# Where ChatOllama and LlamaIndex's Ollama keep their async ollama client, which can be
+# built with a transport of its own (``async_client_kwargs``).
+_OLLAMA_ASYNC_CLIENT = "_async_client"
 
 
 def _httpx_transport_retries(client: object) -> int | None:
@@ -152,12 +155,14 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
             return (f"{attribute}.{_BOTOCORE_SETTING}", retries + 1) if retries > 0 else None
     if counted is not None:
         return None
-    for attribute in _CLIENT_ATTRIBUTES:
+    for attribute in (*_CLIENT_ATTRIBUTES, _OLLAMA_ASYNC_CLIENT):
         client = _client_of(model, attribute)
         if client is not None and _top_package(client) == "ollama":
             found = _ollama_retries(client)
             if found is not None:
                 return (f"{attribute}.{found[0]}", found[1])
+            continue
+        if attribute == _OLLAMA_ASYNC_CLIENT:
             continue
         retries = getattr(client, "max_retries", None) if client is not None else None
         if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:

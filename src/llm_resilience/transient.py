@@ -14,7 +14,10 @@ An error is transient when trying the same request elsewhere (or later) may succ
   stream (``throttlingException``, ...; ``modelStreamErrorException`` 503); a
   google-genai ``APIError`` by its ``code``, so Gemini's ``RESOURCE_EXHAUSTED`` is a 429
   and ``UNAVAILABLE`` a 503, ``INTERNAL`` 500 and ``DEADLINE_EXCEEDED`` 504 transient
-  under the server-errors preset; Groq's 498, its flex tier at capacity, as a 503);
+  under the server-errors preset; Groq's 498, its flex tier at capacity, as a 503;
+  the ``ollama`` SDK's ``ResponseError`` by its
+  ``status_code``, and one raised for an ``{"error": ...}`` line of a stream, with no
+  status, as a 500);
 * it is a transport failure with no status: refused, reset or dropped connections, DNS
   failures, a stream cut mid-body (httpx and its ``httpx2`` twin that anthropic 2.x
   uses, httpcore, requests, urllib3, aiohttp, botocore's connection, read-timeout and
@@ -23,8 +26,9 @@ An error is transient when trying the same request elsewhere (or later) may succ
 * it is a timeout (builtin and asyncio ``TimeoutError``, the transports' and SDKs'
   timeouts, a fallback chain's own per-client timeout);
 * it is a stream event the SDK could not decode: the ``json.JSONDecodeError`` that
-  openai, anthropic and groq raise from their SSE decoder for one broken event (the same
-  error raised anywhere else is not transient), botocore's ``ChecksumMismatch`` for an
+  openai, anthropic and groq raise from their SSE decoder for one broken event, and the
+  ollama SDK from its reader of a newline-delimited JSON stream (the same error raised
+  anywhere else is not transient), botocore's ``ChecksumMismatch`` for an
   event-stream message that fails its CRC;
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
   whatever the case.
@@ -214,6 +218,18 @@ _AWS_STREAM_EXCEPTION_STATUS: dict[str, int] = {
     "ResourceNotFoundException": 404,
     "ModelErrorException": 424,
 }
+# The ollama SDK's ``ResponseError`` takes ``status_code=-1`` when no status came with
+# the error: it raises it so for an ``{"error": ...}`` line of a stream that already said
+# 200, which Ollama writes when its model runner failed mid-answer. A server error.
+_OLLAMA_NO_STATUS = -1
+_OLLAMA_STREAM_FAILURE_STATUS = 500
+
+
+def _is_ollama_response_error(exc: BaseException) -> bool:
+    return any(
+        klass.__name__ == "ResponseError" and klass.__module__.partition(".")[0] == "ollama"
+        for klass in type(exc).__mro__
+    )
 
 
 def status_code_of(exc: BaseException) -> int | None:
@@ -238,6 +254,9 @@ def status_code_of(exc: BaseException) -> int | None:
     object inside a stream counts by its ``code`` (``rate_limit_exceeded`` 429, Groq's
     ``service_unavailable`` and ``capacity_exceeded`` 503), else by its type
     (``server_error``, Groq's ``internal_server_error``: 500).
+    An ollama
+    ``ResponseError`` with no status (``status_code`` -1: an error line inside a stream)
+    counts as a 500.
     """
     aws = _aws_error(exc)
     if aws is not None:
@@ -257,6 +276,8 @@ def status_code_of(exc: BaseException) -> int | None:
                 if value == _GROQ_CAPACITY_EXCEEDED and _is_groq_capacity_error(exc):
                     return 503
                 return value
+    if _is_ollama_response_error(exc) and _safe_getattr(exc, "status_code") == _OLLAMA_NO_STATUS:
+        return _OLLAMA_STREAM_FAILURE_STATUS
     body = _safe_getattr(exc, "body")
     if isinstance(body, Mapping) and body.get("type") == "error":
         error = body.get("error")
@@ -332,10 +353,12 @@ def _is_transport_type(cls: type) -> bool:
     return False
 
 
-# The SDK modules that decode a stream's SSE events. openai, anthropic and groq (a
-# Stainless SDK too) call ``json.loads`` on each event's data there and let its
-# ``JSONDecodeError`` out as is.
-_SSE_DECODERS = frozenset({"openai._streaming", "anthropic._streaming", "groq._streaming"})
+# The SDK modules that decode a stream's events. openai, anthropic and groq (a Stainless
+# SDK too) call ``json.loads`` on each SSE event's data there, ollama on each line of its
+# newline-delimited JSON, and let its ``JSONDecodeError`` out as is.
+_SSE_DECODERS = frozenset(
+    {"openai._streaming", "anthropic._streaming", "groq._streaming", "ollama._client"}
+)
 
 
 def _is_broken_stream_event(exc: BaseException) -> bool:
@@ -451,7 +474,9 @@ def retry_after_of(exc: BaseException, *, now: Callable[[], float] | None = None
 
     ``Retry-After`` may be seconds or an HTTP date. Looks at the error's ``response``
     headers (openai, anthropic, httpx, requests) or its own ``headers`` (aiohttp), along
-    the cause chain, or a botocore ``ClientError``'s ``ResponseMetadata.HTTPHeaders``.
+    the cause chain, or a botocore ``ClientError``'s ``ResponseMetadata.HTTPHeaders``, or
+    for an ollama ``ResponseError`` (raised ``from None``, holding no headers) the
+    response of the httpx error it was raised while handling (its ``__context__``).
     With no such header, a google-genai ``APIError`` whose body holds a
     ``google.rpc.RetryInfo`` detail gives its ``retryDelay`` (``"7s"``), as Gemini's 429
     ``RESOURCE_EXHAUSTED`` states it. Returns None when no usable delay is present.
@@ -472,6 +497,10 @@ def _header_delay(error: BaseException, now: Callable[[], float] | None) -> floa
     headers = _safe_getattr(_safe_getattr(error, "response"), "headers")
     if headers is None:
         headers = _safe_getattr(error, "headers")
+    if headers is None and _is_ollama_response_error(error):
+        # ``raise ResponseError(...) from None`` hides the httpx error, but keeps it.
+        context = error.__context__
+        headers = _safe_getattr(_safe_getattr(context, "response"), "headers")
     if headers is None and _aws_error(error) is not None:
         # botocore keeps the response headers, lower-cased, in its metadata.
         response = _safe_getattr(error, "response")

@@ -132,6 +132,22 @@ _CLOUDFLARE_502 = _cloudflare_page(502, "Bad Gateway")
 _CLOUDFLARE_504 = _cloudflare_page(504, "Gateway Time-out")
 
 
+# -- Ollama's own answers -----------------------------------------------------------------
+
+# A cloud model (``:cloud``) proxied to ollama.com without a signed-in key: Ollama's
+# ``server/cloud_proxy.go`` answers 401 "unauthorized" with the URL to sign in at.
+_OLLAMA_UNAUTHORIZED = {
+    "error": "unauthorized",
+    "signin_url": "https://ollama.com/connect?name=host&key=sk-FAKE-ollama",
+}
+# A 504 comes from a reverse proxy in front of Ollama: nginx's own page, not JSON.
+_NGINX_504 = (
+    "<html>\r\n<head><title>504 Gateway Time-out</title></head>\r\n<body>\r\n"
+    "<center><h1>504 Gateway Time-out</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    "</body>\r\n</html>\r\n"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Column:
     """One kind of failure, as each provider sends it."""
@@ -208,6 +224,12 @@ def _groq_or(
     return lambda row, mode: (groq if row.wire == "groq" else other)(row, mode)
 
 
+def _ollama_or(
+    ollama: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (ollama if row.wire == "ollama" else other)(row, mode)
+
+
 def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
@@ -258,6 +280,10 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
     if row.wire == "groq":
         # Groq's own code: 498, its flex tier at capacity (``capacity_exceeded``).
         return Fault.status(498)
+    if row.wire == "ollama":
+        # Ollama's own: a 503 "server busy, please try again.  maximum pending requests
+        # exceeded" when more requests wait than OLLAMA_MAX_QUEUE allows.
+        return Fault.status(503)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
     return Fault.status(503, body=_OPENAI_OVERLOADED)
@@ -286,7 +312,10 @@ def _no_server(row: Row, mode: Mode) -> Fault | None:
 
 
 def _context(row: Row, mode: Mode) -> Fault | None:
-    return None if mode == "stream-after" else Fault.context_length_exceeded(row.wire)
+    # Ollama truncates a prompt longer than its context window and answers 200.
+    if mode == "stream-after" or row.wire == "ollama":
+        return None
+    return Fault.context_length_exceeded(row.wire)
 
 
 def _filtered(row: Row, mode: Mode) -> Fault | None:
@@ -304,13 +333,18 @@ COLUMNS: tuple[Column, ...] = (
             "Azure: its own body (`code` \"429\"); Bedrock: `ThrottlingException` (mid-stream: "
             "the event stream's `throttlingException`); Gemini: `RESOURCE_EXHAUSTED` with a "
             "`RetryInfo` detail, `retryDelay` \"7s\"; Groq: type `requests`, code "
-            "`rate_limit_exceeded`."
+            "`rate_limit_exceeded`. Ollama itself never sends a 429: a "
+            "proxy in front of it does, or ollama.com behind a cloud model, whose status and "
+            "headers Ollama passes on."
         ),
     ),
     Column(
         "429-retry-after", "rate limited (429 + `Retry-After`)", _rate_limited_with_retry_after,
         "falls back", "falls back",
-        note="`retry-after: 1`; Azure adds `retry-after-ms: 1000`.",
+        note=(
+            "`retry-after: 1`; Azure adds `retry-after-ms: 1000`. Ollama sends no "
+            "`Retry-After` of its own (only a proxy or ollama.com would)."
+        ),
     ),
     Column(
         "503", "unavailable (503)", _bedrock_or(_bedrock_stream_exception(503), _status(503)),
@@ -318,7 +352,8 @@ COLUMNS: tuple[Column, ...] = (
         note=(
             "Bedrock: `ServiceUnavailableException` (mid-stream: "
             "`serviceUnavailableException`); Gemini: `UNAVAILABLE`; Groq: \"is currently over "
-            "capacity\", code `service_unavailable`."
+            "capacity\", code `service_unavailable`; "
+            "Ollama: its \"server busy\" (the only 503 it sends)."
         ),
     ),
     Column(
@@ -326,7 +361,7 @@ COLUMNS: tuple[Column, ...] = (
         {
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
             "AWS Bedrock": "falls back", "Google Gemini": "falls back", "Mistral": "falls back",
-            "Groq": "falls back",
+            "Groq": "falls back", "Ollama": "falls back",
         },
         "falls back", status=529,
         note=(
@@ -335,7 +370,9 @@ COLUMNS: tuple[Column, ...] = (
             "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`; "
             "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"; Mistral: 429 "
             "`service_tier_capacity_exceeded` (code \"3505\"); Groq: 498 `capacity_exceeded` "
-            "(its flex tier at capacity), which counts as a 503."
+            "(its flex tier at capacity), which counts as a 503; "
+            "Ollama: 503 \"server busy, please try again.  maximum pending requests exceeded\" "
+            "(its queue, `OLLAMA_MAX_QUEUE`, is full)."
         ),
     ),
     Column(
@@ -348,7 +385,10 @@ COLUMNS: tuple[Column, ...] = (
             "`data:` event holding its error object (`internal_server_error`). "
             "Bedrock: `InternalServerException`; Gemini: `INTERNAL`. Mistral documents no "
             "in-stream error event (a failure mid-stream is a cut connection, the dropped "
-            "column)."
+            "column). Ollama: `{\"error\": ...}` for any failure it has no status for (a "
+            "model runner that crashed: \"llama runner process has terminated\"); mid-stream, "
+            "an `{\"error\": ...}` line, which the ollama SDK raises as a `ResponseError` with "
+            "no status (`status_code` -1) and which counts as a 500."
         ),
     ),
     Column(
@@ -360,20 +400,26 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "falls back", status=502,
         note=(
             "Bedrock: a gateway's 502 with no AWS error code; Gemini: Google's front end's "
-            "HTML error page; Groq: Cloudflare's HTML page (its API sits behind Cloudflare)."
+            "HTML error page; Groq: Cloudflare's HTML page (its API sits behind "
+            "Cloudflare); Ollama: the 502 its cloud proxy sends when ollama.com cannot be "
+            "reached (or a reverse proxy's)."
         ),
     ),
     Column(
         "504", "gateway timeout (504)",
         _groq_or(
             _status(504, body=_CLOUDFLARE_504),
-            _bedrock_or(_status(408, body={"__type": "ModelTimeoutException"}), _status(504)),
+            _bedrock_or(
+                _status(408, body={"__type": "ModelTimeoutException"}),
+                _ollama_or(_status(504, body=_NGINX_504), _status(504)),
+            ),
         ),
         "propagates", "falls back", status=504,
         note=(
             "Bedrock: its own timeout, 408 `ModelTimeoutException`, which counts as a 504 "
             "(like Anthropic's `timeout_error`). Gemini: `DEADLINE_EXCEEDED`. Groq: "
-            "Cloudflare's \"504 Gateway Time-out\" page."
+            "Cloudflare's \"504 Gateway Time-out\" page. Ollama sends none: a reverse proxy in "
+            "front of it does (nginx's \"504 Gateway Time-out\" page)."
         ),
     ),
     Column(
@@ -416,23 +462,31 @@ COLUMNS: tuple[Column, ...] = (
             _status(403, body=_BEDROCK_BAD_KEY),
             _gemini_or(
                 _status(400, body=_GEMINI_BAD_KEY),
-                _azure_or(_status(401, body=_AZURE_401), _status(401)),
+                _ollama_or(
+                    _status(401, body=_OLLAMA_UNAUTHORIZED),
+                    _azure_or(_status(401, body=_AZURE_401), _status(401)),
+                ),
             ),
         ),
         "propagates", "propagates",
         status={
             "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
-            "Google Gemini": 400, "Mistral": 401, "Groq": 401,
+            "Google Gemini": 400, "Mistral": 401, "Groq": 401, "Ollama": 401,
         },
         note=(
             "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
             "`INVALID_ARGUMENT` \"API key not valid\" (reason `API_KEY_INVALID`); Mistral: "
-            "its gateway's `{\"message\": \"Unauthorized\"}`."
+            "its gateway's `{\"message\": \"Unauthorized\"}`. Ollama takes no API key: its "
+            "401 is a cloud model's (\"unauthorized\" with a `signin_url`) or an "
+            "authenticating proxy's."
         ),
     ),
     Column(
         "403", "forbidden (403)", _status(403), "propagates", "propagates", status=403,
-        note="Bedrock: `AccessDeniedException`; Gemini: `PERMISSION_DENIED`.",
+        note=(
+            "Bedrock: `AccessDeniedException`; Gemini: `PERMISSION_DENIED`; Ollama: a cloud "
+            "model while cloud use is disabled, or a proxy's."
+        ),
     ),
     Column(
         "404", "not found (404)",
@@ -440,7 +494,7 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "propagates", status=404,
         note=(
             "Azure: `DeploymentNotFound`; Bedrock: `ResourceNotFoundException`; Gemini: "
-            "`NOT_FOUND`."
+            "`NOT_FOUND`; Ollama: `model \"llama3.2\" not found, try pulling it first`."
         ),
     ),
     Column(
@@ -452,12 +506,17 @@ COLUMNS: tuple[Column, ...] = (
             "number of tokens allowed (M).\"; Mistral: \"Prompt contains N tokens and 0 draft "
             "tokens, too large for model with M maximum context length\"; Groq: "
             "`context_length_exceeded` \"Please reduce the length of the messages or "
-            "completion.\""
+            "completion.\" Ollama has no such error: a prompt longer than its context window "
+            "(`num_ctx`) is truncated, the server logs \"truncating input prompt\", and the "
+            "answer is a 200 (hence \"—\")."
         ),
     ),
     Column(
         "content-filter", "content filtered",
-        _mistral_or(_never, _groq_or(_never, _bedrock_or(_never, _gemini_or(_never, _filtered)))),
+        _mistral_or(
+            _never,
+            _groq_or(_never, _bedrock_or(_never, _gemini_or(_never, _ollama_or(_never, _filtered)))),
+        ),
         "propagates", "propagates", status=400,
         note=(
             "Azure's 400 `content_filter` with `innererror.code` "
@@ -467,7 +526,8 @@ COLUMNS: tuple[Column, ...] = (
             "blocked answer a candidate with `finishReason` `SAFETY`. Mistral filters nothing "
             "unless a request asks for `guardrails` (moderation), whose blocked answer its "
             "SDK declares no shape for: no cell. Nor has Groq: it filters no chat content "
-            "itself (moderation is a model the caller runs, Llama Guard)."
+            "itself (moderation is a model the caller runs, Llama Guard). Ollama has no "
+            "content filter."
         ),
     ),
 )  # fmt: skip

@@ -8,7 +8,8 @@ Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini, ``mistralai``,
 ``langchain-mistralai`` and ``llama-index-llms-mistralai`` for Mistral (``surfaces_mistral``),
 ``groq``, ``langchain-groq`` and ``llama-index-llms-groq`` for Groq and
-``llama-index-llms-azure-openai`` (``surfaces_groq``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``llama-index-llms-azure-openai`` (``surfaces_groq``), ``ollama``, ``langchain-ollama`` and
+``llama-index-llms-ollama`` for Ollama (``surfaces_ollama``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -49,8 +50,18 @@ from surfaces_mistral import (
     mistral_sdk_call,
     mistral_sdk_stream,
 )
+from surfaces_ollama import (
+    async_ollama_sdk,
+    chat_ollama,
+    llama_ollama,
+    ollama_sdk,
+    ollama_sdk_acall,
+    ollama_sdk_astream,
+    ollama_sdk_call,
+    ollama_sdk_stream,
+)
 
-Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -630,5 +641,21 @@ ROWS: tuple[Row, ...] = (
         "groq-llamaindex", "Groq", "LlamaIndex", "llama_index.llms.groq.Groq", "groq",
         llama_groq, _llama_chain, _llama_call, _llama_stream, "llama_index.llms.groq",
         amember=llama_groq, acall=_llama_acall, astream=_llama_astream,
+    ),
+    # Ollama (``surfaces_ollama``): its native /api/chat, streamed as NDJSON.
+    Row(
+        "ollama-sdk", "Ollama", "SDK", "ollama.Client", "ollama", ollama_sdk, _core_chain,
+        ollama_sdk_call, ollama_sdk_stream, "ollama", amember=async_ollama_sdk,
+        acall=ollama_sdk_acall, astream=ollama_sdk_astream,
+    ),
+    Row(
+        "ollama-langchain", "Ollama", "LangChain", "ChatOllama", "ollama", chat_ollama,
+        _langchain_chain, _langchain_call, _langchain_stream, "langchain_ollama",
+        amember=chat_ollama, acall=_langchain_acall, astream=_langchain_astream,
+    ),
+    Row(
+        "ollama-llamaindex", "Ollama", "LlamaIndex", "llama_index.llms.ollama.Ollama", "ollama",
+        llama_ollama, _llama_chain, _llama_call, _llama_stream, "llama_index.llms.ollama",
+        amember=llama_ollama, acall=_llama_acall, astream=_llama_astream,
     ),
 )  # fmt: skip

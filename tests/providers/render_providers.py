@@ -46,14 +46,16 @@ its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
 `x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`, Mistral's
 `{{"object": "error", "type", "code"}}` object; Groq's
 `{{"error": {{"message", "type", "code"}}}}` on `/openai/v1/chat/completions`, with its
-custom 498 and Cloudflare's HTML pages for a 502 or a 504).
+custom 498 and Cloudflare's HTML pages for a 502 or a 504; Ollama's
+`{{"error": "..."}}`, which the ollama SDK raises as `ResponseError` with its `status_code`).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
 `BedrockConverse`: `max_retries=1` and `botocore_config=Config(retries={{"total_max_attempts":
 1}})`; google-genai: `HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`:
 `max_retries=1`; `mistralai.Mistral`: no `retry_config`; `ChatMistralAI`: `max_retries=1`;
-LlamaIndex `MistralAI`: `max_retries=0`); the test
+LlamaIndex `MistralAI`: `max_retries=0`; the ollama SDK, `ChatOllama` and LlamaIndex
+`Ollama` have no retries to turn off); the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -86,7 +88,15 @@ Groq's 498 (its flex tier at capacity, error code `capacity_exceeded`: "the
 request won't be processed, you can try again later") counts as a 503, like Groq's own
 503 "over capacity", so it falls back under both classifiers; a Groq error object inside
 a stream counts by its code (`service_unavailable` 503, `rate_limit_exceeded` 429), else
-by its type (`internal_server_error` 500). "—" marks a failure that cannot come there: a
+by its type (`internal_server_error` 500).
+An ollama `ResponseError` counts with its `status_code`; the one the SDK raises for
+an `{{"error": ...}}` line inside a stream that already said 200 (Ollama's model runner
+failed mid-answer) has none (`status_code` -1) and counts as a 500. Ollama's own
+statuses are few: 503 "server busy" when its queue is full, 404 for a model not pulled,
+400, and 500 for everything else; it sends no `Retry-After`. Its 401, 403, 429, 502 and
+504 cells are what a proxy in front of it sends, or ollama.com behind a cloud model
+(Ollama passes that status and its headers on). `ChatOllama` streams on the wire even for
+`invoke` (its `stream` defaults to true): its call cells are streamed requests. "—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
@@ -118,6 +128,7 @@ against a server that answers 503 every time, the failing member is asked:
 | LlamaIndex `MistralAI` | `max_retries=5`, passed to the SDK as `retries=5`, an int, which retries nothing | 1 |
 | `groq.Groq`, `ChatGroq` | `max_retries=2` (ChatGroq passes its own on to the groq SDK) | 3 |
 | LlamaIndex `Groq` | an `OpenAILike`: the openai SDK's `max_retries=3` inside LlamaIndex's own loop of 3 attempts | 12, with waits of a second or more |
+| `ollama.Client`, `ChatOllama`, LlamaIndex `Ollama` | no retries at all | 1 |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -138,6 +149,11 @@ until its `max_elapsed_time` (ms) is spent, honouring `Retry-After`: the warning
 budget (`retry_config.backoff.max_elapsed_time=...`); LlamaIndex's `MistralAI` passes its
 own `retries=` on every call, overriding the client's config, so only a `RetryConfig` in
 its `additional_kwargs["retries"]` makes it retry (`tests/providers/test_mistral_retries.py`).
+does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts. The ollama
+SDK makes one request; it hands its keyword arguments to httpx, so an
+`ollama.Client(transport=httpx.HTTPTransport(retries=N))` retries a connection that
+failed to open (refused, DNS, connect timeout; never a status) N times, and the chain
+warns of that (`_client.transport.retries`).
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
 
@@ -148,7 +164,10 @@ Every client's rate-limit error carries the provider's headers through to
 both; from a boto3 `ClientError`, the headers botocore keeps in `ResponseMetadata`
 (Bedrock seldom sends one) (`tests/providers/test_retry_after.py`). Gemini states the wait in
 its 429 body, a `google.rpc.RetryInfo` detail (`"retryDelay": "7s"`), which
-`retry_after_of` reads when no header says otherwise (`tests/core/test_transient_gemini.py`). With `Cooldown(honor_retry_after=True)` a
+`retry_after_of` reads when no header says otherwise (`tests/core/test_transient_gemini.py`).
+Ollama sends no `Retry-After`; a proxy's or ollama.com's reaches `retry_after_of`
+although the ollama SDK's `ResponseError` keeps no headers: it is raised `from None` over
+the httpx error, which stays its `__context__` and holds the response. With `Cooldown(honor_retry_after=True)` a
 chain skips that member for as long as its provider asked.
 
 ## Usage from the provider's own response
@@ -181,11 +200,16 @@ LlamaIndex's `Groq` (whose usage was estimated before it read `x_groq.usage`) re
 it as reported, with the cache and reasoning splits. LlamaIndex's `AzureOpenAI`, like
 its `OpenAI`, reports a stream's usage only when built with
 `additional_kwargs={"stream_options": {"include_usage": True}}`.
+the writes and the one-hour writes apart. Ollama reports `prompt_eval_count` and
+`eval_count` in a call and in a stream's last (`done`) line, and nothing more: a thinking
+model's thinking is inside `eval_count`, and a prompt prefix it reused from its KV cache
+is not counted; `ChatOllama` and LlamaIndex's `Ollama` entries carry those two counts,
+with no cache or reasoning split.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Cohere and Ollama: no rows yet.
+- Cohere: no rows yet.
 - Mistral's content filter: a chat completion is filtered only when it asks for
   `guardrails` (moderation), and the SDK declares no shape for a blocked answer; the
   matrix has no cell for it. Mistral documents no error event inside a stream: a failure
@@ -221,7 +245,10 @@ _NOT_COVERED = """## Not covered yet
 - Bedrock's older `InvokeModel` APIs (`ChatBedrock`, LlamaIndex's `Bedrock`) and
   Bedrock's tool-use and guardrail events in a stream are not covered; the rows use
   Converse and ConverseStream with text.
-- Cost with prompt caching (cache reads, cache writes, reasoning tokens priced apart).
+- Ollama's OpenAI-compatible API (`/v1/chat/completions`, which `ChatOpenAI` can call) is
+  not covered; the rows use its native `/api/chat`. Ollama's `/api/generate` and
+  embeddings are not covered either. Its context overflow has no cell: Ollama truncates
+  a prompt longer than `num_ctx` and answers 200, so nothing can fall back on it.
 
 ## Versions
 
@@ -289,7 +316,8 @@ def render() -> str:
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
         f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, mistralai's "
-        f"`complete_async`/`stream_async`, `AsyncGroq`) run {async_tests} more, for every client "
+        f"`complete_async`/`stream_async`, `AsyncGroq`, `ollama.AsyncClient`) run {async_tests} "
+        f"more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

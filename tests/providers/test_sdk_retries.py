@@ -68,13 +68,25 @@ REQUESTS_WITH_DEFAULTS = {
     "groq-sdk": 3,
     "groq-langchain": 3,
     "groq-llamaindex": 12,
+    # The ollama SDK has no retries (one httpx request), and ChatOllama and LlamaIndex's
+    # Ollama add none.
+    "ollama-sdk": 1,
+    "ollama-langchain": 1,
+    "ollama-llamaindex": 1,
 }
 # Rows whose default schedule is too slow to wait out in a test: google-genai does not
 # read Retry-After and waits 1, 2, 4, 8 and 16 s between its attempts (31 s);
 # BedrockConverse waits minutes (botocore's backoff, then its own 4 to 10 s).
 TOO_SLOW_TO_COUNT = {"gemini-langchain", "bedrock-llamaindex"}
 # Rows whose client does not retry unless told to: no warning is due.
-NO_RETRIES_BY_DEFAULT = {"gemini-sdk", "mistral-sdk", "mistral-llamaindex"}
+NO_RETRIES_BY_DEFAULT = {
+    "gemini-sdk",
+    "mistral-sdk",
+    "mistral-llamaindex",
+    "ollama-sdk",
+    "ollama-langchain",
+    "ollama-llamaindex",
+}
 
 
 def _rows(*, counting: bool = False) -> list[object]:
@@ -166,3 +178,33 @@ def test_the_chain_warns_that_a_member_left_with_its_sdk_default_retries_by_itse
         r"|backoff\.max_elapsed_time)=\d+\)",
         warnings[0],
     )
+
+
+def test_an_ollama_client_on_a_retrying_httpx_transport_is_warned_about(
+    servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The one way an ollama client retries: the httpx transport it is handed, which
+    # retries a connection that failed to open.
+    httpx = pytest.importorskip("httpx")
+    ollama = pytest.importorskip("ollama")
+    from llm_resilience.fallback import FallbackChain
+
+    failing, healthy = servers
+    failing.default_fault = Fault.ok()
+    members = [
+        ollama.Client(
+            host=f"http://127.0.0.1:{server.port}",
+            timeout=10,
+            transport=httpx.HTTPTransport(retries=retries),
+        )
+        for server, retries in ((failing, 2), (healthy, 0))
+    ]
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
+        FallbackChain(members).invoke(
+            lambda _index, client: client.chat(model="llama3.2", messages=[], stream=False)
+        )
+    [warning] = _self_retry_warnings(caplog)
+    assert "Client 0 of the fallback chain" in warning
+    assert "(_client.transport.retries=2)" in warning
+    assert "httpx.HTTPTransport(retries=0)" in warning

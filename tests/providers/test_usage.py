@@ -194,3 +194,34 @@ def test_groq_s_cached_and_reasoning_tokens_reach_the_ledger_as_reported(
     [entry] = list(tracked.ledger.entries())
     assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 3, REPORTED[1] + 2)
     assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (3, 2, False)
+
+
+def _ollama_framework_rows() -> list[object]:
+    return [
+        param
+        for param in _framework_rows()
+        if getattr(param, "values", (None,))[0].wire == "ollama"  # type: ignore[union-attr]
+    ]
+
+
+@pytest.mark.parametrize("mode", ["call", "stream"])
+@pytest.mark.parametrize("row", _ollama_framework_rows())
+def test_ollama_s_eval_counts_reach_the_ledger_with_its_thinking_inside_the_output(
+    row: Row, mode: str
+) -> None:
+    # Ollama reports prompt_eval_count and eval_count only: a thinking model's thinking is
+    # inside eval_count, and a prompt prefix reused from its KV cache is not counted at
+    # all, so the server's cache reads never show and the ledger holds no split.
+    details = {"cache_read": 3, "reasoning": 2}
+    with (
+        FaultInjectingServer(name="failing") as failing,
+        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
+    ):
+        failing.script(Fault.status(503))
+        tracked = _tracked(row, (failing, healthy), ask_usage=True)
+        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
+    assert answer == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0], REPORTED[1] + 2)
+    assert (entry.cache_read_tokens, entry.reasoning_tokens or 0) == (0, 0)
+    assert (entry.estimated, entry.model) == (False, "llama3.2")

@@ -128,6 +128,33 @@ def _mistral_retries(model: object) -> tuple[str, int] | None:
     return None
 
 
+_HTTPX_SETTING = "transport.retries"
+# Where ChatOllama and LlamaIndex's Ollama keep their async ollama client, which can be
+# built with a transport of its own (``async_client_kwargs``).
+_OLLAMA_ASYNC_CLIENT = "_async_client"
+
+
+def _httpx_transport_retries(client: object) -> int | None:
+    """The connect retries of an httpx client's transport (``HTTPTransport(retries=N)``),
+    else None. httpx retries only a connection that failed to open (refused, DNS, connect
+    timeout), never a status; the ``ollama`` SDK, which has no retries of its own, hands
+    its keyword arguments (``transport=...``) to the httpx client it builds."""
+    if not any(
+        k.__module__.partition(".")[0] == "httpx" and k.__name__ in ("Client", "AsyncClient")
+        for k in type(client).__mro__
+    ):
+        return None
+    pool = _client_of(_client_of(client, "_transport"), "_pool")
+    retries = _client_of(pool, "_retries")
+    return retries if isinstance(retries, int) and not isinstance(retries, bool) else None
+
+
+def _ollama_retries(model: object) -> tuple[str, int] | None:
+    """An ``ollama.Client``/``AsyncClient``'s retries: its httpx transport's, if any."""
+    retries = _httpx_transport_retries(_client_of(model, "_client"))
+    return (f"_client.{_HTTPX_SETTING}", retries) if retries else None
+
+
 def self_retry_setting(model: object) -> tuple[str, int] | None:
     """The setting through which ``model`` retries on its own, as ``(name, retries)``.
 
@@ -150,9 +177,14 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     ``("retry_config.backoff.max_elapsed_time", milliseconds)``; LlamaIndex's
     ``MistralAI`` only through a ``RetryConfig`` in ``additional_kwargs["retries"]``
     (its ``max_retries`` reaches the SDK as ``retries=<int>``, which retries nothing).
+    An ``ollama`` client has no retries of its own: only its httpx transport's connect
+    retries count, ``("_client.transport.retries", N)``; a model over one (``ChatOllama``,
+    LlamaIndex's ``Ollama``) through its client's, the attribute named first.
     """
     if layers_below(model):
         return None
+    if _top_package(model) == "ollama":
+        return _ollama_retries(model)
     botocore_retries = _botocore_retries(model)
     if botocore_retries is not None:
         # Reported as the attempts in all, the setting's own unit.
@@ -182,8 +214,15 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
             return (f"{attribute}.{_BOTOCORE_SETTING}", retries + 1) if retries > 0 else None
     if counted is not None:
         return None
-    for attribute in _CLIENT_ATTRIBUTES:
+    for attribute in (*_CLIENT_ATTRIBUTES, _OLLAMA_ASYNC_CLIENT):
         client = _client_of(model, attribute)
+        if client is not None and _top_package(client) == "ollama":
+            found = _ollama_retries(client)
+            if found is not None:
+                return (f"{attribute}.{found[0]}", found[1])
+            continue
+        if attribute == _OLLAMA_ASYNC_CLIENT:
+            continue
         retries = getattr(client, "max_retries", None) if client is not None else None
         if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0:
             return (f"{attribute}.max_retries", retries)
@@ -228,6 +267,8 @@ def _warn_once(model: object, *, position: int, role: str) -> None:
         advice = 'Build its boto3 client with Config(retries={"total_max_attempts": 1}).'
     elif name == _GENAI_SETTING:
         advice = "Build it with HttpOptions(retry_options=HttpRetryOptions(attempts=1))."
+    elif name.endswith(_HTTPX_SETTING):
+        advice = "Build its httpx transport with retries=0 (httpx.HTTPTransport(retries=0))."
     elif _top_package(model) in _ATTEMPTS_IN_ALL:
         advice = "Build it with max_retries=1 (its attempts in all)."
     elif name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):

@@ -23,7 +23,7 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq"]
+Provider = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama"]
 
 
 _FAULT_OPTIONS = (
@@ -166,6 +166,10 @@ class Fault:
             from llm_resilience.testing._wire_groq import groq_context_length_exceeded
 
             body = groq_context_length_exceeded()
+        elif provider == "ollama":
+            # Ollama answers a prompt longer than its context window (``num_ctx``) with a
+            # 200: it truncates the prompt (logging "truncating input prompt") and goes on.
+            raise ValueError("Ollama has no context-overflow error: it truncates the prompt")
         else:
             raise ValueError(
                 "provider must be 'openai', 'anthropic', 'bedrock', 'gemini', 'mistral' or "

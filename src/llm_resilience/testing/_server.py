@@ -1,5 +1,5 @@
-"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini, Mistral and Groq
-and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini, Mistral, Groq and
+Ollama and fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
@@ -8,7 +8,9 @@ stream), the Gemini API
 (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
 and Mistral's chat API (``POST /v1/chat/completions`` under the prefix ``/mistral``, as
 OpenAI's path is the same) and Groq's (``POST /openai/v1/chat/completions``: OpenAI's
-API with Groq's errors, its 498 and ``x_groq``) for the real SDK clients, and the
+API with Groq's errors, its 498 and ``x_groq``),
+and Ollama's native chat API (``POST /api/chat``, streamed as newline-delimited JSON)
+for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
 answered; when the script is used up, requests get the normal answer (``default_fault``).
@@ -16,8 +18,8 @@ answered; when the script is used up, requests get the normal answer (``default_
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
 in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
-``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in ``_wire_groq``); this module
-serves them.
+``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in ``_wire_groq``, Ollama's in
+``_wire_ollama``); this module serves them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedReq
 from llm_resilience.testing._wire import (
     BEDROCK_STREAM_CONTENT_TYPE,
     MISTRAL_PREFIX,
+    OLLAMA_STREAM_CONTENT_TYPE,
     _Answer,
     _error_body,
     _number,
@@ -118,7 +121,10 @@ class FaultInjectingServer:
     and a stream's ``metadata`` event; Mistral's usage has no cache or reasoning counts, so
     its ``completion_tokens`` include the reasoning and nothing else is reported; Groq as
     OpenAI does, less the cache writes it does not report, in the body and in a stream's
-    last ``x_groq.usage``. The attribute can be changed between requests.
+    last ``x_groq.usage``; Ollama reports no split: the reasoning is inside
+    ``eval_count``, and the cache reads are not counted at all (``prompt_eval_count`` is
+    the prompt words alone), in a call and a stream's ``done`` line. The attribute can be
+    changed between requests.
 
     ``stop()`` returns within a few hundredths of a second, hanging requests included;
     their connections are closed.
@@ -365,6 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
             operation = path.rsplit("/", 1)[1]
             path_model = urllib.parse.unquote(path[len("/model/") : -len("/" + operation)])
             path_stream = operation == "converse-stream"
+        elif path == "/api/chat":
+            provider = "ollama"
         elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
             provider = "gemini"
             model, _, method = path.rsplit("/", 1)[1].partition(":")
@@ -390,7 +398,8 @@ class _Handler(BaseHTTPRequestHandler):
             path=path,
             provider=provider,
             model=path_model or str(payload.get("model") or ""),
-            stream=path_stream or bool(payload.get("stream")),
+            # Ollama streams unless the request says ``"stream": false``.
+            stream=path_stream or bool(payload.get("stream", provider == "ollama")),
             fault=Fault.ok(),
             tool_call=tool is not None,
             at=time.monotonic(),
@@ -469,6 +478,9 @@ class _Handler(BaseHTTPRequestHandler):
         if provider == "bedrock":
             # Binary AWS event-stream messages (``_wire_bedrock``), not SSE.
             self.send_header("Content-Type", BEDROCK_STREAM_CONTENT_TYPE)
+        elif provider == "ollama":
+            # Newline-delimited JSON objects (``_wire_ollama``), not SSE.
+            self.send_header("Content-Type", OLLAMA_STREAM_CONTENT_TYPE)
         else:
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")

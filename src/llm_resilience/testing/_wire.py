@@ -1,7 +1,8 @@
-"""The OpenAI, Anthropic, Bedrock, Gemini and Mistral wire formats the fake server speaks:
-errors, answers, events. Bedrock's own (its errors, its answer, its binary event stream) are
-in ``_wire_bedrock``, Mistral's in ``_wire_mistral``; what ``_server`` needs of them is
-re-exported here."""
+"""The OpenAI, Anthropic, Bedrock, Gemini, Mistral, Groq and Ollama wire formats the fake
+server speaks: errors, answers, events. Bedrock's own (its errors, its answer, its binary
+event stream) are in ``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in
+``_wire_groq``, Ollama's (``/api/chat``, newline-delimited JSON) in ``_wire_ollama``; what
+``_server`` needs of them is re-exported here."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ from llm_resilience.testing._wire_bedrock import bedrock_error as bedrock_error
 from llm_resilience.testing._wire_groq import groq_error, groq_malformed_event, groq_stream_error
 from llm_resilience.testing._wire_mistral import MISTRAL_PREFIX as MISTRAL_PREFIX
 from llm_resilience.testing._wire_mistral import mistral_body, mistral_error, mistral_events
+from llm_resilience.testing._wire_ollama import (
+    OLLAMA_STREAM_CONTENT_TYPE as OLLAMA_STREAM_CONTENT_TYPE,
+)
+from llm_resilience.testing._wire_ollama import (
+    ollama_body,
+    ollama_error,
+    ollama_events,
+    ollama_malformed_line,
+    ollama_stream_error,
+)
 
 
 def _number(value: float) -> str:
@@ -120,6 +131,8 @@ def _error_body(provider: Provider, code: int) -> dict[str, Any]:
         return gemini_error(code)
     if provider == "mistral":
         return mistral_error(code)
+    if provider == "ollama":
+        return ollama_error(code)
     if provider == "openai":
         message, kind, error_code = _OPENAI_ERRORS.get(
             code,
@@ -268,7 +281,8 @@ def _tool_to_call(provider: Provider, payload: Mapping[str, Any]) -> _ToolCall |
     if not any(_WEATHER.search(text) for text in _texts(last.get("content"))):
         return None
     first: dict[str, Any] = tools[0] if isinstance(tools[0], dict) else {}
-    if provider in ("openai", "mistral"):
+    if provider in ("openai", "mistral", "ollama"):
+        # Mistral and Ollama take OpenAI's tool shape: ``{"type": "function", "function": {...}}``.
         nested = first.get("function")
         function: dict[str, Any] = nested if isinstance(nested, dict) else first
         name, schema = function.get("name"), function.get("parameters")
@@ -509,6 +523,9 @@ class _Answer:
         elif provider == "mistral":
             # Mistral has no content-filter finish reason; a cut answer ends with "stop".
             self.finish = "tool_calls" if tool is not None else "stop"
+        elif provider == "ollama":
+            # Ollama has no content filter: a cut answer still says why it stopped.
+            self.finish = "stop"
         else:
             finish = "tool_use" if tool is not None else "end_turn"
             refusal = "content_filtered" if provider == "bedrock" else "refusal"
@@ -528,6 +545,8 @@ class _Answer:
             return self._gemini_chunk(self.text, self.finish, self.output_tokens)
         if self.provider == "mistral":
             return mistral_body(self)
+        if self.provider == "ollama":
+            return ollama_body(self)
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
 
     def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
@@ -542,6 +561,8 @@ class _Answer:
             return bedrock_events(self, end_marker=end_marker)
         if self.provider == "mistral":
             return mistral_events(self, end_marker=end_marker)
+        if self.provider == "ollama":
+            return ollama_events(self, end_marker=end_marker)
         events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
         if end_marker:
             return events
@@ -793,6 +814,8 @@ def malformed_event(provider: Provider) -> bytes:
         return bedrock_malformed_event()
     if provider == "groq":
         return groq_malformed_event()
+    if provider == "ollama":
+        return ollama_malformed_line()
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -806,6 +829,8 @@ def error_event(provider: Provider, code: int) -> bytes:
         return bedrock_stream_exception(code)
     if provider == "groq":
         return groq_stream_error(code)
+    if provider == "ollama":
+        return ollama_stream_error(code)
     body = _error_body(provider, code)
     if provider == "mistral":
         # Mistral documents no in-stream error event; its error object as a data event.

@@ -23,7 +23,7 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic", "bedrock", "gemini"]
+Provider = Literal["openai", "anthropic", "bedrock", "gemini", "cohere"]
 
 
 _FAULT_OPTIONS = (
@@ -111,7 +111,9 @@ class Fault:
         ``ContextOverflowError``. Bedrock: a ``ValidationException``, "Input is too long
         for requested model." (botocore raises ``ClientError``). Gemini: a 400
         ``INVALID_ARGUMENT``, "The input token count ({tokens}) exceeds the maximum number of
-        tokens allowed ({maximum})." (google-genai raises ``ClientError``).
+        tokens allowed ({maximum})." (google-genai raises ``ClientError``). Cohere: a 400
+        "too many tokens: total number of tokens in the prompt cannot exceed {maximum} -
+        received {tokens}. ..." (the cohere SDK raises ``BadRequestError``).
 
         >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
         >>> fault.body["error"]["message"]
@@ -154,9 +156,14 @@ class Fault:
                 f"allowed ({maximum})."
             )
             body = {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+        elif provider == "cohere":
+            from llm_resilience.testing._wire_cohere import cohere_context_overflow
+
+            body = cohere_context_overflow(tokens, maximum)
         else:
             raise ValueError(
-                f"provider must be 'openai', 'anthropic', 'bedrock' or 'gemini'; got {provider!r}"
+                "provider must be 'openai', 'anthropic', 'bedrock', 'gemini' or 'cohere'; "
+                f"got {provider!r}"
             )
         return cls.status(400, body=body)
 

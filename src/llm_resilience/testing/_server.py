@@ -1,10 +1,12 @@
-"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock and Gemini and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini and Cohere and
+fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
 (``POST /model/{modelId}/converse``, and ``converse-stream`` as a binary AWS event
 stream) and the Gemini API
 (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``)
+and Cohere's Chat API (``POST /v2/chat``, and v1's ``POST /v1/chat``; ``_wire_cohere``)
 for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
@@ -35,6 +37,7 @@ from typing import Any, cast
 from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedRequest
 from llm_resilience.testing._wire import (
     BEDROCK_STREAM_CONTENT_TYPE,
+    COHERE_V1_STREAM_CONTENT_TYPE,
     _Answer,
     _error_body,
     _number,
@@ -44,6 +47,7 @@ from llm_resilience.testing._wire import (
     content_filter_body,
     error_event,
     gemini_blocked_prompt,
+    is_cohere_v1,
     malformed_event,
     prefill_of,
     prefill_problem,
@@ -339,6 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
             operation = path.rsplit("/", 1)[1]
             path_model = urllib.parse.unquote(path[len("/model/") : -len("/" + operation)])
             path_stream = operation == "converse-stream"
+        elif path in ("/v1/chat", "/v2/chat"):
+            # Cohere's Chat API, v1 and v2 (``_wire_cohere``).
+            provider = "cohere"
         elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
             provider = "gemini"
             model, _, method = path.rsplit("/", 1)[1].partition(":")
@@ -441,6 +448,9 @@ class _Handler(BaseHTTPRequestHandler):
         if provider == "bedrock":
             # Binary AWS event-stream messages (``_wire_bedrock``), not SSE.
             self.send_header("Content-Type", BEDROCK_STREAM_CONTENT_TYPE)
+        elif provider == "cohere" and is_cohere_v1(payload):
+            # Cohere's v1 stream: one JSON object a line, not SSE.
+            self.send_header("Content-Type", COHERE_V1_STREAM_CONTENT_TYPE)
         else:
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")

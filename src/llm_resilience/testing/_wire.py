@@ -23,6 +23,18 @@ from llm_resilience.testing._wire_bedrock import (
     bedrock_stream_exception,
 )
 from llm_resilience.testing._wire_bedrock import bedrock_error as bedrock_error
+from llm_resilience.testing._wire_cohere import (
+    COHERE_V1_STREAM_CONTENT_TYPE as COHERE_V1_STREAM_CONTENT_TYPE,
+)
+from llm_resilience.testing._wire_cohere import (
+    cohere_body,
+    cohere_error,
+    cohere_error_event,
+    cohere_events,
+    cohere_malformed_event,
+    cohere_prompt_texts,
+)
+from llm_resilience.testing._wire_cohere import is_cohere_v1 as is_cohere_v1
 
 
 def _number(value: float) -> str:
@@ -112,6 +124,8 @@ def _error_body(provider: Provider, code: int) -> dict[str, Any]:
         return bedrock_error(code, None)[0]
     if provider == "gemini":
         return gemini_error(code)
+    if provider == "cohere":
+        return cohere_error(code)
     if provider == "openai":
         message, kind, error_code = _OPENAI_ERRORS.get(
             code,
@@ -229,6 +243,8 @@ def _prompt_words(provider: Provider, payload: Mapping[str, Any]) -> int:
     texts: list[str] = []
     if provider in ("anthropic", "bedrock"):
         texts.extend(_texts(payload.get("system")))
+    if provider == "cohere":
+        texts.extend(cohere_prompt_texts(payload))
     for message in payload.get("messages") or []:
         if isinstance(message, dict):
             texts.extend(_texts(message.get("content")))
@@ -498,6 +514,8 @@ class _Answer:
             self.finish = "content_filter" if self.filtered else finish
         elif provider == "gemini":
             self.finish = "SAFETY" if self.filtered else "STOP"
+        elif provider == "cohere":
+            self.finish = "COMPLETE"
         else:
             finish = "tool_use" if tool is not None else "end_turn"
             refusal = "content_filtered" if provider == "bedrock" else "refusal"
@@ -515,6 +533,8 @@ class _Answer:
             return bedrock_body(self)
         if self.provider == "gemini":
             return self._gemini_chunk(self.text, self.finish, self.output_tokens)
+        if self.provider == "cohere":
+            return cohere_body(self)
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
 
     def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
@@ -527,6 +547,8 @@ class _Answer:
             return self._gemini_events()
         if self.provider == "bedrock":
             return bedrock_events(self, end_marker=end_marker)
+        if self.provider == "cohere":
+            return cohere_events(self, end_marker=end_marker)
         events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
         if end_marker:
             return events
@@ -774,6 +796,8 @@ def malformed_event(provider: Provider) -> bytes:
         return b'data: {"candidates": [{"content": {"parts": [{"te\n\n'
     if provider == "bedrock":
         return bedrock_malformed_event()
+    if provider == "cohere":
+        return cohere_malformed_event()
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -785,6 +809,8 @@ def error_event(provider: Provider, code: int) -> bytes:
     """
     if provider == "bedrock":
         return bedrock_stream_exception(code)
+    if provider == "cohere":
+        return cohere_error_event(code)
     body = _error_body(provider, code)
     if provider in ("openai", "gemini"):
         return _sse({"error": body["error"]})

@@ -168,6 +168,9 @@ _OVERFLOW_PHRASES = (
     "input is too long",
     # Gemini: "The input token count (N) exceeds the maximum number of tokens allowed (M)."
     "exceeds the maximum number of tokens allowed",
+    # Cohere: "too many tokens: total number of tokens in the prompt cannot exceed M -
+    # received N." (its other "too many tokens" errors are about max_tokens, not the prompt)
+    "number of tokens in the prompt cannot exceed",
 )
 # LangChain's own type for it (langchain_core.exceptions.ContextOverflowError), which
 # langchain-openai and langchain-anthropic raise; matched by name, never imported.
@@ -182,6 +185,7 @@ _LIMIT_PATTERNS = (
     re.compile(r"tokens? > (\d+) maximum"),
     re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)"),
     re.compile(r"maximum number of tokens allowed \((\d+)\)"),
+    re.compile(r"prompt cannot exceed (\d+)"),
 )
 
 _MAX_CAUSE_DEPTH = 8
@@ -195,7 +199,8 @@ def is_context_overflow(exc: BaseException | None) -> bool:
     code or message says so: OpenAI's ``context_length_exceeded``, Anthropic's
     ``prompt is too long: N tokens > M maximum``, Bedrock's ``ValidationException``
     "Input is too long for requested model", Gemini's ``INVALID_ARGUMENT`` "The input
-    token count (N) exceeds the maximum number of tokens allowed (M).", along the
+    token count (N) exceeds the maximum number of tokens allowed (M).", Cohere's "too many
+    tokens: total number of tokens in the prompt cannot exceed M - received N", along the
     ``raise ... from`` chain.
 
     >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))

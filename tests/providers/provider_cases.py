@@ -172,6 +172,12 @@ def _gemini_or(
     return lambda row, mode: (gemini if row.wire == "gemini" else other)(row, mode)
 
 
+def _cohere_or(
+    cohere: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+) -> Callable[[Row, Mode], Fault | None]:
+    return lambda row, mode: (cohere if row.wire == "cohere" else other)(row, mode)
+
+
 def _never(row: Row, mode: Mode) -> Fault | None:
     return None
 
@@ -213,8 +219,9 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
         return None
     if row.wire == "bedrock":
         return Fault.status(429, body=_BEDROCK_NOT_READY)
-    if row.wire == "gemini":
+    if row.wire in ("gemini", "cohere"):
         # Gemini's own 503 UNAVAILABLE: "The model is overloaded. Please try again later."
+        # Cohere has no overload status of its own: a 503 (ServiceUnavailableError).
         return Fault.status(503)
     if row.provider == "Azure OpenAI":
         return Fault.status(429, retry_after_ms=1000, body=_AZURE_429)
@@ -222,6 +229,10 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
 
 
 def _server_error(row: Row, mode: Mode) -> Fault | None:
+    if mode == "stream-after" and row.wire == "cohere":
+        # Cohere has no error event: a failed generation ends its stream with
+        # ``message-end`` ``finish_reason: ERROR``, which nothing raises at.
+        return None
     if mode == "stream-after":
         return Fault.error_event(500, after_chunks=DELIVERED)
     return Fault.status(500)
@@ -281,14 +292,15 @@ COLUMNS: tuple[Column, ...] = (
         "overloaded", "overloaded", _overloaded,
         {
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
-            "AWS Bedrock": "falls back", "Google Gemini": "falls back",
+            "AWS Bedrock": "falls back", "Google Gemini": "falls back", "Cohere": "falls back",
         },
         "falls back", status=529,
         note=(
             "Anthropic: 529 `overloaded_error` (mid-stream: its `error` event); OpenAI: 503 "
             "\"engine is currently overloaded\"; Azure: 429 with `retry-after-ms` (a "
             "provisioned deployment at capacity); Bedrock: 429 `ModelNotReadyException`; "
-            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"."
+            "Gemini: 503 `UNAVAILABLE` \"The model is overloaded\"; Cohere: none of its own, a "
+            "503 (`ServiceUnavailableError`)."
         ),
     ),
     Column(
@@ -297,7 +309,9 @@ COLUMNS: tuple[Column, ...] = (
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
             "(`server_error`) on the 200 stream, Gemini's `{\"error\": ...}` event (`INTERNAL`), "
             "Bedrock's `internalServerException` message in its event stream. "
-            "Bedrock: `InternalServerException`; Gemini: `INTERNAL`."
+            "Bedrock: `InternalServerException`; Gemini: `INTERNAL`. Cohere sends no error "
+            "mid-stream: a failed generation ends with `message-end` `finish_reason` "
+            "`ERROR`, which the SDK yields as a normal event, so that cell is \"—\"."
         ),
     ),
     Column(
@@ -363,7 +377,7 @@ COLUMNS: tuple[Column, ...] = (
         "propagates", "propagates",
         status={
             "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
-            "Google Gemini": 400,
+            "Google Gemini": 400, "Cohere": 401,
         },
         note=(
             "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
@@ -389,18 +403,22 @@ COLUMNS: tuple[Column, ...] = (
             "OpenAI/Azure: `context_length_exceeded`; Anthropic: \"prompt is too long\"; "
             "Bedrock: `ValidationException` \"Input is too long for requested model.\"; "
             "Gemini: `INVALID_ARGUMENT` \"The input token count (N) exceeds the maximum "
-            "number of tokens allowed (M).\""
+            "number of tokens allowed (M).\"; Cohere: \"too many tokens: total number of "
+            "tokens in the prompt cannot exceed M - received N.\""
         ),
     ),
     Column(
-        "content-filter", "content filtered", _bedrock_or(_never, _gemini_or(_never, _filtered)),
+        "content-filter", "content filtered",
+        _bedrock_or(_never, _gemini_or(_never, _cohere_or(_never, _filtered))),
         "propagates", "propagates", status=400,
         note=(
             "Azure's 400 `content_filter` with `innererror.code` "
             "`ResponsibleAIPolicyViolation`. Bedrock has no such error: a guardrail answers "
             "200 with `stopReason` `guardrail_intervened`; nor has Gemini: a blocked prompt "
             "is a 200 with `promptFeedback.blockReason` `SAFETY` and no candidates, a "
-            "blocked answer a candidate with `finishReason` `SAFETY`."
+            "blocked answer a candidate with `finishReason` `SAFETY`. Nor has Cohere: its "
+            "safety modes steer the answer in the prompt, and no status or finish reason "
+            "says a filter fired."
         ),
     ),
 )  # fmt: skip

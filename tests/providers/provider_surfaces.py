@@ -5,7 +5,8 @@ Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-openai``, ``langchain-anthropic``, ``llama-index-llms-openai``,
 ``llama-index-llms-anthropic``, ``boto3``, ``langchain-aws`` and
 ``llama-index-llms-bedrock-converse`` for AWS Bedrock (``surfaces_bedrock``), ``google-genai``,
-``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``langchain-google-genai`` and ``llama-index-llms-google-genai`` for Gemini, ``cohere``,
+``langchain-cohere`` and ``llama-index-llms-cohere`` for Cohere (``surfaces_cohere``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -26,8 +27,19 @@ from surfaces_bedrock import (
     langchain_text_stream,
     llama_bedrock,
 )
+from surfaces_cohere import (
+    async_cohere_sdk,
+    chat_cohere,
+    cohere_langchain_chain,
+    cohere_sdk,
+    cohere_sdk_acall,
+    cohere_sdk_astream,
+    cohere_sdk_call,
+    cohere_sdk_stream,
+    llama_cohere,
+)
 
-Wire = Literal["openai", "anthropic", "bedrock", "gemini"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini", "cohere"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -569,5 +581,23 @@ ROWS: tuple[Row, ...] = (
         "llama_index.llms.google_genai.GoogleGenAI", "gemini", _llama_google, _llama_chain,
         _llama_call, _llama_stream, "llama_index.llms.google_genai", amember=_llama_google,
         acall=_llama_acall, astream=_llama_astream,
+    ),
+    Row(
+        "cohere-sdk", "Cohere", "SDK", "cohere.ClientV2", "cohere",
+        cohere_sdk, _core_chain, cohere_sdk_call, cohere_sdk_stream, "cohere",
+        amember=async_cohere_sdk, acall=cohere_sdk_acall, astream=cohere_sdk_astream,
+    ),
+    Row(
+        "cohere-langchain", "Cohere", "LangChain", "ChatCohere", "cohere",
+        chat_cohere, cohere_langchain_chain, _langchain_call, _langchain_stream,
+        "langchain_cohere", amember=chat_cohere, acall=_langchain_acall,
+        astream=_langchain_astream,
+    ),
+    # No async: its astream_chat iterates the sync client's stream with ``async for``
+    # (a TypeError on every call, llama-index-llms-cohere 0.9.0).
+    Row(
+        "cohere-llamaindex", "Cohere", "LlamaIndex", "llama_index.llms.cohere.Cohere",
+        "cohere", llama_cohere, _llama_chain, _llama_call, _llama_stream,
+        "llama_index.llms.cohere", amember=None, acall=None, astream=None,
     ),
 )  # fmt: skip

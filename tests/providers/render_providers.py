@@ -43,13 +43,17 @@ you at once. Every cell below is a test (`tests/providers/test_matrix.py`): the 
 or the real LangChain or LlamaIndex class built on it, talks HTTP to a local server
 (`llm_resilience.testing.FaultInjectingServer`) that fails the way the provider does, with
 its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
-`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`).
+`x-amzn-ErrorType`) and its own error body (Gemini's `google.rpc.Status`, Cohere's
+`{{"id", "message"}}`).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
 `BedrockConverse`: `max_retries=1` and `botocore_config=Config(retries={{"total_max_attempts":
 1}})`; google-genai: `HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`:
-`max_retries=1`); the test
+`max_retries=1`; the cohere SDK and `ChatCohere`: `request_options={{"max_retries": 0}}`
+with each call, the only place it can be set (a `FallbackChatModel` passes it per member);
+LlamaIndex `Cohere`: `max_retries=1` and `additional_kwargs={{"request_options":
+{{"max_retries": 0, "timeout_in_seconds": ...}}}}`); the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -75,10 +79,15 @@ its HTTP status. An exception inside Bedrock's event stream (botocore raises it 
 mid-stream; "retry your request", says the service model) 503. A google-genai error counts with its `code`: `RESOURCE_EXHAUSTED` is a
 429, `UNAVAILABLE` a 503, `INTERNAL` a 500 and `DEADLINE_EXCEEDED` a 504; the errors
 `ChatGoogleGenerativeAI` re-raises count with the status of the google-genai error they
-wrap. "—" marks a failure that cannot come there: a
+wrap. A cohere error is an `ApiError` (typed per status: `TooManyRequestsError`,
+`ServiceUnavailableError`, `GatewayTimeoutError`, ...) and counts with its `status_code`.
+"—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
+Cohere sends no error event: a generation that fails mid-stream ends with `message-end`
+`finish_reason: "ERROR"` (and `delta.error`), which the SDK yields as a normal event and
+nothing raises at, so its server-error cell after the first chunk is "—".
 "not covered": no test yet (see the end of the page).
 """
 
@@ -102,6 +111,8 @@ against a server that answers 503 every time, the failing member is asked:
 | `google.genai.Client` | no `retry_options`: no retry | 1 |
 | `ChatGoogleGenerativeAI` | `max_retries=6`, attempts in all (google-genai's `HttpRetryOptions(attempts=6)`) | 6, after 31 s of backoff (not counted by a test) |
 | LlamaIndex `GoogleGenAI` | `max_retries=3`, its own loop of 3 attempts (on a 5xx; never on a 429) | 3, with waits of a second or more |
+| `cohere.ClientV2`, `ChatCohere` | every call `request_options={"max_retries": 2}` unless told otherwise (streams never retry) | 3, after about 1 + 2 s of backoff |
+| LlamaIndex `Cohere` | `max_retries=10`: its own loop of 10 attempts (on 503, 500 and 504, 4 to 10 s apart), each a call its client retries twice | up to 30, over minutes (not counted by a test) |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -116,7 +127,14 @@ client's config; `ChatGoogleGenerativeAI` counts attempts, so it warns from
 `BedrockConverse` (its least is 1), which also warns for its client's botocore retries:
 its own `max_retries` sets them too (`max_retries=1` is 2 requests) unless it is given a
 `botocore_config` or a `client`. google-genai
-does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts.
+does not read `Retry-After` and waits 1, 2, 4, 8 s... between its attempts. The cohere
+SDK retries per call: no client setting (and no `ChatCohere` field) turns it off, only
+`request_options={"max_retries": 0}` passed with each call (LlamaIndex's `Cohere` passes
+its `additional_kwargs` with every call), so every cohere client and `ChatCohere` are
+warned about, retries off or not (`request_options.max_retries=2`); LlamaIndex's `Cohere`
+counts its own attempts (quiet at `max_retries=1` with its client's retries off in
+`additional_kwargs`). The cohere SDK reads `Retry-After` but not `retry-after-ms` (it
+compares the header's text with 0 and gives up on it).
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
 
@@ -150,11 +168,30 @@ Bedrock reports usage in a Converse answer and in a stream's last event (`metada
 include the model's thinking, not reported apart: `ChatBedrockConverse` and LlamaIndex's
 `BedrockConverse` entries carry input = `inputTokens` + reads + writes, with the reads,
 the writes and the one-hour writes apart.
+Cohere reports what it bills, `billed_units` (and `tokens`, the model's own counts, which
+include its prompt template), in a v2 answer's `usage`, a v2 stream's `message-end`, and
+v1's `meta` (LlamaIndex's `Cohere` calls v1): `ChatCohere` puts `tokens` in a call's
+`usage_metadata` and a stream's `billed_units` in its last chunk's `token_count` (no
+`usage_metadata`), which `CostTrackedChatModel` reads; LlamaIndex entries are read from
+`meta.billed_units`. Cohere's answers name no model: the entry names the member that
+served. Cohere's `cached_tokens` (prompt tokens that hit its cache) reach neither
+framework, so no cache split is recorded for it.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Mistral, Cohere, Groq and Ollama: no rows yet.
+- Mistral, Groq and Ollama: no rows yet.
+- Cohere: a failure after a stream started is `message-end` `finish_reason: "ERROR"`,
+  which no SDK or framework raises at: the stream ends short and looks complete, so no
+  chain can fall back on it (the fault server sends it; `tests/core/test_testing_server_cohere.py`).
+  Cohere has no content-filter error (its safety modes steer the answer) and no overload
+  status of its own. LlamaIndex's `Cohere` (0.9.0) has no async cells: its
+  `astream_chat` iterates its sync client's stream with `async for` (a `TypeError` on
+  every call); it drops its `timeout` (its clients get Cohere's 300 s default; the row
+  passes `timeout_in_seconds` in `additional_kwargs`'s `request_options`). `ChatCohere`
+  records a call's `tokens` (template included), not its `billed_units`, as its usage.
+  The SDK skips a stream event it cannot decode (a log warning) and goes on. Cohere's
+  v2 tool calls, citations and `thinking` events are not covered; the rows use text.
 - Gemini's content filter is not an error: a blocked prompt is a 200 with
   `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
   `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
@@ -242,7 +279,7 @@ def render() -> str:
         f"{_count()} tests run the sync paths ({len(ROWS)} clients; a read-timeout cell waits out a "
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
-        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`) run {async_tests} more, for every client "
+        f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, `cohere.AsyncClientV2`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

@@ -51,6 +51,8 @@ PATHS = {
     "AWS Bedrock": f"/model/{urllib.parse.quote(BEDROCK_MODEL, safe='')}/converse",
     # Gemini names the method after the model: a stream asks ``:streamGenerateContent``.
     "Google Gemini": f"/v1beta/models/{GEMINI_MODEL}:generateContent",
+    # Cohere's v2 Chat API; LlamaIndex's Cohere calls v1's.
+    "Cohere": "/v2/chat",
 }
 
 
@@ -60,6 +62,8 @@ def _path(row: Row, *, stream: bool) -> str:
         return path.replace(":generateContent", ":streamGenerateContent")
     if stream and row.wire == "bedrock":
         return path + "-stream"
+    if row.key == "cohere-llamaindex":
+        return "/v1/chat"
     return path
 
 

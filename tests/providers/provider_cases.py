@@ -193,22 +193,12 @@ def _azure_or(
     return lambda row, mode: (azure if row.provider == "Azure OpenAI" else other)(row, mode)
 
 
-def _bedrock_or(
-    bedrock: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
+def _per_wire(
+    other: Callable[[Row, Mode], Fault | None], **by_wire: Callable[[Row, Mode], Fault | None]
 ) -> Callable[[Row, Mode], Fault | None]:
-    return lambda row, mode: (bedrock if row.wire == "bedrock" else other)(row, mode)
-
-
-def _gemini_or(
-    gemini: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
-) -> Callable[[Row, Mode], Fault | None]:
-    return lambda row, mode: (gemini if row.wire == "gemini" else other)(row, mode)
-
-
-def _mistral_or(
-    mistral: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
-) -> Callable[[Row, Mode], Fault | None]:
-    return lambda row, mode: (mistral if row.wire == "mistral" else other)(row, mode)
+    """The fault of the row's wire where ``by_wire`` names it (``bedrock=...``), else
+    ``other``."""
+    return lambda row, mode: by_wire.get(row.wire, other)(row, mode)
 
 
 def _before_stream(
@@ -216,18 +206,6 @@ def _before_stream(
 ) -> Callable[[Row, Mode], Fault | None]:
     """``fault`` for a call and before a stream starts; nothing after its first chunk."""
     return lambda row, mode: None if mode == "stream-after" else fault(row, mode)
-
-
-def _groq_or(
-    groq: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
-) -> Callable[[Row, Mode], Fault | None]:
-    return lambda row, mode: (groq if row.wire == "groq" else other)(row, mode)
-
-
-def _ollama_or(
-    ollama: Callable[[Row, Mode], Fault | None], other: Callable[[Row, Mode], Fault | None]
-) -> Callable[[Row, Mode], Fault | None]:
-    return lambda row, mode: (ollama if row.wire == "ollama" else other)(row, mode)
 
 
 def _never(row: Row, mode: Mode) -> Fault | None:
@@ -271,8 +249,9 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
         return None
     if row.wire == "bedrock":
         return Fault.status(429, body=_BEDROCK_NOT_READY)
-    if row.wire == "gemini":
+    if row.wire in ("gemini", "cohere"):
         # Gemini's own 503 UNAVAILABLE: "The model is overloaded. Please try again later."
+        # Cohere has no overload status of its own: a 503 (ServiceUnavailableError).
         return Fault.status(503)
     if row.wire == "mistral":
         # Mistral's own: a 429 whose type is service_tier_capacity_exceeded (code 3505).
@@ -290,6 +269,10 @@ def _overloaded(row: Row, mode: Mode) -> Fault | None:
 
 
 def _server_error(row: Row, mode: Mode) -> Fault | None:
+    if mode == "stream-after" and row.wire == "cohere":
+        # Cohere has no error event: a failed generation ends its stream with
+        # ``message-end`` ``finish_reason: ERROR``, which nothing raises at.
+        return None
     if mode == "stream-after":
         return Fault.error_event(500, after_chunks=DELIVERED)
     return Fault.status(500)
@@ -325,8 +308,9 @@ def _filtered(row: Row, mode: Mode) -> Fault | None:
 COLUMNS: tuple[Column, ...] = (
     Column(
         "429", "rate limited (429)",
-        _bedrock_or(
-            _bedrock_stream_exception(429), _azure_or(_status(429, body=_AZURE_429), _status(429))
+        _per_wire(
+            _azure_or(_status(429, body=_AZURE_429), _status(429)),
+            bedrock=_bedrock_stream_exception(429),
         ),
         "falls back", "falls back",
         note=(
@@ -347,7 +331,7 @@ COLUMNS: tuple[Column, ...] = (
         ),
     ),
     Column(
-        "503", "unavailable (503)", _bedrock_or(_bedrock_stream_exception(503), _status(503)),
+        "503", "unavailable (503)", _per_wire(_status(503), bedrock=_bedrock_stream_exception(503)),
         "falls back", "falls back",
         note=(
             "Bedrock: `ServiceUnavailableException` (mid-stream: "
@@ -362,6 +346,7 @@ COLUMNS: tuple[Column, ...] = (
             "OpenAI": "falls back", "Azure OpenAI": "falls back", "Anthropic": "propagates",
             "AWS Bedrock": "falls back", "Google Gemini": "falls back", "Mistral": "falls back",
             "Groq": "falls back", "Ollama": "falls back",
+            "Cohere": "falls back",
         },
         "falls back", status=529,
         note=(
@@ -372,11 +357,12 @@ COLUMNS: tuple[Column, ...] = (
             "`service_tier_capacity_exceeded` (code \"3505\"); Groq: 498 `capacity_exceeded` "
             "(its flex tier at capacity), which counts as a 503; "
             "Ollama: 503 \"server busy, please try again.  maximum pending requests exceeded\" "
-            "(its queue, `OLLAMA_MAX_QUEUE`, is full)."
+            "(its queue, `OLLAMA_MAX_QUEUE`, is full); Cohere: none of its own, a 503 "
+            "(`ServiceUnavailableError`)."
         ),
     ),
     Column(
-        "500", "server error (500)", _mistral_or(_before_stream(_server_error), _server_error),
+        "500", "server error (500)", _per_wire(_server_error, mistral=_before_stream(_server_error)),
         "propagates", "falls back", status=500,
         note=(
             "Mid-stream: Anthropic's `error` event (`api_error`), OpenAI's `error` object "
@@ -388,14 +374,17 @@ COLUMNS: tuple[Column, ...] = (
             "column). Ollama: `{\"error\": ...}` for any failure it has no status for (a "
             "model runner that crashed: \"llama runner process has terminated\"); mid-stream, "
             "an `{\"error\": ...}` line, which the ollama SDK raises as a `ResponseError` with "
-            "no status (`status_code` -1) and which counts as a 500."
+            "no status (`status_code` -1) and which counts as a 500. Cohere sends no error "
+            "mid-stream: a failed generation ends with `message-end` `finish_reason` "
+            "`ERROR`, which the SDK yields as a normal event, so that cell is \"—\"."
         ),
     ),
     Column(
         "502", "bad gateway (502)",
-        _groq_or(
-            _status(502, body=_CLOUDFLARE_502),
-            _gemini_or(_status(502, body=_GOOGLE_502), _status(502)),
+        _per_wire(
+            _status(502),
+            groq=_status(502, body=_CLOUDFLARE_502),
+            gemini=_status(502, body=_GOOGLE_502),
         ),
         "propagates", "falls back", status=502,
         note=(
@@ -407,12 +396,11 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "504", "gateway timeout (504)",
-        _groq_or(
-            _status(504, body=_CLOUDFLARE_504),
-            _bedrock_or(
-                _status(408, body={"__type": "ModelTimeoutException"}),
-                _ollama_or(_status(504, body=_NGINX_504), _status(504)),
-            ),
+        _per_wire(
+            _status(504),
+            groq=_status(504, body=_CLOUDFLARE_504),
+            bedrock=_status(408, body={"__type": "ModelTimeoutException"}),
+            ollama=_status(504, body=_NGINX_504),
         ),
         "propagates", "falls back", status=504,
         note=(
@@ -452,26 +440,22 @@ COLUMNS: tuple[Column, ...] = (
         ),
     ),
     Column(
-        "400", "bad request (400)", _bedrock_or(_bedrock_stream_exception(400), _status(400)),
+        "400", "bad request (400)", _per_wire(_status(400), bedrock=_bedrock_stream_exception(400)),
         "propagates", "propagates", status=400,
         note="Bedrock: `ValidationException` (mid-stream: `validationException`).",
     ),
     Column(
         "401", "unauthorised (401)",
-        _bedrock_or(
-            _status(403, body=_BEDROCK_BAD_KEY),
-            _gemini_or(
-                _status(400, body=_GEMINI_BAD_KEY),
-                _ollama_or(
-                    _status(401, body=_OLLAMA_UNAUTHORIZED),
-                    _azure_or(_status(401, body=_AZURE_401), _status(401)),
-                ),
-            ),
+        _per_wire(
+            _azure_or(_status(401, body=_AZURE_401), _status(401)),
+            bedrock=_status(403, body=_BEDROCK_BAD_KEY),
+            gemini=_status(400, body=_GEMINI_BAD_KEY),
+            ollama=_status(401, body=_OLLAMA_UNAUTHORIZED),
         ),
         "propagates", "propagates",
         status={
             "OpenAI": 401, "Azure OpenAI": 401, "Anthropic": 401, "AWS Bedrock": 403,
-            "Google Gemini": 400, "Mistral": 401, "Groq": 401, "Ollama": 401,
+            "Google Gemini": 400, "Mistral": 401, "Groq": 401, "Ollama": 401, "Cohere": 401,
         },
         note=(
             "Bedrock: a bad key is a 403 `UnrecognizedClientException`; Gemini: a 400 "
@@ -508,14 +492,16 @@ COLUMNS: tuple[Column, ...] = (
             "`context_length_exceeded` \"Please reduce the length of the messages or "
             "completion.\" Ollama has no such error: a prompt longer than its context window "
             "(`num_ctx`) is truncated, the server logs \"truncating input prompt\", and the "
-            "answer is a 200 (hence \"—\")."
+            "answer is a 200 (hence \"—\"). Cohere: \"too many tokens: total number of tokens "
+            "in the prompt cannot exceed M - received N.\""
         ),
     ),
     Column(
         "content-filter", "content filtered",
-        _mistral_or(
-            _never,
-            _groq_or(_never, _bedrock_or(_never, _gemini_or(_never, _ollama_or(_never, _filtered)))),
+        _per_wire(
+            _filtered,
+            mistral=_never, groq=_never, bedrock=_never, gemini=_never, ollama=_never,
+            cohere=_never,
         ),
         "propagates", "propagates", status=400,
         note=(
@@ -527,7 +513,8 @@ COLUMNS: tuple[Column, ...] = (
             "unless a request asks for `guardrails` (moderation), whose blocked answer its "
             "SDK declares no shape for: no cell. Nor has Groq: it filters no chat content "
             "itself (moderation is a model the caller runs, Llama Guard). Ollama has no "
-            "content filter."
+            "content filter. Nor has Cohere: its safety modes steer the answer in the "
+            "prompt, and no status or finish reason says a filter fired."
         ),
     ),
 )  # fmt: skip

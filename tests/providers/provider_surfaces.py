@@ -9,7 +9,8 @@ Every row builds its members from the real packages (``openai``, ``anthropic``,
 ``langchain-mistralai`` and ``llama-index-llms-mistralai`` for Mistral (``surfaces_mistral``),
 ``groq``, ``langchain-groq`` and ``llama-index-llms-groq`` for Groq and
 ``llama-index-llms-azure-openai`` (``surfaces_groq``), ``ollama``, ``langchain-ollama`` and
-``llama-index-llms-ollama`` for Ollama (``surfaces_ollama``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
+``llama-index-llms-ollama`` for Ollama (``surfaces_ollama``), ``cohere``, ``langchain-cohere``
+and ``llama-index-llms-cohere`` for Cohere (``surfaces_cohere``)) pointed at an :class:`Endpoint` on 127.0.0.1 (or at an
 unresolvable host name), and runs them in the fallback chain of its surface: the core
 :class:`~llm_resilience.fallback.FallbackChain` for a bare SDK, ``FallbackChatModel``
 for LangChain, ``FallbackLLM`` for LlamaIndex.
@@ -29,6 +30,17 @@ from surfaces_bedrock import (
     langchain_text_astream,
     langchain_text_stream,
     llama_bedrock,
+)
+from surfaces_cohere import (
+    async_cohere_sdk,
+    chat_cohere,
+    cohere_langchain_chain,
+    cohere_sdk,
+    cohere_sdk_acall,
+    cohere_sdk_astream,
+    cohere_sdk_call,
+    cohere_sdk_stream,
+    llama_cohere,
 )
 from surfaces_groq import (
     async_groq_sdk,
@@ -61,7 +73,7 @@ from surfaces_ollama import (
     ollama_sdk_stream,
 )
 
-Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama"]
+Wire = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama", "cohere"]
 Surface = Literal["SDK", "LangChain", "LlamaIndex"]
 
 QUESTION = "What is the capital of France?"
@@ -657,5 +669,24 @@ ROWS: tuple[Row, ...] = (
         "ollama-llamaindex", "Ollama", "LlamaIndex", "llama_index.llms.ollama.Ollama", "ollama",
         llama_ollama, _llama_chain, _llama_call, _llama_stream, "llama_index.llms.ollama",
         amember=llama_ollama, acall=_llama_acall, astream=_llama_astream,
+    ),
+    # Cohere (``surfaces_cohere``): its v2 Chat API (LlamaIndex's Cohere: v1's).
+    Row(
+        "cohere-sdk", "Cohere", "SDK", "cohere.ClientV2", "cohere",
+        cohere_sdk, _core_chain, cohere_sdk_call, cohere_sdk_stream, "cohere",
+        amember=async_cohere_sdk, acall=cohere_sdk_acall, astream=cohere_sdk_astream,
+    ),
+    Row(
+        "cohere-langchain", "Cohere", "LangChain", "ChatCohere", "cohere",
+        chat_cohere, cohere_langchain_chain, _langchain_call, _langchain_stream,
+        "langchain_cohere", amember=chat_cohere, acall=_langchain_acall,
+        astream=_langchain_astream,
+    ),
+    # No async: its astream_chat iterates the sync client's stream with ``async for``
+    # (a TypeError on every call, llama-index-llms-cohere 0.9.0).
+    Row(
+        "cohere-llamaindex", "Cohere", "LlamaIndex", "llama_index.llms.cohere.Cohere",
+        "cohere", llama_cohere, _llama_chain, _llama_call, _llama_stream,
+        "llama_index.llms.cohere", amember=None, acall=None, astream=None,
     ),
 )  # fmt: skip

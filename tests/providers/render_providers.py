@@ -47,7 +47,8 @@ its status, its headers (`Retry-After`, Azure's `retry-after-ms`, Bedrock's
 `{{"object": "error", "type", "code"}}` object; Groq's
 `{{"error": {{"message", "type", "code"}}}}` on `/openai/v1/chat/completions`, with its
 custom 498 and Cloudflare's HTML pages for a 502 or a 504; Ollama's
-`{{"error": "..."}}`, which the ollama SDK raises as `ResponseError` with its `status_code`).
+`{{"error": "..."}}`, which the ollama SDK raises as `ResponseError` with its `status_code`;
+Cohere's `{{"id", "message"}}`).
 The chain is the failing member and a healthy one, both with `max_retries=0` (boto3:
 `Config(retries={{"total_max_attempts": 1}})`; `ChatBedrockConverse`: a boto3 client built
 with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
@@ -55,7 +56,11 @@ with `Config(retries={{"max_attempts": 0, "mode": "standard"}})`; LlamaIndex
 1}})`; google-genai: `HttpRetryOptions(attempts=1)`; `ChatGoogleGenerativeAI`:
 `max_retries=1`; `mistralai.Mistral`: no `retry_config`; `ChatMistralAI`: `max_retries=1`;
 LlamaIndex `MistralAI`: `max_retries=0`; the ollama SDK, `ChatOllama` and LlamaIndex
-`Ollama` have no retries to turn off); the test
+`Ollama` have no retries to turn off; the cohere SDK and `ChatCohere`:
+`request_options={{"max_retries": 0}}` with each call, the only place it can be set (a
+`FallbackChatModel` passes it per member); LlamaIndex `Cohere`: `max_retries=1` and
+`additional_kwargs={{"request_options": {{"max_retries": 0, "timeout_in_seconds": ...}}}}`);
+the test
 checks which member answered (or which error reached the caller, with its status) and that
 the failing member was asked exactly once.
 
@@ -96,10 +101,16 @@ statuses are few: 503 "server busy" when its queue is full, 404 for a model not 
 400, and 500 for everything else; it sends no `Retry-After`. Its 401, 403, 429, 502 and
 504 cells are what a proxy in front of it sends, or ollama.com behind a cloud model
 (Ollama passes that status and its headers on). `ChatOllama` streams on the wire even for
-`invoke` (its `stream` defaults to true): its call cells are streamed requests. "—" marks a failure that cannot come there: a
+`invoke` (its `stream` defaults to true): its call cells are streamed requests.
+A cohere error is an `ApiError` (typed per status: `TooManyRequestsError`,
+`ServiceUnavailableError`, `GatewayTimeoutError`, ...) and counts with its `status_code`.
+"—" marks a failure that cannot come there: a
 status code answers before a stream starts, so after the first chunk only the provider's
 error event (a server error, an overload; Bedrock's event stream also carries throttling,
 unavailable, validation and model-stream exceptions), a silence or a cut connection can.
+Cohere sends no error event: a generation that fails mid-stream ends with `message-end`
+`finish_reason: "ERROR"` (and `delta.error`), which the SDK yields as a normal event and
+nothing raises at, so its server-error cell after the first chunk is "—".
 "not covered": no test yet (see the end of the page).
 """
 
@@ -129,6 +140,8 @@ against a server that answers 503 every time, the failing member is asked:
 | `groq.Groq`, `ChatGroq` | `max_retries=2` (ChatGroq passes its own on to the groq SDK) | 3 |
 | LlamaIndex `Groq` | an `OpenAILike`: the openai SDK's `max_retries=3` inside LlamaIndex's own loop of 3 attempts | 12, with waits of a second or more |
 | `ollama.Client`, `ChatOllama`, LlamaIndex `Ollama` | no retries at all | 1 |
+| `cohere.ClientV2`, `ChatCohere` | every call `request_options={"max_retries": 2}` unless told otherwise (streams never retry) | 3, after about 1 + 2 s of backoff |
+| LlamaIndex `Cohere` | `max_retries=10`: its own loop of 10 attempts (on 503, 500 and 504, 4 to 10 s apart), each a call its client retries twice | up to 30, over minutes (not counted by a test) |
 
 Built with `max_retries=0`, every one of them is asked once and the chain moves on at once.
 A boto3 client counts attempts, not retries: build it with
@@ -154,6 +167,14 @@ SDK makes one request; it hands its keyword arguments to httpx, so an
 `ollama.Client(transport=httpx.HTTPTransport(retries=N))` retries a connection that
 failed to open (refused, DNS, connect timeout; never a status) N times, and the chain
 warns of that (`_client.transport.retries`).
+The cohere
+SDK retries per call: no client setting (and no `ChatCohere` field) turns it off, only
+`request_options={"max_retries": 0}` passed with each call (LlamaIndex's `Cohere` passes
+its `additional_kwargs` with every call), so every cohere client and `ChatCohere` are
+warned about, retries off or not (`request_options.max_retries=2`); LlamaIndex's `Cohere`
+counts its own attempts (quiet at `max_retries=1` with its client's retries off in
+`additional_kwargs`). The cohere SDK reads `Retry-After` but not `retry-after-ms` (it
+compares the header's text with 0 and gives up on it).
 `tests/providers/test_sdk_retries.py` proves each line, counting the requests the
 server saw. Build the members of a chain with `max_retries=0`.
 
@@ -205,11 +226,18 @@ the writes and the one-hour writes apart. Ollama reports `prompt_eval_count` and
 model's thinking is inside `eval_count`, and a prompt prefix it reused from its KV cache
 is not counted; `ChatOllama` and LlamaIndex's `Ollama` entries carry those two counts,
 with no cache or reasoning split.
+Cohere reports what it bills, `billed_units` (and `tokens`, the model's own counts, which
+include its prompt template), in a v2 answer's `usage`, a v2 stream's `message-end`, and
+v1's `meta` (LlamaIndex's `Cohere` calls v1): `ChatCohere` puts `tokens` in a call's
+`usage_metadata` and a stream's `billed_units` in its last chunk's `token_count` (no
+`usage_metadata`), which `CostTrackedChatModel` reads; LlamaIndex entries are read from
+`meta.billed_units`. Cohere's answers name no model: the entry names the member that
+served. Cohere's `cached_tokens` (prompt tokens that hit its cache) reach neither
+framework, so no cache split is recorded for it.
 """
 
 _NOT_COVERED = """## Not covered yet
 
-- Cohere: no rows yet.
 - Mistral's content filter: a chat completion is filtered only when it asks for
   `guardrails` (moderation), and the SDK declares no shape for a blocked answer; the
   matrix has no cell for it. Mistral documents no error event inside a stream: a failure
@@ -228,6 +256,17 @@ _NOT_COVERED = """## Not covered yet
   each stream (`with stream:`), `ChatGroq` does not. Groq's message texts in the fault
   server are its public ones where known (the 401, 404, 429, 503 and context-length
   messages) and plausible elsewhere.
+- Cohere: a failure after a stream started is `message-end` `finish_reason: "ERROR"`,
+  which no SDK or framework raises at: the stream ends short and looks complete, so no
+  chain can fall back on it (the fault server sends it; `tests/core/test_testing_server_cohere.py`).
+  Cohere has no content-filter error (its safety modes steer the answer) and no overload
+  status of its own. LlamaIndex's `Cohere` (0.9.0) has no async cells: its
+  `astream_chat` iterates its sync client's stream with `async for` (a `TypeError` on
+  every call); it drops its `timeout` (its clients get Cohere's 300 s default; the row
+  passes `timeout_in_seconds` in `additional_kwargs`'s `request_options`). `ChatCohere`
+  records a call's `tokens` (template included), not its `billed_units`, as its usage.
+  The SDK skips a stream event it cannot decode (a log warning) and goes on. Cohere's
+  v2 tool calls, citations and `thinking` events are not covered; the rows use text.
 - Gemini's content filter is not an error: a blocked prompt is a 200 with
   `promptFeedback.blockReason` `SAFETY` and no candidates, a blocked answer ends with
   `finishReason` `SAFETY` (the fault server sends both); no chain falls back on it, and
@@ -316,8 +355,8 @@ def render() -> str:
         f"{READ_TIMEOUT} s client timeout, every other cell is answered at once). The async "
         "paths (`ainvoke`/`astream`, `achat`/`astream_chat`, `AsyncOpenAI`, "
         f"`AsyncAzureOpenAI`, `AsyncAnthropic`, google-genai's `client.aio`, mistralai's "
-        f"`complete_async`/`stream_async`, `AsyncGroq`, `ollama.AsyncClient`) run {async_tests} "
-        f"more, for every client "
+        f"`complete_async`/`stream_async`, `AsyncGroq`, `ollama.AsyncClient`, "
+        f"`cohere.AsyncClientV2`) run {async_tests} more, for every client "
         "with an async API: "
         f"{async_titles}; under both classifiers where they differ.",
         "",

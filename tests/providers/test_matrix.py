@@ -57,6 +57,8 @@ PATHS = {
     "Groq": "/openai/v1/chat/completions",
     # Ollama's native chat API: one path, the body says whether to stream.
     "Ollama": "/api/chat",
+    # Cohere's v2 Chat API; LlamaIndex's Cohere calls v1's.
+    "Cohere": "/v2/chat",
 }
 
 
@@ -71,6 +73,8 @@ def _path(row: Row, *, stream: bool) -> str:
         return path.replace(":generateContent", ":streamGenerateContent")
     if stream and row.wire == "bedrock":
         return path + "-stream"
+    if row.key == "cohere-llamaindex":
+        return "/v1/chat"
     return path
 
 

@@ -121,6 +121,24 @@ def _prompt(messages: list[BaseMessage]) -> list[tuple[str, str]]:
 _SOME_PROMPT = (("", ""),)
 
 
+def _token_count(metadata: Any) -> dict[str, int] | None:
+    """langchain-cohere's report of a stream: its last chunk has no ``usage_metadata``,
+    only Cohere's billed counts as ``token_count`` (whole floats) in its generation info,
+    which the stream's merged ``response_metadata`` keeps. None when absent."""
+    found = metadata.get("token_count") if isinstance(metadata, dict) else None
+    if not isinstance(found, dict):
+        return None
+    counts: dict[str, int] = {}
+    for key in ("input_tokens", "output_tokens"):
+        value = found.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if not float(value).is_integer() or value < 0:
+            return None
+        counts[key] = int(value)
+    return counts
+
+
 def _reported(messages: list[BaseMessage], usage: Any) -> Usage | None:
     """The provider's usage (an ``usage_metadata`` or None) if it is a report, else None."""
     counts = usage or {}
@@ -363,11 +381,15 @@ class CostTrackedChatModel(DelegatingChatModel):
         if parts is None:
             return None
         reported, metadata = parts
-        usage = _reported(messages, reported)
+        usage = _reported(messages, reported or _token_count(metadata))
         if usage is None:
             return None
         named = served_model(metadata.get("model_name"), metadata.get("model"))
-        return usage, served_model(named, private_state(self)["_inner_model"])
+        if named is not None:
+            return usage, named
+        return usage, served_model(
+            self._member_named(metadata), private_state(self)["_inner_model"]
+        )
 
     def _end_stream(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -390,8 +412,25 @@ class CostTrackedChatModel(DelegatingChatModel):
         await ticket.afinish(read[0], model=read[1])
 
     def _served(self, message: BaseMessage | None) -> str | None:
-        """The model the answer names, else the inner model's name."""
-        return served_model(_named_model(message), private_state(self)["_inner_model"])
+        """The model the answer names, else the fallback member's that answered, else
+        the inner model's name."""
+        named = _named_model(message)
+        if named is not None:  # the usual case: no chain to look the member up in
+            return named
+        member = self._member_named(message.response_metadata if message is not None else {})
+        return served_model(member, private_state(self)["_inner_model"])
+
+    def _member_named(self, metadata: Any) -> str | None:
+        """The name of the fallback member that answered (by the index a
+        ``FallbackChatModel`` marks its answer with), if marked: for providers whose
+        answers name no model (Cohere's)."""
+        from langchain_llm_resilience.fallback import SERVED_BY_KEY, FallbackChatModel
+
+        index = metadata.get(SERVED_BY_KEY) if isinstance(metadata, dict) else None
+        chain = find_layer(self.inner, FallbackChatModel)
+        if chain is None or isinstance(index, bool) or not isinstance(index, int):
+            return None
+        return _model_name(chain.models[index]) if 0 <= index < len(chain.models) else None
 
     def _consumed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]

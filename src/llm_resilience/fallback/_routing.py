@@ -170,6 +170,9 @@ _OVERFLOW_PHRASES = (
     "exceeds the maximum number of tokens allowed",
     # Mistral: "Prompt contains N tokens and 0 draft tokens, too large for model with M
     # maximum context length" (the phrase above already matches it).
+    # Cohere: "too many tokens: total number of tokens in the prompt cannot exceed M -
+    # received N." (its other "too many tokens" errors are about max_tokens, not the prompt)
+    "number of tokens in the prompt cannot exceed",
 )
 # LangChain's own type for it (langchain_core.exceptions.ContextOverflowError), which
 # langchain-openai and langchain-anthropic raise; matched by name, never imported.
@@ -185,6 +188,7 @@ _LIMIT_PATTERNS = (
     re.compile(r"exceed context limit: \d+ \+ \d+ > (\d+)"),
     re.compile(r"maximum number of tokens allowed \((\d+)\)"),
     re.compile(r"too large for model with (\d+) maximum context length"),
+    re.compile(r"prompt cannot exceed (\d+)"),
 )
 
 _MAX_CAUSE_DEPTH = 8
@@ -200,7 +204,8 @@ def is_context_overflow(exc: BaseException | None) -> bool:
     "Input is too long for requested model", Gemini's ``INVALID_ARGUMENT`` "The input
     token count (N) exceeds the maximum number of tokens allowed (M).", Mistral's "Prompt
     contains N tokens and 0 draft tokens, too large for model with M maximum context
-    length", along the ``raise ... from`` chain.
+    length", Cohere's "too many tokens: total number of tokens in the prompt cannot
+    exceed M - received N", along the ``raise ... from`` chain.
 
     >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
     True

@@ -155,6 +155,55 @@ def _ollama_retries(model: object) -> tuple[str, int] | None:
     return (f"_client.{_HTTPX_SETTING}", retries) if retries else None
 
 
+# The cohere SDK (Fern-generated) retries each call by itself (streams never) on 408, 409,
+# 429 and 5xx: twice unless that call's ``request_options`` say ``max_retries``. Its
+# clients have no setting for it, so a client is reported with that per-call default.
+_COHERE_DEFAULT_RETRIES = 2
+_COHERE_SETTING = "request_options.max_retries"
+
+
+def _is_cohere_client(model: object) -> bool:
+    return any(
+        klass.__module__ == "cohere.base_client"
+        and klass.__name__ in ("BaseCohere", "AsyncBaseCohere")
+        for klass in type(model).__mro__
+    )
+
+
+def _is_llama_cohere(model: object) -> bool:
+    """LlamaIndex's ``Cohere``, whose ``max_retries`` counts its own attempts."""
+    return type(model).__module__.startswith("llama_index.llms.cohere")
+
+
+def _cohere_retries(model: object) -> tuple[str, int] | None:
+    """How a cohere client, or a model calling through one, retries: ``(setting,
+    retries)``, retries 0 when it does not; None for anything else.
+
+    A bare client (``ClientV2``, ``AsyncClientV2``, v1's ``Client``) retries each call
+    twice. LlamaIndex's ``Cohere`` retries in a loop of its own (``max_retries``
+    attempts in all, 1: none) around calls its client retries unless its
+    ``additional_kwargs`` carry ``request_options`` with ``max_retries``; any other model
+    over a cohere client (LangChain's ``ChatCohere``: ``client``) sends no request
+    options, so its client's default holds.
+    """
+    if _is_cohere_client(model):
+        return (_COHERE_SETTING, _COHERE_DEFAULT_RETRIES)
+    if _is_llama_cohere(model):
+        own = getattr(model, "max_retries", None)
+        if isinstance(own, int) and not isinstance(own, bool) and own > 1:
+            return ("max_retries", own)
+        extra = getattr(model, "additional_kwargs", None)
+        options = extra.get("request_options") if isinstance(extra, dict) else None
+        per_call = options.get("max_retries") if isinstance(options, dict) else None
+        if not isinstance(per_call, int) or isinstance(per_call, bool):
+            per_call = _COHERE_DEFAULT_RETRIES
+        return (f"additional_kwargs.{_COHERE_SETTING}", max(0, per_call))
+    for attribute in _CLIENT_ATTRIBUTES:
+        if _is_cohere_client(_client_of(model, attribute)):
+            return (f"{attribute}.{_COHERE_SETTING}", _COHERE_DEFAULT_RETRIES)
+    return None
+
+
 def self_retry_setting(model: object) -> tuple[str, int] | None:
     """The setting through which ``model`` retries on its own, as ``(name, retries)``.
 
@@ -180,6 +229,11 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
     An ``ollama`` client has no retries of its own: only its httpx transport's connect
     retries count, ``("_client.transport.retries", N)``; a model over one (``ChatOllama``,
     LlamaIndex's ``Ollama``) through its client's, the attribute named first.
+    A cohere client retries each call twice unless the call's ``request_options`` say
+    otherwise, which no client setting can: ``("request_options.max_retries", 2)``, and
+    ``("client.request_options.max_retries", 2)`` for LangChain's ``ChatCohere``;
+    LlamaIndex's ``Cohere`` reports its own loop's ``max_retries`` (attempts in all),
+    else ``additional_kwargs.request_options.max_retries`` (2 when unset).
     """
     if layers_below(model):
         return None
@@ -194,6 +248,9 @@ def self_retry_setting(model: object) -> tuple[str, int] | None:
         return (_GENAI_SETTING, genai_attempts) if genai_attempts > 1 else None
     if _is_mistral(model):
         return _mistral_retries(model)
+    cohere = _cohere_retries(model)
+    if cohere is not None:
+        return cohere if cohere[1] > 0 else None
     own = getattr(model, "max_retries", None)
     if _top_package(model) in _ATTEMPTS_IN_ALL and isinstance(own, int):
         # Attempts in all: passed on as google-genai's HttpRetryOptions(attempts=...),
@@ -273,6 +330,16 @@ def _warn_once(model: object, *, position: int, role: str) -> None:
         advice = "Build it with max_retries=1 (its attempts in all)."
     elif name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
         advice = "Build it without a backoff RetryConfig (the SDK then makes one attempt)."
+    elif _is_llama_cohere(model):
+        advice = (
+            "Build it with max_retries=1 (its own attempts) and additional_kwargs="
+            '{"request_options": {"max_retries": 0}} (its client\'s).'
+        )
+    elif name.endswith(_COHERE_SETTING):
+        advice = (
+            'Pass request_options={"max_retries": 0} with each call: the cohere client '
+            "has no setting for it."
+        )
     else:
         advice = "Build it with max_retries=0."
     label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""

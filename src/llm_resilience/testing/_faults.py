@@ -23,7 +23,9 @@ FaultKind = Literal[
     "content_filtered",
     "error_event",
 ]
-Provider = Literal["openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama"]
+Provider = Literal[
+    "openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama", "cohere"
+]
 
 
 _FAULT_OPTIONS = (
@@ -116,6 +118,9 @@ class Fault:
         {maximum} maximum context length" (mistralai raises ``SDKError``). Groq: a 400
         ``context_length_exceeded``, "Please reduce the length of the messages or
         completion." (no counts; the groq SDK raises ``BadRequestError``).
+        Cohere: a 400
+        "too many tokens: total number of tokens in the prompt cannot exceed {maximum} -
+        received {tokens}. ..." (the cohere SDK raises ``BadRequestError``).
 
         >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
         >>> fault.body["error"]["message"]
@@ -170,10 +175,14 @@ class Fault:
             # Ollama answers a prompt longer than its context window (``num_ctx``) with a
             # 200: it truncates the prompt (logging "truncating input prompt") and goes on.
             raise ValueError("Ollama has no context-overflow error: it truncates the prompt")
+        elif provider == "cohere":
+            from llm_resilience.testing._wire_cohere import cohere_context_overflow
+
+            body = cohere_context_overflow(tokens, maximum)
         else:
             raise ValueError(
-                "provider must be 'openai', 'anthropic', 'bedrock', 'gemini', 'mistral' or "
-                f"'groq'; got {provider!r}"
+                "provider must be 'openai', 'anthropic', 'bedrock', 'gemini', 'mistral', 'groq' "
+                f"or 'cohere'; got {provider!r}"
             )
         return cls.status(400, body=body)
 

@@ -1,5 +1,5 @@
-"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini, Mistral, Groq and
-Ollama and fails on cue.
+"""A local HTTP server that answers like OpenAI, Anthropic, Bedrock, Gemini, Mistral, Groq,
+Ollama and Cohere and fails on cue.
 
 It speaks enough of the OpenAI Chat Completions API (``POST /v1/chat/completions``), the
 Anthropic Messages API (``POST /v1/messages``), AWS Bedrock Runtime's Converse API
@@ -9,7 +9,8 @@ stream), the Gemini API
 and Mistral's chat API (``POST /v1/chat/completions`` under the prefix ``/mistral``, as
 OpenAI's path is the same) and Groq's (``POST /openai/v1/chat/completions``: OpenAI's
 API with Groq's errors, its 498 and ``x_groq``),
-and Ollama's native chat API (``POST /api/chat``, streamed as newline-delimited JSON)
+and Ollama's native chat API (``POST /api/chat``, streamed as newline-delimited JSON),
+and Cohere's Chat API (``POST /v2/chat``, and v1's ``POST /v1/chat``; ``_wire_cohere``)
 for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
 :class:`Fault` values decides, one per incoming request and in order, how each request is
@@ -19,7 +20,7 @@ Everything runs on daemon threads, so a hanging request never keeps the process 
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
 in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
 ``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in ``_wire_groq``, Ollama's in
-``_wire_ollama``); this module serves them.
+``_wire_ollama``, Cohere's in ``_wire_cohere``); this module serves them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any, cast
 from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedRequest
 from llm_resilience.testing._wire import (
     BEDROCK_STREAM_CONTENT_TYPE,
+    COHERE_V1_STREAM_CONTENT_TYPE,
     MISTRAL_PREFIX,
     OLLAMA_STREAM_CONTENT_TYPE,
     _Answer,
@@ -52,6 +54,7 @@ from llm_resilience.testing._wire import (
     content_filter_body,
     error_event,
     gemini_blocked_prompt,
+    is_cohere_v1,
     malformed_event,
     prefill_of,
     prefill_problem,
@@ -373,6 +376,9 @@ class _Handler(BaseHTTPRequestHandler):
             path_stream = operation == "converse-stream"
         elif path == "/api/chat":
             provider = "ollama"
+        elif path in ("/v1/chat", "/v2/chat"):
+            # Cohere's Chat API, v1 and v2 (``_wire_cohere``).
+            provider = "cohere"
         elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
             provider = "gemini"
             model, _, method = path.rsplit("/", 1)[1].partition(":")
@@ -481,6 +487,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif provider == "ollama":
             # Newline-delimited JSON objects (``_wire_ollama``), not SSE.
             self.send_header("Content-Type", OLLAMA_STREAM_CONTENT_TYPE)
+        elif provider == "cohere" and is_cohere_v1(payload):
+            # Cohere's v1 stream: one JSON object a line, not SSE.
+            self.send_header("Content-Type", COHERE_V1_STREAM_CONTENT_TYPE)
         else:
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")

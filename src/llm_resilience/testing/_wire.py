@@ -1,7 +1,8 @@
-"""The OpenAI, Anthropic, Bedrock, Gemini, Mistral, Groq and Ollama wire formats the fake
-server speaks: errors, answers, events. Bedrock's own (its errors, its answer, its binary
-event stream) are in ``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in
-``_wire_groq``, Ollama's (``/api/chat``, newline-delimited JSON) in ``_wire_ollama``; what
+"""The OpenAI, Anthropic, Bedrock, Gemini, Mistral, Groq, Ollama and Cohere wire formats the
+fake server speaks: errors, answers, events. Bedrock's own (its errors, its answer, its
+binary event stream) are in ``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in
+``_wire_groq``, Ollama's (``/api/chat``, newline-delimited JSON) in ``_wire_ollama``,
+Cohere's (v2 ``/v2/chat`` SSE, v1 ``/v1/chat`` JSON lines) in ``_wire_cohere``; what
 ``_server`` needs of them is re-exported here."""
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ from llm_resilience.testing._wire_bedrock import (
     bedrock_stream_exception,
 )
 from llm_resilience.testing._wire_bedrock import bedrock_error as bedrock_error
+from llm_resilience.testing._wire_cohere import (
+    COHERE_V1_STREAM_CONTENT_TYPE as COHERE_V1_STREAM_CONTENT_TYPE,
+)
+from llm_resilience.testing._wire_cohere import (
+    cohere_body,
+    cohere_error,
+    cohere_error_event,
+    cohere_events,
+    cohere_malformed_event,
+    cohere_prompt_texts,
+)
+from llm_resilience.testing._wire_cohere import is_cohere_v1 as is_cohere_v1
 from llm_resilience.testing._wire_groq import groq_error, groq_malformed_event, groq_stream_error
 from llm_resilience.testing._wire_mistral import MISTRAL_PREFIX as MISTRAL_PREFIX
 from llm_resilience.testing._wire_mistral import mistral_body, mistral_error, mistral_events
@@ -133,6 +146,8 @@ def _error_body(provider: Provider, code: int) -> dict[str, Any]:
         return mistral_error(code)
     if provider == "ollama":
         return ollama_error(code)
+    if provider == "cohere":
+        return cohere_error(code)
     if provider == "openai":
         message, kind, error_code = _OPENAI_ERRORS.get(
             code,
@@ -250,6 +265,8 @@ def _prompt_words(provider: Provider, payload: Mapping[str, Any]) -> int:
     texts: list[str] = []
     if provider in ("anthropic", "bedrock"):
         texts.extend(_texts(payload.get("system")))
+    if provider == "cohere":
+        texts.extend(cohere_prompt_texts(payload))
     for message in payload.get("messages") or []:
         if isinstance(message, dict):
             texts.extend(_texts(message.get("content")))
@@ -526,6 +543,8 @@ class _Answer:
         elif provider == "ollama":
             # Ollama has no content filter: a cut answer still says why it stopped.
             self.finish = "stop"
+        elif provider == "cohere":
+            self.finish = "COMPLETE"
         else:
             finish = "tool_use" if tool is not None else "end_turn"
             refusal = "content_filtered" if provider == "bedrock" else "refusal"
@@ -547,6 +566,8 @@ class _Answer:
             return mistral_body(self)
         if self.provider == "ollama":
             return ollama_body(self)
+        if self.provider == "cohere":
+            return cohere_body(self)
         return self._openai_body() if self.provider == "openai" else self._anthropic_body()
 
     def events(self, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
@@ -563,6 +584,8 @@ class _Answer:
             return mistral_events(self, end_marker=end_marker)
         if self.provider == "ollama":
             return ollama_events(self, end_marker=end_marker)
+        if self.provider == "cohere":
+            return cohere_events(self, end_marker=end_marker)
         events = self._openai_events() if self.provider == "openai" else self._anthropic_events()
         if end_marker:
             return events
@@ -816,6 +839,8 @@ def malformed_event(provider: Provider) -> bytes:
         return groq_malformed_event()
     if provider == "ollama":
         return ollama_malformed_line()
+    if provider == "cohere":
+        return cohere_malformed_event()
     return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
 
 
@@ -831,6 +856,8 @@ def error_event(provider: Provider, code: int) -> bytes:
         return groq_stream_error(code)
     if provider == "ollama":
         return ollama_stream_error(code)
+    if provider == "cohere":
+        return cohere_error_event(code)
     body = _error_body(provider, code)
     if provider == "mistral":
         # Mistral documents no in-stream error event; its error object as a data event.

@@ -23,6 +23,10 @@ integrations put them:
 * Mistral-shaped (``llama-index-llms-mistralai``): OpenAI's counts, in ``raw["usage"]``
   of a call and, for a stream, in the last chunk's ``raw``, the SDK's
   ``CompletionEvent``, whose ``data`` is the chunk (``raw.data.usage``, ``raw.data.model``).
+* Cohere-shaped: the v1 Chat API's ``meta.billed_units`` (``llama-index-llms-cohere``),
+  in ``response.raw["meta"]`` of a call and ``raw["response"].meta`` of a stream's
+  ``stream-end`` chunk: ``input_tokens`` and ``output_tokens``, what Cohere bills, sent
+  as whole floats.
 
 Cache and reasoning counts (:func:`reported_details`) come from the raw usage: OpenAI's
 ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
@@ -104,6 +108,9 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     bedrock = _bedrock_usage(response)
     if bedrock is not None:
         return _bedrock_counts(bedrock)
+    cohere = _cohere_counts(response)
+    if cohere is not None:
+        return cohere
     gemini = _gemini_counts(_field(response.raw, "usage_metadata"))
     if gemini is not None and None not in gemini:
         return gemini
@@ -313,6 +320,21 @@ def _gemini_counts(place: Any) -> tuple[int | None, int | None] | None:
         None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
     )
     return prompt, output
+
+
+def _cohere_counts(response: ChatResponse | CompletionResponse) -> tuple[int, int] | None:
+    """Cohere v1's billed ``(input, output)``: ``meta.billed_units`` of a call's raw
+    answer or of the ``response`` a stream's ``stream-end`` carries; None otherwise."""
+    raw = response.raw
+    for meta in (_field(raw, "meta"), _field(_field(raw, "response"), "meta")):
+        billed = _field(meta, "billed_units")
+        counts = [_field(billed, key) for key in ("input_tokens", "output_tokens")]
+        # The SDK declares them floats: whole numbers only.
+        if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts):
+            found_in, found_out = (float(c) for c in counts)
+            if found_in.is_integer() and found_out.is_integer() and min(found_in, found_out) >= 0:
+                return int(found_in), int(found_out)
+    return None
 
 
 def _bedrock_usage(response: ChatResponse | CompletionResponse) -> Any:

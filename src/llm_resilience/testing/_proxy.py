@@ -178,7 +178,9 @@ class FaultProxy:
                         return
                     other = link.upstream if source is link.client else link.client
                     other.sendall(data)
-        except OSError:
+        except (OSError, ValueError):
+            # ValueError: a reset or stop closed the sockets (descriptor -1) between the
+            # check above and select(); the link is over either way.
             link.close()
         finally:
             with self._lock, contextlib.suppress(ValueError):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -11,7 +13,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_serializer
 
 from langchain_llm_resilience._delegate import (
     DelegatingChatModel,
@@ -56,6 +58,23 @@ def _build_gate(budget: object, ledger: object) -> BudgetGate:
     if not isinstance(budget, CostBudget):
         raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
     return BudgetGate(budget, ledger)  # type: ignore[arg-type]
+
+
+def _plain(value: object) -> object:
+    """``value`` as JSON-ready data for pydantic's dump: money as its exact text, a
+    read-only mapping as a dict, a budget or price dataclass as a dict of its public
+    fields."""
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, Mapping):
+        return {key: _plain(each) for key, each in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            each.name: _plain(getattr(value, each.name))
+            for each in dataclasses.fields(value)
+            if not each.name.startswith("_")
+        }
+    return value
 
 
 def _model_name(model: object) -> str | None:
@@ -235,6 +254,8 @@ class CostTrackedChatModel(DelegatingChatModel):
     ``max_completion_tokens``, else its profile's ``max_output_tokens``).
     ``scope=`` (or ``budget_scope=`` per call) gives a tenant its own windows.
     Without ``ledger`` spend is kept in memory (a warning names ``SqlCostLedger``).
+    ``model_dump()`` and ``model_dump_json()`` give the budget's prices and limits as exact
+    decimal text and leave the ledger out.
     """
 
     budget: CostBudget
@@ -249,6 +270,12 @@ class CostTrackedChatModel(DelegatingChatModel):
     _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
     _inner_model: str | None = PrivateAttr(default=None)
     _hedged: bool = PrivateAttr(default=False)
+
+    @field_serializer("budget")
+    def _dump_budget(self, budget: CostBudget) -> object:
+        # pydantic cannot dump the budget's read-only price map (model_dump warned,
+        # model_dump_json raised): its prices and limits as exact text instead.
+        return _plain(budget)
 
     def __init__(self, **data: Any) -> None:
         _checks.scope("scope", data.get("scope"))

@@ -556,3 +556,27 @@ async def test_a_real_openai_models_hold_is_its_own_output_cap(
         expected = openai.profile["max_output_tokens"]
         assert expected > DEFAULT_MAX_OUTPUT_TOKENS
     assert held == worst_case(expected, MINI)
+
+
+def test_a_cost_tracked_model_dumps_to_json_with_its_prices_and_limits_as_exact_text(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    # pydantic could not dump the budget's read-only price map: model_dump warned and
+    # model_dump_json raised PydanticSerializationError, for any tool that logs a model's
+    # configuration that way.
+    import json
+
+    budget = CostBudget(
+        "2.5", 10, daily_limit="5.125", prices={"gpt-4o": ModelPrice("2.5", 10)}, strict=True
+    )
+    model = CostTrackedChatModel(
+        inner=FakeListChatModel(responses=["x"]), budget=budget, ledger=InMemoryCostLedger()
+    )
+    dumped = json.loads(model.model_dump_json())["budget"]
+    assert dumped["input_price_per_mtok"] == "2.5"
+    assert dumped["daily_limit"] == "5.125"
+    assert dumped["strict"] is True
+    assert dumped["prices"]["gpt-4o"]["input_per_mtok"] == "2.5"
+    assert dumped["prices"]["gpt-4o"]["output_per_mtok"] == "10"
+    assert model.model_dump()["budget"] == dumped
+    assert [str(w.message) for w in recwarn if "serializ" in str(w.message).lower()] == []

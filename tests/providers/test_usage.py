@@ -104,59 +104,52 @@ def test_a_llama_index_openai_stream_not_asked_for_usage_is_recorded_as_estimate
     assert entry.estimated is True
 
 
-def _gemini_framework_rows() -> list[object]:
+def _framework_rows_of(wire: str) -> list[object]:
+    """The framework rows of one provider's wire."""
     return [
         param
         for param in _framework_rows()
-        if getattr(param, "values", (None,))[0].wire == "gemini"  # type: ignore[union-attr]
+        if getattr(param, "values", (None,))[0].wire == wire  # type: ignore[union-attr]
     ]
 
 
+def _entry_after_failover(
+    row: Row, mode: str, details: dict[str, int], *, fault: Fault, ask_usage: bool = True
+) -> Any:
+    """The one ledger entry of a call (or stream) whose first member fails with ``fault``
+    and whose second answers, reporting ``details`` (cache and reasoning counts)."""
+    with (
+        FaultInjectingServer(name="failing") as failing,
+        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
+    ):
+        failing.script(fault)
+        tracked = _tracked(row, (failing, healthy), ask_usage=ask_usage)
+        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
+    assert answer == HEALTHY_REPLY
+    [entry] = list(tracked.ledger.entries())
+    return entry
+
+
 @pytest.mark.parametrize("mode", ["call", "stream"])
-@pytest.mark.parametrize("row", _gemini_framework_rows())
+@pytest.mark.parametrize("row", _framework_rows_of("gemini"))
 def test_gemini_s_cached_and_thought_tokens_reach_the_ledger_as_reported(
     row: Row, mode: str
 ) -> None:
     # Gemini's promptTokenCount includes the cached tokens; thoughtsTokenCount is billed
     # as output but not inside candidatesTokenCount.
-    with (
-        FaultInjectingServer(name="failing") as failing,
-        FaultInjectingServer(
-            reply=HEALTHY_REPLY, name="healthy", usage_details={"cache_read": 3, "reasoning": 2}
-        ) as healthy,
-    ):
-        failing.script(Fault.status(503))
-        tracked = _tracked(row, (failing, healthy), ask_usage=True)
-        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
-    assert answer == HEALTHY_REPLY
-    [entry] = list(tracked.ledger.entries())
+    details = {"cache_read": 3, "reasoning": 2}
+    entry = _entry_after_failover(row, mode, details, fault=Fault.status(503))
     assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 3, REPORTED[1] + 2)
     assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (3, 2, False)
 
 
-def _bedrock_framework_rows() -> list[object]:
-    return [
-        param
-        for param in _framework_rows()
-        if getattr(param, "values", (None,))[0].wire == "bedrock"  # type: ignore[union-attr]
-    ]
-
-
 @pytest.mark.parametrize("mode", ["call", "stream"])
-@pytest.mark.parametrize("row", _bedrock_framework_rows())
+@pytest.mark.parametrize("row", _framework_rows_of("bedrock"))
 def test_bedrock_s_cache_reads_and_writes_reach_the_ledger_as_reported(row: Row, mode: str) -> None:
     # Bedrock's inputTokens leave the cache out (cacheReadInputTokens, cacheWriteInputTokens,
     # the writes split by lifetime in cacheDetails); its thinking is inside outputTokens.
     details = {"cache_read": 5, "cache_write_5m": 3, "cache_write_1h": 2, "reasoning": 4}
-    with (
-        FaultInjectingServer(name="failing") as failing,
-        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
-    ):
-        failing.script(Fault.status(503))
-        tracked = _tracked(row, (failing, healthy), ask_usage=True)
-        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
-    assert answer == HEALTHY_REPLY
-    [entry] = list(tracked.ledger.entries())
+    entry = _entry_after_failover(row, mode, details, fault=Fault.status(503))
     assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 10, REPORTED[1] + 4)
     assert (entry.cache_read_tokens, entry.cache_write_tokens, entry.cache_write_1h_tokens) == (
         5,
@@ -167,45 +160,21 @@ def test_bedrock_s_cache_reads_and_writes_reach_the_ledger_as_reported(row: Row,
     assert (entry.reasoning_tokens or 0, entry.estimated) == (0, False)
 
 
-def _groq_framework_rows() -> list[object]:
-    return [
-        param
-        for param in _framework_rows()
-        if getattr(param, "values", (None,))[0].wire == "groq"  # type: ignore[union-attr]
-    ]
-
-
 @pytest.mark.parametrize("mode", ["call", "stream"])
-@pytest.mark.parametrize("row", _groq_framework_rows())
+@pytest.mark.parametrize("row", _framework_rows_of("groq"))
 def test_groq_s_cached_and_reasoning_tokens_reach_the_ledger_as_reported(
     row: Row, mode: str
 ) -> None:
     # Groq reports OpenAI's shape: cached tokens inside prompt_tokens, reasoning inside
     # completion_tokens; a stream's usage in its last chunk's x_groq.usage, unasked.
     details = {"cache_read": 3, "reasoning": 2}
-    with (
-        FaultInjectingServer(name="failing") as failing,
-        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
-    ):
-        failing.script(Fault.status(498))
-        tracked = _tracked(row, (failing, healthy), ask_usage=False)
-        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
-    assert answer == HEALTHY_REPLY
-    [entry] = list(tracked.ledger.entries())
+    entry = _entry_after_failover(row, mode, details, fault=Fault.status(498), ask_usage=False)
     assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0] + 3, REPORTED[1] + 2)
     assert (entry.cache_read_tokens, entry.reasoning_tokens, entry.estimated) == (3, 2, False)
 
 
-def _ollama_framework_rows() -> list[object]:
-    return [
-        param
-        for param in _framework_rows()
-        if getattr(param, "values", (None,))[0].wire == "ollama"  # type: ignore[union-attr]
-    ]
-
-
 @pytest.mark.parametrize("mode", ["call", "stream"])
-@pytest.mark.parametrize("row", _ollama_framework_rows())
+@pytest.mark.parametrize("row", _framework_rows_of("ollama"))
 def test_ollama_s_eval_counts_reach_the_ledger_with_its_thinking_inside_the_output(
     row: Row, mode: str
 ) -> None:
@@ -213,15 +182,7 @@ def test_ollama_s_eval_counts_reach_the_ledger_with_its_thinking_inside_the_outp
     # inside eval_count, and a prompt prefix reused from its KV cache is not counted at
     # all, so the server's cache reads never show and the ledger holds no split.
     details = {"cache_read": 3, "reasoning": 2}
-    with (
-        FaultInjectingServer(name="failing") as failing,
-        FaultInjectingServer(reply=HEALTHY_REPLY, name="healthy", usage_details=details) as healthy,
-    ):
-        failing.script(Fault.status(503))
-        tracked = _tracked(row, (failing, healthy), ask_usage=True)
-        answer = row.call(tracked) if mode == "call" else "".join(row.stream(tracked))
-    assert answer == HEALTHY_REPLY
-    [entry] = list(tracked.ledger.entries())
+    entry = _entry_after_failover(row, mode, details, fault=Fault.status(503))
     assert (entry.input_tokens, entry.output_tokens) == (REPORTED[0], REPORTED[1] + 2)
     assert (entry.cache_read_tokens, entry.reasoning_tokens or 0) == (0, 0)
     assert (entry.estimated, entry.model) == (False, "llama3.2")

@@ -14,9 +14,20 @@ _HERE = os.path.dirname(__file__)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+from cost_driver import LangChainCost, LlamaIndexCost  # noqa: E402
 from driver import MODES, Driver, LangChainDriver, LlamaIndexDriver, Mode  # noqa: E402
+from fallback_driver import LangChainFallback, LlamaIndexFallback  # noqa: E402
 
-DRIVERS: dict[str, type[Driver]] = {"langchain": LangChainDriver, "llamaindex": LlamaIndexDriver}
+
+class LangChain(LangChainFallback, LangChainCost, LangChainDriver):
+    """Everything the suite drives in LangChain."""
+
+
+class LlamaIndex(LlamaIndexFallback, LlamaIndexCost, LlamaIndexDriver):
+    """Everything the suite drives in LlamaIndex."""
+
+
+DRIVERS: dict[str, type[Driver]] = {"langchain": LangChain, "llamaindex": LlamaIndex}
 
 
 @pytest.fixture(params=sorted(DRIVERS))

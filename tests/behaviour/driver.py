@@ -8,8 +8,9 @@ the ``mode`` fixture (``call``, ``acall``, ``stream``, ``astream``: LangChain's
 layers through the driver and calls them through :meth:`Driver.run`, so the same lines
 run against both adapters. What only one framework has stays in its own tree.
 
-Concerns extend the base in modules of their own (``_fallback_driver.py``,
-``_cost_driver.py``, ...) as mixins; ``conftest.py`` combines them.
+Concerns extend the base as mixins in modules of their own (``fallback_driver.py``:
+fallback, streams, time limits; ``cost_driver.py``: budgets, limits, retries, the
+builder); ``conftest.py`` combines them into one driver per framework.
 """
 
 from __future__ import annotations

@@ -42,9 +42,10 @@ which member may take a request, where a prompt too long goes), ``_continuation`
 (``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
 ``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
 (``member_retry=``: short waits on the same member), ``_self_retry`` (inner models
-that retry by themselves) and ``_hedge`` (``hedge_after=``: a slow first token also
-starts the request on the next member) and ``_hedge_inbox`` (how a loser's reported
-usage reaches the cost layer: a :class:`HedgeInbox`). Import from ``llm_resilience.fallback``.
+that retry by themselves), ``_hedge`` and ``_hedge_stream`` (``hedge_after=``: a slow
+first token also starts the request on the next member) and ``_hedge_inbox`` (how a
+loser's reported usage reaches the cost layer: a :class:`HedgeInbox`). Import from
+``llm_resilience.fallback``.
 """
 
 from llm_resilience.fallback._breaker import MemberHealth

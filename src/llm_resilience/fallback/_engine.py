@@ -34,10 +34,9 @@ from llm_resilience.fallback._hedge import (
     LoserUsage,
     checked_hedge_after,
     hedged_ainvoke,
-    hedged_astream,
     hedged_invoke,
-    hedged_stream,
 )
+from llm_resilience.fallback._hedge_stream import hedged_astream, hedged_stream
 from llm_resilience.fallback._member_retry import _MemberRetry, member_retry_option
 from llm_resilience.fallback._options import (
     Classifier,

@@ -29,7 +29,7 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
 from llm_resilience.ledger._protocol import batch_reader, checked_entry
@@ -96,7 +96,7 @@ class ServingModel:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise TypeError(f"ServingModel.name must be a non-empty str or None, got {self.name!r}")
         if self.max_output_tokens is not None:
-            _checks.count("ServingModel.max_output_tokens", self.max_output_tokens)
+            checks.count("ServingModel.max_output_tokens", self.max_output_tokens)
 
 
 @dataclass(frozen=True, init=False)
@@ -351,7 +351,7 @@ class BudgetGate:
         """
         _check_surface(surface)
         if max_output_tokens is not None:
-            _checks.count("max_output_tokens", max_output_tokens)
+            checks.count("max_output_tokens", max_output_tokens)
         worst = Decimal(0)
         for candidate in _serving_models(model, may_serve):
             output = 0
@@ -525,10 +525,10 @@ class BudgetGate:
         texts: Sequence[str] | None = None,
     ) -> tuple[datetime, list[_Limit], Decimal]:
         _check_surface(surface)
-        _checks.scope("scope", scope)
-        _checks.count("estimated_input_tokens", estimated_input_tokens)
+        checks.scope("scope", scope)
+        checks.count("estimated_input_tokens", estimated_input_tokens)
         if max_output_tokens is not None:
-            _checks.count("max_output_tokens", max_output_tokens)
+            checks.count("max_output_tokens", max_output_tokens)
         _check_shape(surface, estimated_input_tokens, prompt, texts)
         amount = Decimal(0)
         if self.budget.strict:

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience._warned import WarnedOnce
 from llm_resilience.errors import (
     BudgetExceededError,
@@ -126,7 +126,7 @@ def materialise_once(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
 
 def _attempts(value: object) -> int:
     # The first try included: 1 means no retry at all.
-    return _checks.whole("RetryPolicy.attempts", value, minimum=1, maximum=MAX_ATTEMPTS)
+    return checks.whole("RetryPolicy.attempts", value, minimum=1, maximum=MAX_ATTEMPTS)
 
 
 def _jitter(value: object) -> float:
@@ -134,8 +134,8 @@ def _jitter(value: object) -> float:
     if zero and not isinstance(value, bool):
         return 0.0
     try:
-        amount = _checks.seconds("RetryPolicy.jitter", value)
-    except _checks.OptionTypeError:  # a wrong type keeps the shared message
+        amount = checks.seconds("RetryPolicy.jitter", value)
+    except checks.OptionTypeError:  # a wrong type keeps the shared message
         raise
     except ValueError:
         raise ValueError(
@@ -192,12 +192,12 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "attempts", _attempts(self.attempts))
-        set_(self, "base_delay", _checks.seconds("RetryPolicy.base_delay", self.base_delay))
-        set_(self, "max_delay", _checks.seconds("RetryPolicy.max_delay", self.max_delay))
+        set_(self, "base_delay", checks.seconds("RetryPolicy.base_delay", self.base_delay))
+        set_(self, "max_delay", checks.seconds("RetryPolicy.max_delay", self.max_delay))
         set_(self, "jitter", _jitter(self.jitter))
         codes = self.permanent_status_codes
         if isinstance(codes, (str, bytes)) or not isinstance(codes, Iterable):
-            raise _checks.OptionTypeError(
+            raise checks.OptionTypeError(
                 "RetryPolicy.permanent_status_codes must be a collection of HTTP status "
                 f"integers between 400 and 599; got {codes!r}"
             )
@@ -211,7 +211,7 @@ class RetryPolicy:
         set_(self, "permanent_status_codes", normalised)
         for name in ("sleep", "asleep", "now"):
             if not callable(getattr(self, name)):
-                raise _checks.OptionTypeError(
+                raise checks.OptionTypeError(
                     f"RetryPolicy.{name} must be callable; got {getattr(self, name)!r}"
                 )
 
@@ -246,7 +246,7 @@ class RetryPolicy:
         try:
             tenacity.Retrying(**tenacity_kwargs)
         except TypeError as error:
-            raise _checks.OptionTypeError(
+            raise checks.OptionTypeError(
                 f"RetryPolicy.from_tenacity takes tenacity.Retrying's keywords: {error}"
             ) from None
         policy = cls()

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from llm_resilience import _checks
+from llm_resilience import checks
 
 # Re-exported: money has its own module, these names were first published here.
 from llm_resilience.money import TOKENS_PER_MTOK, cost_of
@@ -107,10 +107,10 @@ class Usage:
 
     def __post_init__(self) -> None:
         for name in ("input_tokens", "output_tokens"):
-            _checks.count(f"Usage.{name}", getattr(self, name))
+            checks.count(f"Usage.{name}", getattr(self, name))
         for name in DETAIL_FIELDS:
             if getattr(self, name) is not None:
-                _checks.count(f"Usage.{name}", getattr(self, name))
+                checks.count(f"Usage.{name}", getattr(self, name))
         problem = _misfit(self.input_tokens, self.output_tokens, self.details)
         if problem:
             raise ValueError(f"Usage: {problem}")

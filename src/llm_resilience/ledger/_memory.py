@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from llm_resilience import _checks
-from llm_resilience._checks import duration, whole
+from llm_resilience import checks
+from llm_resilience.checks import duration, whole
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     LedgerEntry,
@@ -267,7 +267,7 @@ class InMemoryCostLedger:
     ) -> Iterator[LedgerEntry]:
         """:meth:`entries` as an iterator (the entries are in memory already; this and
         ``page_size`` are for code written against :meth:`SqlCostLedger.iter_entries`)."""
-        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return iter(self.entries(since, until, scope=scope, model=model, kind=kind))
 
     def aiter_entries(

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.money import exact_sum, money, recorded_cost
 
@@ -142,7 +142,7 @@ class LedgerEntry:
         if not isinstance(self.kind, str) or not self.kind:
             raise TypeError(f"kind must be non-empty text, got {self.kind!r}")
         for option in ("input_tokens", "output_tokens", "pages", *DETAIL_COLUMNS):
-            _checks.count(option, getattr(self, option))
+            checks.count(option, getattr(self, option))
         _check_parts(self)
         object.__setattr__(self, "cost", recorded_cost("cost", self.cost))
         if not isinstance(self.estimated, bool):
@@ -150,7 +150,7 @@ class LedgerEntry:
         for option in ("model", "surface"):
             _optional_text(option, getattr(self, option))
         check_scope(self.scope)
-        _checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
+        checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
 
 
 def checked_entry(
@@ -172,7 +172,7 @@ def checked_entry(
 
     The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
     the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
-    validated prices and counts (so within :func:`~llm_resilience._checks.cost_in_range`)
+    validated prices and counts (so within :func:`~llm_resilience.checks.cost_in_range`)
     and ``scope`` checked when the call was admitted; the cache and reasoning counts are
     the same ``Usage``'s (None there is 0 here). Only ``model`` and ``estimated``,
     which a caller of ``BudgetTicket.finish`` passes, are checked here. The result equals
@@ -343,7 +343,7 @@ def check_now(now: datetime | None) -> datetime:
 def check_scope(scope: object) -> str | None:
     """A budget scope: None for the global total, or text every ledger can store and
     index (at most 256 characters, no control character or lone surrogate)."""
-    return _checks.scope("scope", scope)
+    return checks.scope("scope", scope)
 
 
 def _check_window(window: object) -> Window:

@@ -49,7 +49,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._behind import Flusher
 from llm_resilience.ledger._connector import Connector
@@ -104,7 +104,7 @@ DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
 #: Default bound on libpq's own connection attempt (whole seconds, 2 at least).
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
 #: The longest ``operation_timeout`` and ``connect_timeout`` accepted (a day).
-MAX_OPERATION_TIMEOUT = _checks.MAX_OPERATION_TIMEOUT
+MAX_OPERATION_TIMEOUT = checks.MAX_OPERATION_TIMEOUT
 #: Bound on opening a ledger whose tables must be created or migrated, waiting for
 #: another process's migration included: building the totals of a first-release table
 #: takes about 7 s per million SQLite rows (2 s on PostgreSQL).
@@ -147,7 +147,7 @@ _live: weakref.WeakSet[SqlCostLedger] = weakref.WeakSet()
 def _parse_url(url: object) -> URL:
     """``url`` as a SQLAlchemy URL of a supported database, driver set to ours."""
     if not isinstance(url, str):
-        raise _checks.OptionTypeError(
+        raise checks.OptionTypeError(
             f"url must be a database URL string: {_URL_FORMS}; got {type(url).__name__}"
         )
     try:
@@ -281,16 +281,16 @@ class SqlCostLedger:
     ) -> None:
         parsed = _parse_url(url)
         #: Bound on every operation.
-        self.operation_timeout = _checks.duration(
+        self.operation_timeout = checks.duration(
             "operation_timeout", operation_timeout, maximum=MAX_OPERATION_TIMEOUT
         )
         #: libpq's bound on one PostgreSQL connection attempt.
-        self.connect_timeout = _checks.duration(
+        self.connect_timeout = checks.duration(
             "connect_timeout", connect_timeout, maximum=MAX_OPERATION_TIMEOUT
         )
         #: How long an unsettled hold counts toward spend.
-        self.reservation_ttl = _checks.duration("reservation_ttl", reservation_ttl)
-        _checks.whole("max_pending", max_pending, minimum=1, maximum=_checks.MAX_COUNT)
+        self.reservation_ttl = checks.duration("reservation_ttl", reservation_ttl)
+        checks.whole("max_pending", max_pending, minimum=1, maximum=checks.MAX_COUNT)
         #: How often queued records are committed; None: each before ``record`` returns.
         self.write_behind = _write_behind(write_behind)
         self._behind_seconds = (
@@ -301,7 +301,7 @@ class SqlCostLedger:
         # ``max_pending``, so the queue never drops an entry while the database answers.
         self._behind_limit = max(1, min(_BEHIND_LIMIT, max_pending // 2))
         if not isinstance(echo, bool):
-            raise _checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
+            raise checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
         self._timeout = self.operation_timeout.total_seconds()
         self._postgres = parsed.get_backend_name() == "postgresql"
         self._memory = not self._postgres and (
@@ -1210,7 +1210,7 @@ class SqlCostLedger:
         call, before the first entry is asked for.
         """
         checked = check_entry_filters(since, until, scope, model, kind)
-        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return self._pages(*checked, page_size)
 
     def aiter_entries(
@@ -1230,7 +1230,7 @@ class SqlCostLedger:
         ...     total += entry.cost
         """
         checked = check_entry_filters(since, until, scope, model, kind)
-        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return self._apages(*checked, page_size)
 
     def _page(
@@ -1394,7 +1394,7 @@ class SqlCostLedger:
 def _write_behind(value: object) -> timedelta | None:
     if value is None:
         return None
-    interval = _checks.duration("write_behind", value)
+    interval = checks.duration("write_behind", value)
     if interval > MAX_WRITE_BEHIND:
         raise ValueError(
             f"write_behind must be None or at most {MAX_WRITE_BEHIND.total_seconds():.0f} "

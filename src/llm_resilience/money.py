@@ -9,8 +9,8 @@ use a context with the largest precision the ``decimal`` module allows, with
 >>> exact_sum([money("cost", "0.1"), money("cost", Decimal("0.2"))])
 Decimal('0.3')
 
-:mod:`llm_resilience.budget`, :mod:`llm_resilience.usage` and the ledgers import from
-here; ``ModelPrice`` and ``cost_of`` stay importable from where they were.
+:mod:`llm_resilience.budget` and the ledgers import from here; it reads
+:class:`~llm_resilience.usage.Usage` (the layer below) to price a call.
 """
 
 from __future__ import annotations

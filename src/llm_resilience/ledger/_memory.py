@@ -8,10 +8,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from llm_resilience import checks
 from llm_resilience.checks import duration, whole
+from llm_resilience.ledger._groups import Grouping, SpendRow, group_entries
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     LedgerEntry,
@@ -29,10 +29,6 @@ from llm_resilience.ledger._protocol import (
     window_key,
 )
 from llm_resilience.money import EXACT
-
-if TYPE_CHECKING:
-    from llm_resilience.budget import CostBudget
-    from llm_resilience.spend import Grouping, SpendReport, SpendRow
 
 __all__ = ["InMemoryCostLedger"]
 
@@ -291,31 +287,9 @@ class InMemoryCostLedger:
 
         return entries()
 
-    def report(
-        self,
-        by: Grouping = "day",
-        since: datetime | None = None,
-        until: datetime | None = None,
-        *,
-        scope: str | None = None,
-        budget: CostBudget | None = None,
-        now: datetime | None = None,
-    ) -> SpendReport:
-        """:func:`~llm_resilience.spend.spend_report` of this ledger: exact sums per
-        ``by`` group of the kept entries (see ``max_entries``).
-
-        >>> InMemoryCostLedger().report(by="model").total.cost
-        Decimal('0')
-        """
-        from llm_resilience.spend import spend_report
-
-        return spend_report(self, by, since, until, scope=scope, budget=budget, now=now)
-
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
     ) -> list[SpendRow]:
-        from llm_resilience.spend import group_entries
-
         return group_entries(self.entries(low, high, scope=scope), by)
 
     def close(self) -> None:

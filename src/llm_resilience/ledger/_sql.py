@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, delete, event
 from sqlalchemy import exc as sa_exc
@@ -53,6 +53,7 @@ from llm_resilience import checks
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._behind import Flusher
 from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._groups import Grouping, SpendRow
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
@@ -90,10 +91,6 @@ from llm_resilience.ledger._schema import (
     sqlite_spends,
 )
 from llm_resilience.ledger._watchdog import Operation, Watchdog
-
-if TYPE_CHECKING:
-    from llm_resilience.budget import CostBudget
-    from llm_resilience.spend import Grouping, SpendReport, SpendRow
 
 __all__ = ["SqlCostLedger"]
 
@@ -1296,33 +1293,13 @@ class SqlCostLedger:
             if cursor is None:
                 return
 
-    def report(
-        self,
-        by: Grouping = "day",
-        since: datetime | None = None,
-        until: datetime | None = None,
-        *,
-        scope: str | None = None,
-        budget: CostBudget | None = None,
-        now: datetime | None = None,
-    ) -> SpendReport:
-        """:func:`~llm_resilience.spend.spend_report` of this ledger, grouped by the
-        database in one bounded operation (``GROUP BY``; exact sums, see
-        :mod:`._queries`). Writes still pending are not in the rows (they are in
-        ``remaining``, which reads :meth:`spend`). Measured on 2 cores over a million
-        rows: 3.5-5.5 s on SQLite (each cost is added exactly in Python), so a report
-        of a month that large needs narrower bounds or a larger ``operation_timeout``.
-
-        >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
-        """
-        from llm_resilience.spend import spend_report
-
-        return spend_report(self, by, since, until, scope=scope, budget=budget, now=now)
-
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
     ) -> list[SpendRow]:
-        from llm_resilience.spend import SpendRow
+        """What :func:`~llm_resilience.spend.spend_report` reads: the rows grouped by the
+        database in one bounded operation (``GROUP BY``; exact sums, see ``_queries``).
+        Writes still pending are not in them (a report's ``remaining`` reads
+        :meth:`spend`, which counts them)."""
 
         def read(operation: Operation) -> list[SpendRow]:
             with self._connection(operation) as connection:

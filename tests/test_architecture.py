@@ -40,7 +40,7 @@ WRONG_IMPORTS = [
         "import llama_index.resilience.cost",
     ),
     ("core-framework-free", "src/llm_resilience/transient.py", "import openai"),
-    ("core-framework-free", "src/llm_resilience/budget.py", "import langchain_core"),
+    ("core-framework-free", "src/llm_resilience/budget/_gate.py", "import langchain_core"),
     ("core-framework-free", "src/llm_resilience/self_retry.py", "from google import genai"),
     ("core-framework-free", "src/llm_resilience/usage.py", "import llama_index.resilience"),
     ("core-without-llama-index", "src/llm_resilience/tokens.py", "import llama_index.core"),

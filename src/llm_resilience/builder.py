@@ -322,9 +322,9 @@ class ResiliencePlan:
             raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
         scope = checks.scope("scope", scope)
         if ledger is not None:
-            from llm_resilience.budget import _ledger
+            from llm_resilience.budget._ledger import checked_ledger
 
-            ledger = _ledger(ledger)
+            ledger = checked_ledger(ledger)
         if surfaces is None:
             chosen = [s for s in _BUDGETED if s in self._surfaces]
             if not chosen:

@@ -20,6 +20,7 @@ from llm_resilience.ledger._protocol import (
     Window,
     check_amount,
     check_entry_filters,
+    check_hold_scope,
     check_limits,
     check_now,
     check_scope,
@@ -179,7 +180,7 @@ class InMemoryCostLedger:
         amount = check_amount(amount)
         checked = check_limits(limits)
         when = check_now(now)
-        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
+        hold = Reservation(uuid.uuid4().hex, amount, check_hold_scope(limits, scope), when)
         # Forget holds that are dead both at ``now`` and on the real clock, so a caller
         # passing a past ``now`` never drops a hold that other callers still count.
         horizon = min(when, datetime.now(UTC)) - self.reservation_ttl

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,8 +32,11 @@ __all__ = [
     "CostLedger",
     "LedgerEntry",
     "Reservation",
+    "Limit",
     "Window",
+    "CheckedLimits",
     "check_amount",
+    "check_hold_scope",
     "check_limits",
     "check_now",
     "check_scope",
@@ -391,14 +394,52 @@ def check_amount(amount: object) -> Decimal:
     return recorded_cost("amount", amount)
 
 
-def check_limits(
-    limits: Mapping[tuple[Window, str | None], Decimal],
-) -> list[tuple[Window, str | None, Decimal]]:
-    """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order."""
-    checked: list[tuple[Window, str | None, Decimal]] = []
+#: One limit of a reservation: its window, the scope whose spend it reads, the limit.
+Limit = tuple[Window, str | None, Decimal]
+
+
+class CheckedLimits(Mapping[SpendWindow, Decimal]):
+    """``reserve``'s ``limits`` for a call of ``scope``, built from values already checked
+    (the gate's: windows and money parsed when its budget was built, the scope checked once
+    per call), so a ledger of ours checks nothing again on each reservation. Any other
+    mapping is checked by :func:`check_limits` as before."""
+
+    __slots__ = ("_by_window", "scope", "triples")
+
+    def __init__(self, triples: Sequence[Limit], scope: str | None) -> None:
+        #: The limits in order, as ``reserve`` applies them.
+        self.triples: tuple[Limit, ...] = tuple(triples)
+        #: The (checked) scope of the call these limits gate.
+        self.scope = scope
+        self._by_window = {(window, limit_scope): limit for window, limit_scope, limit in triples}
+
+    def __getitem__(self, key: SpendWindow) -> Decimal:
+        return self._by_window[key]
+
+    def __iter__(self) -> Iterator[SpendWindow]:
+        return iter(self._by_window)
+
+    def __len__(self) -> int:
+        return len(self._by_window)
+
+
+def check_limits(limits: Mapping[SpendWindow, Decimal]) -> Sequence[Limit]:
+    """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order
+    (:class:`CheckedLimits` as they are)."""
+    if isinstance(limits, CheckedLimits):
+        return limits.triples
+    checked: list[Limit] = []
     for (window, scope), limit in limits.items():
         checked.append((_check_window(window), check_scope(scope), money("limit", limit)))
     return checked
+
+
+def check_hold_scope(limits: Mapping[SpendWindow, Decimal], scope: object) -> str | None:
+    """``reserve``'s ``scope``, checked unless it is the one its :class:`CheckedLimits`
+    were checked for."""
+    if isinstance(limits, CheckedLimits) and scope is limits.scope:
+        return limits.scope
+    return check_scope(scope)
 
 
 def refusal(

@@ -63,6 +63,7 @@ from llm_resilience.ledger._protocol import (
     Window,
     check_amount,
     check_entry_filters,
+    check_hold_scope,
     check_limits,
     check_now,
     check_scope,
@@ -1060,7 +1061,7 @@ class SqlCostLedger:
         amount = check_amount(amount)
         checked = check_limits(limits)
         when = check_now(now)
-        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
+        hold = Reservation(uuid.uuid4().hex, amount, check_hold_scope(limits, scope), when)
 
         def reserve(operation: Operation) -> Reservation:
             with self._connection(operation, transaction=True) as connection:

@@ -32,6 +32,12 @@ WRONG_IMPORTS = [
     ("core-layers", "src/llm_resilience/ledger/_memory.py", "import llm_resilience.budget"),
     # The bottom layer reaching up.
     ("core-layers", "src/llm_resilience/checks.py", "import llm_resilience.money"),
+    # A circle inside one package, which no layer sees.
+    (
+        "core-acyclic",
+        "src/llm_resilience/ledger/_protocol.py",
+        "import llm_resilience.ledger._memory",
+    ),
     # As telemetry.py once did, for __version__.
     ("core-face-on-top", "src/llm_resilience/telemetry.py", "import llm_resilience"),
     (

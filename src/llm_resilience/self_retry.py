@@ -362,10 +362,16 @@ def warn_of_multiplied_retries(wrapped: object, policy: _Attempts, *, wrapper: s
             continue
         name, retries = setting
         attempts = policy.max_attempts
-        if attempts is None:
-            worst = f"{1 + retries} times per attempt of the custom retry configuration"
+        calls = _calls_per_attempt(candidate, name, retries)
+        if calls is None:
+            tries = "the custom retry configuration's" if attempts is None else str(attempts)
+            worst = f"{tries} attempts, each retried for up to {retries} ms"
+        elif attempts is None:
+            worst = f"{calls} times per attempt of the custom retry configuration"
+        elif calls == 1 + retries:
+            worst = f"{attempts} x (1 + {retries}) = {attempts * calls} times"
         else:
-            worst = f"{attempts} x (1 + {retries}) = {attempts * (1 + retries)} times"
+            worst = f"{attempts} x {calls} = {attempts * calls} times"
         where = "" if candidate is wrapped else f" (under the wrapped {type(wrapped).__name__})"
         _RETRY_LOGGER.warning(
             "%s wraps %s%s, which retries by itself (%s=%d): one failing call may reach "
@@ -405,6 +411,27 @@ def _stack(top: object) -> list[object]:
                 below.append(held)
         pending[0:0] = below
     return found
+
+
+def _calls_per_attempt(model: object, name: str, value: int) -> int | None:
+    """How many provider calls one call to ``model`` may make, given its setting ``name``
+    of ``value`` (:func:`self_retry_setting`): ``1 + retries`` for a retry count, the
+    value itself for a count of attempts in all, None for Mistral's time budget (ms)."""
+    if name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
+        return None
+    attempts_in_all = (
+        name.endswith(_BOTOCORE_SETTING)
+        or name == _GENAI_SETTING
+        or (
+            name == "max_retries"
+            and (
+                _top_package(model) in _ATTEMPTS_IN_ALL
+                or _is_llama_bedrock(model)
+                or _is_llama_cohere(model)
+            )
+        )
+    )
+    return value if attempts_in_all else 1 + value
 
 
 def _advice(model: object, name: str) -> str:

@@ -15,6 +15,13 @@
 
 Adapters only translate framework types into these calls; every rule lives here and in
 :mod:`llm_resilience.usage`.
+
+One job per module: ``_options`` (:class:`CostBudget`: prices and limits, parsed once),
+``_models`` (which model a call is priced at: :class:`ServingModel`, :func:`served_model`,
+:func:`dearest_model`, the price a name matches), ``_gate`` (:class:`BudgetGate`,
+:class:`BudgetTicket`) and ``_ledger`` (the gate's side of a ledger: checking one, writes
+that outlive a cancelled caller, the warnings of a ledger failure). Import from
+``llm_resilience.budget``.
 """
 
 from llm_resilience.budget._gate import HEDGE_KIND, BudgetGate, BudgetTicket

@@ -1,7 +1,15 @@
 """llm-resilience: fallback, rate limiting, spend budgets and retries for LLM calls.
 
 The framework-free core. Names load lazily on first use, so ``import llm_resilience``
-costs almost nothing and never imports LangChain, LlamaIndex, SQLAlchemy or pandas.
+costs almost nothing and never imports LangChain, LlamaIndex, SQLAlchemy or pandas. Each
+public name is written twice: in the ``TYPE_CHECKING`` imports (its module and its type)
+and in ``__all__`` (sorted; ``tests/test_public_api.py`` holds the two equal).
+
+The layers, top to bottom (``docs/architecture.md``; ``lint-imports`` enforces them): this
+face and the CLI; the builder, the metered call and spend reports; the policies (``budget``,
+``fallback``, ``ratelimit``, then ``retry``); storage (``ledger``); ``money``; the shared
+rules (``usage``, ``self_retry``, ``transient``, ``telemetry``, ``redact``, ``tokens``,
+``layers``); ``errors``; ``checks``.
 The LangChain adapters live in ``langchain_llm_resilience`` and the LlamaIndex ones in
 ``llama_index.resilience``.
 
@@ -12,6 +20,7 @@ The LangChain adapters live in ``langchain_llm_resilience`` and the LlamaIndex o
 
 from __future__ import annotations
 
+import functools
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +54,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BudgetExceededError",
     "BudgetGate",
-    "CostBudget",
     "Cooldown",
+    "CostBudget",
     "FallbackChain",
     "InMemoryCostLedger",
     "LLMResilienceError",
@@ -55,18 +64,18 @@ __all__ = [
     "MemberProfile",
     "ModelPrice",
     "NoCapableMemberError",
-    "ServingModel",
     "PerClientTimeoutError",
+    "RateLimitBackendError",
     "RateLimitQueueFullError",
     "RedisTokenBucketRateLimiter",
-    "RateLimitBackendError",
     "RequestExceedsCapacityError",
-    "StreamInterruptedError",
     "RequestNeeds",
     "ResiliencePlan",
     "ResilienceStack",
     "RetryPolicy",
+    "ServingModel",
     "SqlCostLedger",
+    "StreamInterruptedError",
     "StreamRestart",
     "TokenBucketRateLimiter",
     "TransientClassifier",
@@ -75,37 +84,26 @@ __all__ = [
     "is_transient",
 ]
 
-_LOCATIONS = {
-    "BudgetGate": "llm_resilience.budget",
-    "CostBudget": "llm_resilience.budget",
-    "ModelPrice": "llm_resilience.budget",
-    "ServingModel": "llm_resilience.budget",
-    "ResiliencePlan": "llm_resilience.builder",
-    "ResilienceStack": "llm_resilience.builder",
-    "BudgetExceededError": "llm_resilience.errors",
-    "LLMResilienceError": "llm_resilience.errors",
-    "LedgerTimeoutError": "llm_resilience.errors",
-    "PerClientTimeoutError": "llm_resilience.errors",
-    "RateLimitQueueFullError": "llm_resilience.errors",
-    "RateLimitBackendError": "llm_resilience.errors",
-    "RequestExceedsCapacityError": "llm_resilience.errors",
-    "NoCapableMemberError": "llm_resilience.errors",
-    "StreamInterruptedError": "llm_resilience.errors",
-    "Cooldown": "llm_resilience.fallback",
-    "FallbackChain": "llm_resilience.fallback",
-    "MemberProfile": "llm_resilience.fallback",
-    "RequestNeeds": "llm_resilience.fallback",
-    "StreamRestart": "llm_resilience.fallback",
-    "InMemoryCostLedger": "llm_resilience.ledger",
-    "LedgerEntry": "llm_resilience.ledger",
-    "SqlCostLedger": "llm_resilience.ledger",
-    "RedisTokenBucketRateLimiter": "llm_resilience.ratelimit",
-    "TokenBucketRateLimiter": "llm_resilience.ratelimit",
-    "RetryPolicy": "llm_resilience.retry",
-    "count_tokens": "llm_resilience.tokens",
-    "TransientClassifier": "llm_resilience.transient",
-    "is_transient": "llm_resilience.transient",
-}
+
+@functools.cache
+def _locations() -> dict[str, str]:
+    """Where each lazy name lives, read once from the ``TYPE_CHECKING`` imports above: they
+    are the one table of them (type checkers read it too)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    return {
+        alias.name: statement.module
+        for statement in block.body
+        if isinstance(statement, ast.ImportFrom) and statement.module is not None
+        for alias in statement.names
+    }
 
 
 def __getattr__(name: str) -> Any:
@@ -113,7 +111,7 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import version
 
         return version("llm-resilience")
-    module = _LOCATIONS.get(name)
+    module = _locations().get(name)
     if module is None:
         raise AttributeError(f"module 'llm_resilience' has no attribute {name!r}")
     value = getattr(import_module(module), name)

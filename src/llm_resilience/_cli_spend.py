@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import IO, Any
 
 from llm_resilience.redact import scrubbed
-from llm_resilience.spend import GROUPINGS, SpendReport, SpendRow
+from llm_resilience.spend import GROUPINGS, SpendReport, SpendRow, spend_report
 
 __all__ = ["EXIT_DATABASE", "EXIT_OK", "EXIT_USAGE", "configure", "run"]
 
@@ -173,8 +173,12 @@ def _report(url: str, arguments: argparse.Namespace) -> SpendReport:
     _check_ledger(url)
     ledger = SqlCostLedger(url)
     try:
-        return ledger.report(
-            by=arguments.by, since=arguments.since, until=arguments.until, scope=arguments.scope
+        return spend_report(
+            ledger,
+            by=arguments.by,
+            since=arguments.since,
+            until=arguments.until,
+            scope=arguments.scope,
         )
     finally:
         ledger.close()

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.budget import CostBudget
 
 if TYPE_CHECKING:
@@ -320,11 +320,11 @@ class ResiliencePlan:
         """
         if not isinstance(budget, CostBudget):
             raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
-        scope = _checks.scope("scope", scope)
+        scope = checks.scope("scope", scope)
         if ledger is not None:
-            from llm_resilience.budget import _ledger
+            from llm_resilience.budget._ledger import checked_ledger
 
-            ledger = _ledger(ledger)
+            ledger = checked_ledger(ledger)
         if surfaces is None:
             chosen = [s for s in _BUDGETED if s in self._surfaces]
             if not chosen:

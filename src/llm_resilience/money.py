@@ -9,8 +9,8 @@ use a context with the largest precision the ``decimal`` module allows, with
 >>> exact_sum([money("cost", "0.1"), money("cost", Decimal("0.2"))])
 Decimal('0.3')
 
-:mod:`llm_resilience.budget`, :mod:`llm_resilience.usage` and the ledgers import from
-here; ``ModelPrice`` and ``cost_of`` stay importable from where they were.
+:mod:`llm_resilience.budget` and the ledgers import from here; it reads
+:class:`~llm_resilience.usage.Usage` (the layer below) to price a call.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from llm_resilience import _checks
+from llm_resilience import checks
 
 if TYPE_CHECKING:
     from llm_resilience.usage import Usage
@@ -60,14 +60,14 @@ def money(option: str, value: object) -> Decimal:
 
     Accepts a ``Decimal``, an ``int`` or a string (surrounding spaces ignored). A float
     or a bool raises ``TypeError``; a negative, non-finite or unreadable value, one of
-    :data:`~llm_resilience._checks.MAX_MONEY` or more, or one with more than
-    :data:`~llm_resilience._checks.MAX_MONEY_PLACES` decimal places raises
+    :data:`~llm_resilience.checks.MAX_MONEY` or more, or one with more than
+    :data:`~llm_resilience.checks.MAX_MONEY_PLACES` decimal places raises
     ``ValueError``. Every message names ``option``.
 
     >>> money("daily_limit", " 25.50 ")
     Decimal('25.50')
     """
-    return _checks.money_in_range(option, _decimal(option, value))
+    return checks.money_in_range(option, _decimal(option, value))
 
 
 def optional_money(option: str, value: object) -> Decimal | None:
@@ -77,8 +77,8 @@ def optional_money(option: str, value: object) -> Decimal | None:
 
 def recorded_cost(option: str, value: object) -> Decimal:
     """A recorded cost: as :func:`money` reads it, bounded by
-    :func:`~llm_resilience._checks.cost_in_range` (a cost has a price's places plus 6)."""
-    return _checks.cost_in_range(option, _decimal(option, value))
+    :func:`~llm_resilience.checks.cost_in_range` (a cost has a price's places plus 6)."""
+    return checks.cost_in_range(option, _decimal(option, value))
 
 
 def _decimal(option: str, value: object) -> Decimal:

@@ -48,14 +48,14 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from llm_resilience import _checks
-from llm_resilience._warned import WarnedOnce
+from llm_resilience import checks
 from llm_resilience.errors import (
     BudgetExceededError,
     RateLimitBackendError,
     RateLimitQueueFullError,
     RequestExceedsCapacityError,
 )
+from llm_resilience.self_retry import warn_of_multiplied_retries
 from llm_resilience.transient import retry_after_of, status_code_of
 
 __all__ = [
@@ -126,7 +126,7 @@ def materialise_once(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[
 
 def _attempts(value: object) -> int:
     # The first try included: 1 means no retry at all.
-    return _checks.whole("RetryPolicy.attempts", value, minimum=1, maximum=MAX_ATTEMPTS)
+    return checks.whole("RetryPolicy.attempts", value, minimum=1, maximum=MAX_ATTEMPTS)
 
 
 def _jitter(value: object) -> float:
@@ -134,8 +134,8 @@ def _jitter(value: object) -> float:
     if zero and not isinstance(value, bool):
         return 0.0
     try:
-        amount = _checks.seconds("RetryPolicy.jitter", value)
-    except _checks.OptionTypeError:  # a wrong type keeps the shared message
+        amount = checks.seconds("RetryPolicy.jitter", value)
+    except checks.OptionTypeError:  # a wrong type keeps the shared message
         raise
     except ValueError:
         raise ValueError(
@@ -192,12 +192,12 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "attempts", _attempts(self.attempts))
-        set_(self, "base_delay", _checks.seconds("RetryPolicy.base_delay", self.base_delay))
-        set_(self, "max_delay", _checks.seconds("RetryPolicy.max_delay", self.max_delay))
+        set_(self, "base_delay", checks.seconds("RetryPolicy.base_delay", self.base_delay))
+        set_(self, "max_delay", checks.seconds("RetryPolicy.max_delay", self.max_delay))
         set_(self, "jitter", _jitter(self.jitter))
         codes = self.permanent_status_codes
         if isinstance(codes, (str, bytes)) or not isinstance(codes, Iterable):
-            raise _checks.OptionTypeError(
+            raise checks.OptionTypeError(
                 "RetryPolicy.permanent_status_codes must be a collection of HTTP status "
                 f"integers between 400 and 599; got {codes!r}"
             )
@@ -211,7 +211,7 @@ class RetryPolicy:
         set_(self, "permanent_status_codes", normalised)
         for name in ("sleep", "asleep", "now"):
             if not callable(getattr(self, name)):
-                raise _checks.OptionTypeError(
+                raise checks.OptionTypeError(
                     f"RetryPolicy.{name} must be callable; got {getattr(self, name)!r}"
                 )
 
@@ -246,7 +246,7 @@ class RetryPolicy:
         try:
             tenacity.Retrying(**tenacity_kwargs)
         except TypeError as error:
-            raise _checks.OptionTypeError(
+            raise checks.OptionTypeError(
                 f"RetryPolicy.from_tenacity takes tenacity.Retrying's keywords: {error}"
             ) from None
         policy = cls()
@@ -341,74 +341,3 @@ def policy_option(value: object) -> RetryPolicy:
             f"policy must be an llm_resilience.RetryPolicy or None; got {type(value).__name__}"
         )
     return value
-
-
-# -- wrapped objects that retry by themselves ----------------------------------------------
-
-#: Objects already warned about (see ``WarnedOnce``): each is warned about once.
-_warned = WarnedOnce()
-
-
-def warn_of_multiplied_retries(wrapped: object, policy: RetryPolicy, *, wrapper: str) -> None:
-    """Warn once per object when something under ``wrapper`` retries by itself, naming
-    the worst-case number of provider calls one call may make.
-
-    Looks at ``wrapped``, at every layer below it (``inner``, a chain's members) and at
-    the embeddings model a vector store holds, for a ``max_retries`` of their own or of
-    the SDK client they hold. With a policy of 4 attempts around a client with
-    ``max_retries=2``, one failing call reaches the provider up to 4 x (1 + 2) = 12 times.
-    """
-    from llm_resilience.fallback import self_retry_setting
-
-    for candidate in _stack(wrapped):
-        setting = self_retry_setting(candidate)
-        if setting is None:
-            continue
-        if not _warned.first(candidate):
-            continue
-        name, retries = setting
-        attempts = policy.max_attempts
-        if attempts is None:
-            worst = f"{1 + retries} times per attempt of the custom retry configuration"
-        else:
-            worst = f"{attempts} x (1 + {retries}) = {attempts * (1 + retries)} times"
-        where = "" if candidate is wrapped else f" (under the wrapped {type(wrapped).__name__})"
-        logger.warning(
-            "%s wraps %s%s, which retries by itself (%s=%d): one failing call may reach "
-            "the provider up to %s. Build it with max_retries=0.",
-            wrapper,
-            type(candidate).__name__,
-            where,
-            name,
-            retries,
-            worst,
-        )
-
-
-_HELD_MODELS = ("embeddings", "embedding", "embed_model")
-_MAX_STACK = 64
-
-
-def _stack(top: object) -> list[object]:
-    """``top``, the layers below it and the embeddings models they hold, each once."""
-    from llm_resilience.layers import layers_below
-
-    found: list[object] = []
-    pending: list[object] = [top]
-    seen: set[int] = set()
-    while pending and len(found) < _MAX_STACK:
-        current = pending.pop(0)
-        if id(current) in seen or isinstance(current, (str, bytes, int, float)):
-            continue
-        seen.add(id(current))
-        found.append(current)
-        below = list(layers_below(current))
-        for attribute in _HELD_MODELS:
-            try:
-                held = getattr(current, attribute, None)
-            except Exception:
-                continue
-            if held is not None:
-                below.append(held)
-        pending[0:0] = below
-    return found

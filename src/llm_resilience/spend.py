@@ -14,7 +14,9 @@ surface or scope, with what a budget has left.
 
 Money is exact (``Decimal``) in every row and total, from every ledger. Reports hold
 counts and money only, never prompt or response text. This module imports nothing heavy;
-``to_dataframe`` and plots build on it elsewhere.
+``to_dataframe`` and plots build on it elsewhere. A report sits above the budget (it says
+what the budget has left) and the ledgers (whose rows, :class:`SpendRow`, it orders and
+totals): it is the one way to report, ``spend_report(ledger, ...)``.
 """
 
 from __future__ import annotations
@@ -23,18 +25,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any
 
-from llm_resilience.ledger._protocol import (
-    LedgerEntry,
-    Window,
-    check_entry_filters,
-    check_now,
-    exact_sum,
+from llm_resilience.budget import CostBudget
+from llm_resilience.ledger._groups import (
+    GROUPINGS,
+    Grouping,
+    SpendRow,
+    check_grouping,
+    entry_key,
+    group_entries,
 )
-
-if TYPE_CHECKING:
-    from llm_resilience.budget import CostBudget
+from llm_resilience.ledger._protocol import check_entry_filters, check_now
+from llm_resilience.money import exact_sum
 
 __all__ = [
     "GROUPINGS",
@@ -47,42 +50,8 @@ __all__ = [
     "spend_report",
 ]
 
-Grouping = Literal["day", "month", "model", "kind", "surface", "scope"]
-#: Every grouping a report accepts, in the order the docs list them.
-GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
 # Groupings whose keys are times: rows sorted by key rather than by cost.
 _BY_TIME = ("day", "month")
-
-
-@dataclass(frozen=True, slots=True)
-class SpendRow:
-    """Sums over the entries of one group (or all of them, for a report's total).
-
-    >>> row = SpendRow("gpt-4o", Decimal("0.3"), calls=4, input_tokens=1500,
-    ...                output_tokens=300, estimated_calls=1)
-    >>> row.estimated_share
-    0.25
-    """
-
-    #: The group: ``'2026-11-29'`` (day), ``'2026-11'`` (month), a model, kind, surface or
-    #: scope; None for entries without one (unknown model, unscoped) and for a total.
-    key: str | None
-    #: Exact money of the group's entries.
-    cost: Decimal
-    #: Entries (calls, or other billed things such as OCR pages) in the group.
-    calls: int
-    #: Input (prompt) tokens of the group.
-    input_tokens: int
-    #: Output (completion) tokens of the group.
-    output_tokens: int
-    #: Entries whose token counts were estimated rather than reported by the provider.
-    estimated_calls: int
-
-    @property
-    def estimated_share(self) -> float:
-        """``estimated_calls / calls``: how much of the group rests on estimates (0.0
-        when the group has no calls)."""
-        return self.estimated_calls / self.calls if self.calls else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,52 +84,6 @@ class SpendReport:
 _EMPTY = SpendRow(None, Decimal(0), 0, 0, 0, 0)
 
 
-def check_grouping(by: object) -> Grouping:
-    """``by`` if it is a grouping, else ``ValueError`` naming ``by`` and the choices."""
-    for grouping in GROUPINGS:
-        if by == grouping and isinstance(by, str):
-            return grouping
-    choices = ", ".join(repr(each) for each in GROUPINGS)
-    raise ValueError(f"by must be one of {choices}; got {by!r}")
-
-
-def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
-    """The group ``entry`` falls in: its UTC day or month, or its model, kind, surface or
-    scope (None when it has none).
-
-    >>> from datetime import UTC, datetime
-    >>> entry = LedgerEntry(datetime(2026, 11, 29, 23, tzinfo=UTC), "chat")
-    >>> entry_key(entry, "day"), entry_key(entry, "month"), entry_key(entry, "model")
-    ('2026-11-29', '2026-11', None)
-    """
-    if by == "day":
-        return f"{entry.timestamp:%Y-%m-%d}"
-    if by == "month":
-        return f"{entry.timestamp:%Y-%m}"
-    value: str | None = getattr(entry, by)
-    return value or None
-
-
-def group_entries(entries: Iterable[LedgerEntry], by: Grouping) -> list[SpendRow]:
-    """One unsorted row per group of ``entries``, summed exactly in Python: what the
-    in-memory ledger and any third-party ledger's report use."""
-    sums: dict[str | None, list[Any]] = {}
-    for entry in entries:
-        key = entry_key(entry, by)
-        group = sums.get(key)
-        if group is None:
-            group = sums[key] = [[], 0, 0, 0, 0]
-        group[0].append(entry.cost)
-        group[1] += 1
-        group[2] += entry.input_tokens
-        group[3] += entry.output_tokens
-        group[4] += entry.estimated
-    return [
-        SpendRow(key, exact_sum(costs), calls, tokens_in, tokens_out, estimated)
-        for key, (costs, calls, tokens_in, tokens_out, estimated) in sums.items()
-    ]
-
-
 def _sorted(rows: Iterable[SpendRow], by: Grouping) -> tuple[SpendRow, ...]:
     if by in _BY_TIME:
         return tuple(sorted(rows, key=lambda row: (row.key is None, row.key or "")))
@@ -182,22 +105,12 @@ def _total(rows: Iterable[SpendRow]) -> SpendRow:
 def _remaining(
     ledger: Any, budget: CostBudget, scope: str | None, now: datetime
 ) -> dict[str, Decimal]:
-    """Money left per window: the tightest of the limits that gate a call of ``scope``."""
+    """Money left per window: the tightest of the limits that gate a call of ``scope``
+    (:meth:`~llm_resilience.CostBudget.limits_for`, the gate's own rule)."""
     left: dict[str, Decimal] = {}
-    windows: tuple[tuple[Window, Decimal | None, Decimal | None], ...] = (
-        ("day", budget.daily_limit, budget.global_daily_limit),
-        ("month", budget.monthly_limit, budget.global_monthly_limit),
-    )
-    for window, own_limit, global_limit in windows:
-        candidates: list[Decimal] = []
-        if own_limit is not None:
-            spent = ledger.spend(window, scope=scope, now=now)
-            candidates.append(own_limit - spent)
-        if global_limit is not None:
-            spent = ledger.spend(window, scope=None, now=now)
-            candidates.append(global_limit - spent)
-        if candidates:
-            left[window] = max(Decimal(0), min(candidates))
+    for window, spend_scope, limit in budget.limits_for(scope):
+        room = max(Decimal(0), limit - ledger.spend(window, scope=spend_scope, now=now))
+        left[window] = min(left.get(window, room), room)
     return left
 
 
@@ -231,11 +144,8 @@ def spend_report(
     """
     grouping = check_grouping(by)
     low, high, scope, _, _ = check_entry_filters(since, until, scope, None, None)
-    if budget is not None:
-        from llm_resilience.budget import CostBudget
-
-        if not isinstance(budget, CostBudget):
-            raise TypeError(f"budget must be a CostBudget or None, got {type(budget).__name__}")
+    if budget is not None and not isinstance(budget, CostBudget):
+        raise TypeError(f"budget must be a CostBudget or None, got {type(budget).__name__}")
     moment = check_now(now)
     grouped = getattr(ledger, "_spend_rows", None)
     if grouped is not None:

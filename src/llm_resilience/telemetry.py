@@ -65,11 +65,12 @@ _instruments: dict[str, Any] = {}
 
 
 def _meter() -> Any:
+    from importlib.metadata import version
+
     from opentelemetry import metrics
 
-    from llm_resilience import __version__
-
-    return metrics.get_meter(METER_NAME, __version__)
+    # The distribution's version, read here: the package face sits above every module.
+    return metrics.get_meter(METER_NAME, version("llm-resilience"))
 
 
 def _instrument(

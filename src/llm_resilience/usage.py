@@ -15,8 +15,8 @@ Usage(input_tokens=12, output_tokens=30, estimated=False)
   what it consumed, as reported so far or estimated over the prompt and the delivered
   text; nothing when no chunk was delivered.
 * Embeddings: always estimated over the input texts; output is 0.
-* Money: ``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``
-  (:func:`~llm_resilience.money.cost_of`, re-exported here).
+* Money is not counted here: :func:`~llm_resilience.money.cost_of` prices a
+  :class:`Usage` (``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``).
 
 ``cl100k_base`` is an OpenAI tokenizer, so estimates for other providers' models can be
 systematically off: treat estimated entries as close approximations, not invoices.
@@ -28,20 +28,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from llm_resilience import _checks
-
-# Re-exported: money has its own module, these names were first published here.
-from llm_resilience.money import TOKENS_PER_MTOK, cost_of
+from llm_resilience import checks
 from llm_resilience.tokens import count_message_tokens, count_tokens
 
 __all__ = [
-    "TOKENS_PER_MTOK",
     "DETAIL_FIELDS",
     "StreamUsage",
     "TokenDetails",
     "Usage",
     "chat_usage",
-    "cost_of",
     "embedding_usage",
     "estimate_request_tokens",
     "partial_stream_usage",
@@ -107,10 +102,10 @@ class Usage:
 
     def __post_init__(self) -> None:
         for name in ("input_tokens", "output_tokens"):
-            _checks.count(f"Usage.{name}", getattr(self, name))
+            checks.count(f"Usage.{name}", getattr(self, name))
         for name in DETAIL_FIELDS:
             if getattr(self, name) is not None:
-                _checks.count(f"Usage.{name}", getattr(self, name))
+                checks.count(f"Usage.{name}", getattr(self, name))
         problem = _misfit(self.input_tokens, self.output_tokens, self.details)
         if problem:
             raise ValueError(f"Usage: {problem}")

@@ -825,3 +825,44 @@ def test_finish_refuses_a_served_model_or_flag_no_ledger_entry_could_hold(
         ticket.finish(Usage(10, 5, estimated=estimated), model=model)
 
     assert ledger.entries() == []
+
+
+@pytest.mark.parametrize("scope", [None, "tenant-1"])
+async def test_a_strict_call_checks_its_scope_once_and_parses_no_limit_again(
+    monkeypatch: pytest.MonkeyPatch, scope: str | None
+) -> None:
+    from llm_resilience import checks
+    from llm_resilience.ledger import _protocol
+
+    budget = CostBudget(3, 15, daily_limit=1, monthly_limit=5, global_daily_limit=2, strict=True)
+    gate = BudgetGate(budget, InMemoryCostLedger(), now=lambda: NOON)
+    scopes: list[object] = []
+    limits: list[object] = []
+    check_scope, parse = checks.scope, _protocol.money
+
+    def counted_scope(option: str, value: object) -> str | None:
+        scopes.append(value)
+        return check_scope(option, value)
+
+    def counted_money(option: str, value: object) -> Decimal:
+        if option == "limit":
+            limits.append(value)
+        return parse(option, value)
+
+    monkeypatch.setattr(checks, "scope", counted_scope)
+    monkeypatch.setattr(_protocol, "money", counted_money)
+
+    ticket = gate.begin("chat", scope=scope, prompt=[("user", "Hi")], max_output_tokens=10)
+    assert ticket.reservation is not None
+    assert scopes == [scope]
+    await gate.abegin("chat", scope=scope, prompt=[("user", "Hi")], max_output_tokens=10)
+    assert scopes == [scope, scope]
+    assert limits == []
+
+
+def test_a_ledger_still_checks_limits_that_were_not_built_by_a_gate() -> None:
+    ledger = InMemoryCostLedger()
+    with pytest.raises(ValueError, match="scope"):
+        ledger.reserve(Decimal(1), limits={("day", "\x00"): Decimal(5)}, scope=None, now=NOON)
+    with pytest.raises(TypeError, match="limit"):
+        ledger.reserve(Decimal(1), limits={("day", None): 5.0}, scope=None, now=NOON)  # type: ignore[dict-item]

@@ -29,7 +29,7 @@ from llm_resilience import (
     StreamRestart,
     TransientClassifier,
 )
-from llm_resilience.fallback import self_retry_setting, warn_if_self_retrying
+from llm_resilience.self_retry import self_retry_setting, warn_if_self_retrying
 
 LOGGER = "llm_resilience.fallback"
 SECRET = "SECRET-PROMPT-OR-ANSWER"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from llm_resilience._checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
+from llm_resilience.checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, LedgerEntry, SqlCostLedger
 from llm_resilience.ledger._protocol import exact_sum
@@ -88,7 +88,7 @@ def entry(
 
 _WORKER = """
 from decimal import Decimal
-from llm_resilience._checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
+from llm_resilience.checks import MAX_COST, MAX_COST_PLACES, MAX_COUNT, MAX_SCOPE_LENGTH
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
 

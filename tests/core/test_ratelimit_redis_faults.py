@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from llm_resilience._checks import OptionTypeError
+from llm_resilience.checks import OptionTypeError
 from llm_resilience.errors import RateLimitBackendError
 from llm_resilience.ratelimit import RedisTokenBucketRateLimiter
 from llm_resilience.testing import FaultProxy

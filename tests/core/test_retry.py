@@ -493,14 +493,14 @@ def test_a_custom_policy_reads_as_the_configuration_it_was_given() -> None:
 def test_an_object_warned_about_is_forgotten_once_it_is_gone() -> None:
     import gc
 
-    from llm_resilience import retry
+    from llm_resilience import self_retry
 
     inner = _SelfRetrying(max_retries=2)
     key = id(inner)
     warn_of_multiplied_retries(inner, RetryPolicy(), wrapper="RetryingThing")
-    assert key in retry._warned
+    assert key in self_retry._warned
 
     del inner
     gc.collect()
 
-    assert key not in retry._warned
+    assert key not in self_retry._warned

@@ -25,7 +25,8 @@ from botocore.config import Config
 from botocore.eventstream import ChecksumMismatch
 
 from llm_resilience import TransientClassifier, is_transient
-from llm_resilience.fallback import context_limit_of, is_context_overflow, self_retry_setting
+from llm_resilience.fallback import context_limit_of, is_context_overflow
+from llm_resilience.self_retry import self_retry_setting
 from llm_resilience.testing import Fault, FaultInjectingServer
 from llm_resilience.transient import retry_after_of, status_code_of
 

@@ -27,8 +27,8 @@ from llm_resilience import TransientClassifier, is_transient  # noqa: E402
 from llm_resilience.fallback import (  # noqa: E402
     context_limit_of,
     is_context_overflow,
-    self_retry_setting,
 )
+from llm_resilience.self_retry import self_retry_setting  # noqa: E402
 from llm_resilience.testing import Fault, FaultInjectingServer  # noqa: E402
 from llm_resilience.transient import retry_after_of, status_code_of  # noqa: E402
 
@@ -236,7 +236,8 @@ def test_classifying_never_imports_google_genai() -> None:
     code = (
         "import sys\n"
         "from llm_resilience.transient import is_transient, retry_after_of\n"
-        "from llm_resilience.fallback import is_context_overflow, self_retry_setting\n"
+        "from llm_resilience.fallback import is_context_overflow\n"
+        "from llm_resilience.self_retry import self_retry_setting\n"
         "e = ValueError('x')\n"
         "is_transient(e); retry_after_of(e); is_context_overflow(e); self_retry_setting(e)\n"
         "assert 'google.genai' not in sys.modules, 'google.genai imported'\n"

@@ -18,7 +18,7 @@ import pytest
 
 from llm_resilience import TransientClassifier, is_transient
 from llm_resilience.fallback._routing import context_limit_of, is_context_overflow
-from llm_resilience.fallback._self_retry import self_retry_setting
+from llm_resilience.self_retry import self_retry_setting
 from llm_resilience.testing import Fault, FaultInjectingServer
 from llm_resilience.testing._wire_mistral import MISTRAL_CAPACITY_EXCEEDED
 from llm_resilience.transient import retry_after_of, status_code_of

@@ -23,7 +23,8 @@ import pytest
 ollama = pytest.importorskip("ollama")
 
 from llm_resilience import TransientClassifier, is_transient  # noqa: E402
-from llm_resilience.fallback import is_context_overflow, self_retry_setting  # noqa: E402
+from llm_resilience.fallback import is_context_overflow  # noqa: E402
+from llm_resilience.self_retry import self_retry_setting  # noqa: E402
 from llm_resilience.testing import Fault, FaultInjectingServer  # noqa: E402
 from llm_resilience.transient import retry_after_of, status_code_of  # noqa: E402
 

@@ -7,12 +7,12 @@ from decimal import Decimal
 import pytest
 
 from llm_resilience.budget import ModelPrice
+from llm_resilience.money import cost_of
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import (
     StreamUsage,
     Usage,
     chat_usage,
-    cost_of,
     embedding_usage,
     estimate_request_tokens,
     partial_stream_usage,

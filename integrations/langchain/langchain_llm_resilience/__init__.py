@@ -10,8 +10,6 @@ from langchain_llm_resilience.ratelimit import RateLimitedChatModel, RateLimited
 from langchain_llm_resilience.retry import RetryingEmbeddings, RetryingVectorStore
 
 __all__ = [
-    "SCOPE_KWARG",
-    "STREAM_RESTART_EVENT",
     "CostTrackedChatModel",
     "CostTrackedEmbeddings",
     "FallbackChatModel",
@@ -20,4 +18,6 @@ __all__ = [
     "ResilienceBuilder",
     "RetryingEmbeddings",
     "RetryingVectorStore",
+    "SCOPE_KWARG",
+    "STREAM_RESTART_EVENT",
 ]

@@ -21,7 +21,7 @@ from langchain_llm_resilience._delegate import (
     private_state,
     signature_precomputed,
 )
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.budget import (
     BudgetGate,
     BudgetTicket,
@@ -278,7 +278,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         return _plain(budget)
 
     def __init__(self, **data: Any) -> None:
-        _checks.scope("scope", data.get("scope"))
+        checks.scope("scope", data.get("scope"))
         gate = _build_gate(data.get("budget"), data.get("ledger"))
         if data.get("ledger") is None:
             data["ledger"] = gate.ledger
@@ -313,7 +313,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         return call_kwargs
 
     def _ticket_args(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
-        scope = _checks.scope(SCOPE_KWARG, kwargs.pop(SCOPE_KWARG, self.scope))
+        scope = checks.scope(SCOPE_KWARG, kwargs.pop(SCOPE_KWARG, self.scope))
         # The call's own cap reaches every model below; each model's own is in _may_serve.
         max_tokens = _first_count(kwargs.get("max_tokens"), kwargs.get("max_completion_tokens"))
         state = private_state(self)
@@ -546,7 +546,7 @@ class CostTrackedEmbeddings(Embeddings):
         #: The wrapped embeddings model.
         self.inner = inner
         #: Budget scope of every call.
-        self.scope = _checks.scope("scope", scope)
+        self.scope = checks.scope("scope", scope)
         #: The budget gate this wrapper consults and records through.
         self.gate = _build_gate(budget, ledger)
         self._model = _model_name(inner)

@@ -41,11 +41,12 @@ which member may take a request, where a prompt too long goes), ``_continuation`
 (``mid_stream="continue"``: prefill, whitespace, a rejected prefill), ``_engine``
 (``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
 ``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
-(``member_retry=``: short waits on the same member), ``_self_retry`` (inner models
-that retry by themselves), ``_hedge`` and ``_hedge_stream`` (``hedge_after=``: a slow
-first token also starts the request on the next member) and ``_hedge_inbox`` (how a
-loser's reported usage reaches the cost layer: a :class:`HedgeInbox`). Import from
-``llm_resilience.fallback``.
+(``member_retry=``: short waits on the same member), ``_hedge`` and ``_hedge_stream``
+(``hedge_after=``: a slow first token also starts the request on the next member) and
+``_hedge_inbox`` (how a loser's reported usage reaches the cost layer: a
+:class:`HedgeInbox`). Import from ``llm_resilience.fallback``. What retries by itself
+(a member that would delay failover) is :mod:`llm_resilience.self_retry`'s, shared with
+the retry wrappers.
 """
 
 from llm_resilience.fallback._breaker import MemberHealth
@@ -72,7 +73,6 @@ from llm_resilience.fallback._routing import (
     is_context_overflow,
     resolve_member_profiles,
 )
-from llm_resilience.fallback._self_retry import self_retry_setting, warn_if_self_retrying
 
 __all__ = [
     "Cooldown",
@@ -94,6 +94,4 @@ __all__ = [
     "is_context_overflow",
     "is_prefill_rejection",
     "resolve_member_profiles",
-    "self_retry_setting",
-    "warn_if_self_retrying",
 ]

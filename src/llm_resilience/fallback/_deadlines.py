@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-from llm_resilience._checks import seconds
+from llm_resilience.checks import seconds
 
 __all__ = ["TimeLimit", "_AttemptClock", "_TimeLimits"]
 

@@ -52,7 +52,6 @@ from llm_resilience.fallback._routing import (
     _Routing,
     is_context_overflow,
 )
-from llm_resilience.fallback._self_retry import warn_if_self_retrying
 from llm_resilience.fallback._sources import (
     _aclose,
     _AttemptTimedOut,
@@ -62,6 +61,7 @@ from llm_resilience.fallback._sources import (
 )
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.self_retry import warn_if_self_retrying
 from llm_resilience.transient import is_transient
 
 # Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).

@@ -45,7 +45,7 @@ from collections.abc import (
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from llm_resilience._checks import seconds
+from llm_resilience.checks import seconds
 from llm_resilience.fallback._deadlines import _TimeLimits
 from llm_resilience.fallback._hedge_inbox import HedgeInbox, HedgeLoser, current_hedge_inbox
 from llm_resilience.fallback._routing import is_context_overflow

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llm_resilience._checks import OptionTypeError, seconds, whole
+from llm_resilience.checks import OptionTypeError, seconds, whole
 
 __all__ = ["MID_STREAM_POLICIES", "Classifier", "Cooldown", "RestartHook", "StreamRestart"]
 

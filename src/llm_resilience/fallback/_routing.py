@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from llm_resilience._checks import OptionTypeError, whole
+from llm_resilience.checks import OptionTypeError, whole
 from llm_resilience.errors import NoCapableMemberError
 from llm_resilience.transient import status_code_of
 

@@ -8,10 +8,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
-from llm_resilience import _checks
-from llm_resilience._checks import duration, whole
+from llm_resilience import checks
+from llm_resilience.checks import duration, whole
+from llm_resilience.ledger._groups import Grouping, SpendRow, group_entries
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     LedgerEntry,
@@ -20,6 +20,7 @@ from llm_resilience.ledger._protocol import (
     Window,
     check_amount,
     check_entry_filters,
+    check_hold_scope,
     check_limits,
     check_now,
     check_scope,
@@ -29,10 +30,6 @@ from llm_resilience.ledger._protocol import (
     window_key,
 )
 from llm_resilience.money import EXACT
-
-if TYPE_CHECKING:
-    from llm_resilience.budget import CostBudget
-    from llm_resilience.spend import Grouping, SpendReport, SpendRow
 
 __all__ = ["InMemoryCostLedger"]
 
@@ -183,7 +180,7 @@ class InMemoryCostLedger:
         amount = check_amount(amount)
         checked = check_limits(limits)
         when = check_now(now)
-        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
+        hold = Reservation(uuid.uuid4().hex, amount, check_hold_scope(limits, scope), when)
         # Forget holds that are dead both at ``now`` and on the real clock, so a caller
         # passing a past ``now`` never drops a hold that other callers still count.
         horizon = min(when, datetime.now(UTC)) - self.reservation_ttl
@@ -267,7 +264,7 @@ class InMemoryCostLedger:
     ) -> Iterator[LedgerEntry]:
         """:meth:`entries` as an iterator (the entries are in memory already; this and
         ``page_size`` are for code written against :meth:`SqlCostLedger.iter_entries`)."""
-        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return iter(self.entries(since, until, scope=scope, model=model, kind=kind))
 
     def aiter_entries(
@@ -291,31 +288,9 @@ class InMemoryCostLedger:
 
         return entries()
 
-    def report(
-        self,
-        by: Grouping = "day",
-        since: datetime | None = None,
-        until: datetime | None = None,
-        *,
-        scope: str | None = None,
-        budget: CostBudget | None = None,
-        now: datetime | None = None,
-    ) -> SpendReport:
-        """:func:`~llm_resilience.spend.spend_report` of this ledger: exact sums per
-        ``by`` group of the kept entries (see ``max_entries``).
-
-        >>> InMemoryCostLedger().report(by="model").total.cost
-        Decimal('0')
-        """
-        from llm_resilience.spend import spend_report
-
-        return spend_report(self, by, since, until, scope=scope, budget=budget, now=now)
-
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
     ) -> list[SpendRow]:
-        from llm_resilience.spend import group_entries
-
         return group_entries(self.entries(low, high, scope=scope), by)
 
     def close(self) -> None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.money import exact_sum, money, recorded_cost
 
@@ -32,8 +32,11 @@ __all__ = [
     "CostLedger",
     "LedgerEntry",
     "Reservation",
+    "Limit",
     "Window",
+    "CheckedLimits",
     "check_amount",
+    "check_hold_scope",
     "check_limits",
     "check_now",
     "check_scope",
@@ -142,7 +145,7 @@ class LedgerEntry:
         if not isinstance(self.kind, str) or not self.kind:
             raise TypeError(f"kind must be non-empty text, got {self.kind!r}")
         for option in ("input_tokens", "output_tokens", "pages", *DETAIL_COLUMNS):
-            _checks.count(option, getattr(self, option))
+            checks.count(option, getattr(self, option))
         _check_parts(self)
         object.__setattr__(self, "cost", recorded_cost("cost", self.cost))
         if not isinstance(self.estimated, bool):
@@ -150,7 +153,7 @@ class LedgerEntry:
         for option in ("model", "surface"):
             _optional_text(option, getattr(self, option))
         check_scope(self.scope)
-        _checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
+        checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
 
 
 def checked_entry(
@@ -172,7 +175,7 @@ def checked_entry(
 
     The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
     the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
-    validated prices and counts (so within :func:`~llm_resilience._checks.cost_in_range`)
+    validated prices and counts (so within :func:`~llm_resilience.checks.cost_in_range`)
     and ``scope`` checked when the call was admitted; the cache and reasoning counts are
     the same ``Usage``'s (None there is 0 here). Only ``model`` and ``estimated``,
     which a caller of ``BudgetTicket.finish`` passes, are checked here. The result equals
@@ -343,7 +346,7 @@ def check_now(now: datetime | None) -> datetime:
 def check_scope(scope: object) -> str | None:
     """A budget scope: None for the global total, or text every ledger can store and
     index (at most 256 characters, no control character or lone surrogate)."""
-    return _checks.scope("scope", scope)
+    return checks.scope("scope", scope)
 
 
 def _check_window(window: object) -> Window:
@@ -391,14 +394,52 @@ def check_amount(amount: object) -> Decimal:
     return recorded_cost("amount", amount)
 
 
-def check_limits(
-    limits: Mapping[tuple[Window, str | None], Decimal],
-) -> list[tuple[Window, str | None, Decimal]]:
-    """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order."""
-    checked: list[tuple[Window, str | None, Decimal]] = []
+#: One limit of a reservation: its window, the scope whose spend it reads, the limit.
+Limit = tuple[Window, str | None, Decimal]
+
+
+class CheckedLimits(Mapping[SpendWindow, Decimal]):
+    """``reserve``'s ``limits`` for a call of ``scope``, built from values already checked
+    (the gate's: windows and money parsed when its budget was built, the scope checked once
+    per call), so a ledger of ours checks nothing again on each reservation. Any other
+    mapping is checked by :func:`check_limits` as before."""
+
+    __slots__ = ("_by_window", "scope", "triples")
+
+    def __init__(self, triples: Sequence[Limit], scope: str | None) -> None:
+        #: The limits in order, as ``reserve`` applies them.
+        self.triples: tuple[Limit, ...] = tuple(triples)
+        #: The (checked) scope of the call these limits gate.
+        self.scope = scope
+        self._by_window = {(window, limit_scope): limit for window, limit_scope, limit in triples}
+
+    def __getitem__(self, key: SpendWindow) -> Decimal:
+        return self._by_window[key]
+
+    def __iter__(self) -> Iterator[SpendWindow]:
+        return iter(self._by_window)
+
+    def __len__(self) -> int:
+        return len(self._by_window)
+
+
+def check_limits(limits: Mapping[SpendWindow, Decimal]) -> Sequence[Limit]:
+    """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order
+    (:class:`CheckedLimits` as they are)."""
+    if isinstance(limits, CheckedLimits):
+        return limits.triples
+    checked: list[Limit] = []
     for (window, scope), limit in limits.items():
         checked.append((_check_window(window), check_scope(scope), money("limit", limit)))
     return checked
+
+
+def check_hold_scope(limits: Mapping[SpendWindow, Decimal], scope: object) -> str | None:
+    """``reserve``'s ``scope``, checked unless it is the one its :class:`CheckedLimits`
+    were checked for."""
+    if isinstance(limits, CheckedLimits) and scope is limits.scope:
+        return limits.scope
+    return check_scope(scope)
 
 
 def refusal(

@@ -42,17 +42,18 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, delete, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._behind import Flusher
 from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._groups import Grouping, SpendRow
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
@@ -62,6 +63,7 @@ from llm_resilience.ledger._protocol import (
     Window,
     check_amount,
     check_entry_filters,
+    check_hold_scope,
     check_limits,
     check_now,
     check_scope,
@@ -91,10 +93,6 @@ from llm_resilience.ledger._schema import (
 )
 from llm_resilience.ledger._watchdog import Operation, Watchdog
 
-if TYPE_CHECKING:
-    from llm_resilience.budget import CostBudget
-    from llm_resilience.spend import Grouping, SpendReport, SpendRow
-
 __all__ = ["SqlCostLedger"]
 
 logger = logging.getLogger(__name__)
@@ -104,7 +102,7 @@ DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
 #: Default bound on libpq's own connection attempt (whole seconds, 2 at least).
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
 #: The longest ``operation_timeout`` and ``connect_timeout`` accepted (a day).
-MAX_OPERATION_TIMEOUT = _checks.MAX_OPERATION_TIMEOUT
+MAX_OPERATION_TIMEOUT = checks.MAX_OPERATION_TIMEOUT
 #: Bound on opening a ledger whose tables must be created or migrated, waiting for
 #: another process's migration included: building the totals of a first-release table
 #: takes about 7 s per million SQLite rows (2 s on PostgreSQL).
@@ -147,7 +145,7 @@ _live: weakref.WeakSet[SqlCostLedger] = weakref.WeakSet()
 def _parse_url(url: object) -> URL:
     """``url`` as a SQLAlchemy URL of a supported database, driver set to ours."""
     if not isinstance(url, str):
-        raise _checks.OptionTypeError(
+        raise checks.OptionTypeError(
             f"url must be a database URL string: {_URL_FORMS}; got {type(url).__name__}"
         )
     try:
@@ -281,16 +279,16 @@ class SqlCostLedger:
     ) -> None:
         parsed = _parse_url(url)
         #: Bound on every operation.
-        self.operation_timeout = _checks.duration(
+        self.operation_timeout = checks.duration(
             "operation_timeout", operation_timeout, maximum=MAX_OPERATION_TIMEOUT
         )
         #: libpq's bound on one PostgreSQL connection attempt.
-        self.connect_timeout = _checks.duration(
+        self.connect_timeout = checks.duration(
             "connect_timeout", connect_timeout, maximum=MAX_OPERATION_TIMEOUT
         )
         #: How long an unsettled hold counts toward spend.
-        self.reservation_ttl = _checks.duration("reservation_ttl", reservation_ttl)
-        _checks.whole("max_pending", max_pending, minimum=1, maximum=_checks.MAX_COUNT)
+        self.reservation_ttl = checks.duration("reservation_ttl", reservation_ttl)
+        checks.whole("max_pending", max_pending, minimum=1, maximum=checks.MAX_COUNT)
         #: How often queued records are committed; None: each before ``record`` returns.
         self.write_behind = _write_behind(write_behind)
         self._behind_seconds = (
@@ -301,7 +299,7 @@ class SqlCostLedger:
         # ``max_pending``, so the queue never drops an entry while the database answers.
         self._behind_limit = max(1, min(_BEHIND_LIMIT, max_pending // 2))
         if not isinstance(echo, bool):
-            raise _checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
+            raise checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
         self._timeout = self.operation_timeout.total_seconds()
         self._postgres = parsed.get_backend_name() == "postgresql"
         self._memory = not self._postgres and (
@@ -1063,7 +1061,7 @@ class SqlCostLedger:
         amount = check_amount(amount)
         checked = check_limits(limits)
         when = check_now(now)
-        hold = Reservation(uuid.uuid4().hex, amount, check_scope(scope), when)
+        hold = Reservation(uuid.uuid4().hex, amount, check_hold_scope(limits, scope), when)
 
         def reserve(operation: Operation) -> Reservation:
             with self._connection(operation, transaction=True) as connection:
@@ -1210,7 +1208,7 @@ class SqlCostLedger:
         call, before the first entry is asked for.
         """
         checked = check_entry_filters(since, until, scope, model, kind)
-        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return self._pages(*checked, page_size)
 
     def aiter_entries(
@@ -1230,7 +1228,7 @@ class SqlCostLedger:
         ...     total += entry.cost
         """
         checked = check_entry_filters(since, until, scope, model, kind)
-        _checks.whole("page_size", page_size, minimum=1, maximum=_checks.MAX_COUNT)
+        checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return self._apages(*checked, page_size)
 
     def _page(
@@ -1296,33 +1294,13 @@ class SqlCostLedger:
             if cursor is None:
                 return
 
-    def report(
-        self,
-        by: Grouping = "day",
-        since: datetime | None = None,
-        until: datetime | None = None,
-        *,
-        scope: str | None = None,
-        budget: CostBudget | None = None,
-        now: datetime | None = None,
-    ) -> SpendReport:
-        """:func:`~llm_resilience.spend.spend_report` of this ledger, grouped by the
-        database in one bounded operation (``GROUP BY``; exact sums, see
-        :mod:`._queries`). Writes still pending are not in the rows (they are in
-        ``remaining``, which reads :meth:`spend`). Measured on 2 cores over a million
-        rows: 3.5-5.5 s on SQLite (each cost is added exactly in Python), so a report
-        of a month that large needs narrower bounds or a larger ``operation_timeout``.
-
-        >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
-        """
-        from llm_resilience.spend import spend_report
-
-        return spend_report(self, by, since, until, scope=scope, budget=budget, now=now)
-
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
     ) -> list[SpendRow]:
-        from llm_resilience.spend import SpendRow
+        """What :func:`~llm_resilience.spend.spend_report` reads: the rows grouped by the
+        database in one bounded operation (``GROUP BY``; exact sums, see ``_queries``).
+        Writes still pending are not in them (a report's ``remaining`` reads
+        :meth:`spend`, which counts them)."""
 
         def read(operation: Operation) -> list[SpendRow]:
             with self._connection(operation) as connection:
@@ -1394,7 +1372,7 @@ class SqlCostLedger:
 def _write_behind(value: object) -> timedelta | None:
     if value is None:
         return None
-    interval = _checks.duration("write_behind", value)
+    interval = checks.duration("write_behind", value)
     if interval > MAX_WRITE_BEHIND:
         raise ValueError(
             f"write_behind must be None or at most {MAX_WRITE_BEHIND.total_seconds():.0f} "

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.errors import RequestExceedsCapacityError
 from llm_resilience.tokens import count_tokens
 from llm_resilience.usage import estimate_request_tokens, reported_usage
@@ -66,7 +66,7 @@ def per_period(per_minute: int) -> int:
 def positive_int(option: str, value: object) -> int:
     """``value`` if it is an ``int`` >= 1; else ``TypeError`` (not an int, or a bool) or
     ``ValueError`` (< 1), both naming ``option`` and the allowed range."""
-    return _checks.whole(option, value, minimum=1)
+    return checks.whole(option, value, minimum=1)
 
 
 def optional_positive_int(option: str, value: object) -> int | None:
@@ -100,7 +100,7 @@ def check_budgets(
 
 def non_negative_int(option: str, value: object) -> int:
     """``value`` if it is an ``int`` >= 0, else ``TypeError``/``ValueError`` naming ``option``."""
-    return _checks.whole(option, value)
+    return checks.whole(option, value)
 
 
 def check_token_weight(num_tokens: object, token_capacity: int | None) -> int:

@@ -24,7 +24,6 @@ from llama_index.resilience.ratelimit import RateLimitedEmbedding, RateLimitedLL
 from llama_index.resilience.retry import RetryingEmbedding, RetryingVectorStore
 
 __all__ = [
-    "SERVED_BY_KEY",
     "CostTrackedEmbedding",
     "CostTrackedLLM",
     "FallbackLLM",
@@ -34,4 +33,5 @@ __all__ = [
     "ResilienceBuilder",
     "RetryingEmbedding",
     "RetryingVectorStore",
+    "SERVED_BY_KEY",
 ]

@@ -61,7 +61,7 @@ from llama_index.resilience._usage import (
 )
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 
-from llm_resilience import _checks
+from llm_resilience import checks
 from llm_resilience.budget import (
     BudgetGate,
     BudgetTicket,
@@ -167,7 +167,7 @@ class CostTrackedLLM(DelegatingLLM):
     # -- hooks ----------------------------------------------------------------------------
 
     def _admit(self, request: Request, kwargs: dict[str, Any]) -> tuple[dict[str, Any], _Call]:
-        scope = _checks.scope(BUDGET_SCOPE_KWARG, kwargs.pop(BUDGET_SCOPE_KWARG, self.scope))
+        scope = checks.scope(BUDGET_SCOPE_KWARG, kwargs.pop(BUDGET_SCOPE_KWARG, self.scope))
         prompt = prompt_pairs(request)
         gate_kwargs = {
             "scope": scope,
@@ -420,7 +420,7 @@ class _Call:
 def _gate(budget: object, ledger: CostLedger | None, scope: object) -> BudgetGate:
     if not isinstance(budget, CostBudget):
         raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
-    _checks.scope("scope", scope)
+    checks.scope("scope", scope)
     return BudgetGate(budget, ledger)
 
 

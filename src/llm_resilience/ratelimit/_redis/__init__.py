@@ -21,7 +21,7 @@ time bounds and connection slots), ``_outage`` (the outage breaker) and ``_limit
 (:class:`RedisTokenBucketRateLimiter`).
 """
 
-from llm_resilience._checks import MAX_OPERATION_TIMEOUT
+from llm_resilience.checks import MAX_OPERATION_TIMEOUT
 from llm_resilience.ratelimit._redis._clients import DEFAULT_MAX_CONNECTIONS
 from llm_resilience.ratelimit._redis._limiter import (
     DEFAULT_KEY_PREFIX,

@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import Any, Final, get_args
 
 from llm_resilience import telemetry
-from llm_resilience._checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
+from llm_resilience.checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
 from llm_resilience.errors import (
     RateLimitQueueFullError,
     RequestExceedsCapacityError,

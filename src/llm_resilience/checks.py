@@ -1,5 +1,8 @@
 """Option checks shared by every part of the core: durations, scopes, counts and money.
 
+The bottom layer: it imports nothing of ours, and the adapters use it to check their own
+options the way the core does (see ``docs/architecture.md``).
+
 Each check names the option it was given and the values it allows, and bounds what it
 accepts to what every backend can hold, so a value that passes here can always be
 stored, waited for and added up. The bounds are documented in ``docs/operations.md``.

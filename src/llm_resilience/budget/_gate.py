@@ -1,253 +1,55 @@
-"""The spend budget: prices, limits, and the gate every priced call passes through.
-
-::
-
-    gate = BudgetGate(CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
-                                 daily_limit=25), ledger=SqlCostLedger("sqlite:///spend.db"))
-    ticket = gate.begin("chat", prompt=pairs, max_output_tokens=1024)  # BudgetExceededError?
-    try:
-        response = call_the_model()
-    except BaseException:
-        ticket.abandon()                                   # a failed call costs nothing
-        raise
-    ticket.finish(chat_usage(in_tokens, out_tokens, prompt=pairs, response_text=text),
-                  model=served_model)
-
-Adapters only translate framework types into these calls; every rule lives here and in
-:mod:`llm_resilience.usage`.
-"""
+"""The gate every priced call passes through, and the ticket that records what it cost."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from types import MappingProxyType
-from typing import Any, Literal, TypeAlias
+from typing import Literal
 
-from llm_resilience import _checks
+from llm_resilience import checks
+from llm_resilience.budget._ledger import (
+    checked_ledger,
+    keep,
+    ledger_name,
+    release,
+    shielded,
+    unreleased,
+    unwritable,
+)
+from llm_resilience.budget._models import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    ServingModel,
+    first_count,
+    serving_models,
+)
+from llm_resilience.budget._options import CostBudget
 from llm_resilience.errors import BudgetExceededError
-from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation, Window
-from llm_resilience.ledger._protocol import batch_reader, checked_entry
-from llm_resilience.money import ModelPrice, Money, cost_of, money, optional_money
-from llm_resilience.redact import scrubbed
+from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation
+from llm_resilience.ledger._protocol import CheckedLimits, batch_reader, check_scope, checked_entry
+from llm_resilience.money import cost_of
 from llm_resilience.telemetry import record_llm_usage
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import Usage
 
-__all__ = [
-    "DEFAULT_MAX_OUTPUT_TOKENS",
-    "HEDGE_KIND",
-    "BudgetGate",
-    "BudgetTicket",
-    "CostBudget",
-    "ModelPrice",
-    "ServingModel",
-    "dearest_model",
-    "served_model",
-]
+__all__ = ["HEDGE_KIND", "BudgetGate", "BudgetTicket", "Surface"]
 
-logger = logging.getLogger(__name__)
-
-#: Output tokens a strict-mode hold assumes for a model that may serve a chat call when
-#: neither the call nor the model caps its output (no ``max_output_tokens``, no
-#: :attr:`ServingModel.max_output_tokens`).
-DEFAULT_MAX_OUTPUT_TOKENS = 4096
+# Every part of the budget logs as ``llm_resilience.budget`` (a documented name).
+logger = logging.getLogger("llm_resilience.budget")
 
 #: The ``kind`` of a ledger entry recording a hedged attempt that lost
 #: (:meth:`BudgetTicket.record_hedge`): spend, but not the call's answer.
 HEDGE_KIND = "hedge"
 
 Surface = Literal["chat", "embedding"]
-#: One limit the gate applies: the window, whose spend it reads (None: the global total),
-#: and the limit.
-_Limit: TypeAlias = tuple[Window, str | None, Decimal]
 
 _IN_MEMORY_WARNING = (
     "No persistent cost ledger: spend is kept in memory by InMemoryCostLedger and resets "
     "when the process restarts. Pass SqlCostLedger(url) to keep it across restarts and workers."
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ServingModel:
-    """A model that may serve a call, and the most output tokens it writes per call.
-
-    >>> ServingModel("gpt-4o", max_output_tokens=16384)
-    ServingModel(name='gpt-4o', max_output_tokens=16384)
-
-    Strict mode holds each call's worst case over every model that may serve it (see
-    :meth:`BudgetGate.worst_case_cost`); pass the members of a fallback chain as
-    ``may_serve=[ServingModel(...), ...]``. A ``name`` of None is priced at the surface
-    prices. ``TypeError``/``ValueError`` name the field that is wrong.
-    """
-
-    #: The model's name, priced by :meth:`CostBudget.price_for`; None: the surface prices.
-    name: str | None
-    #: Its own output cap (its ``max_tokens``, else its provider's documented maximum);
-    #: None: unknown, so :data:`DEFAULT_MAX_OUTPUT_TOKENS` unless the call sets one. >= 0.
-    max_output_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise TypeError(f"ServingModel.name must be a non-empty str or None, got {self.name!r}")
-        if self.max_output_tokens is not None:
-            _checks.count("ServingModel.max_output_tokens", self.max_output_tokens)
-
-
-@dataclass(frozen=True, init=False)
-class CostBudget:
-    """Prices and spend limits, exact to the last digit (``Decimal``).
-
-    >>> budget = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
-    ...                     embedding_price_per_mtok="0.02", daily_limit=25, monthly_limit=400)
-
-    Money is ``Decimal``, ``int`` or ``str`` in whatever currency the prices are quoted in;
-    a float raises ``TypeError`` ("use Decimal('0.15') or a string"). Validated here:
-    no negative values (``ValueError`` naming the option), and at least one of
-    ``daily_limit``, ``monthly_limit``, ``global_daily_limit``, ``global_monthly_limit``.
-    A limit of 0 is a kill switch: every call is refused.
-
-    Windows are UTC calendar windows: ``day`` is the current UTC date, ``month`` the current
-    UTC month from its first day. Scopes (a tenant, a user, a hash of an API key passed to
-    :meth:`BudgetGate.begin`):
-
-    * a call without a scope is gated by ``daily_limit``/``monthly_limit`` and by
-      ``global_daily_limit``/``global_monthly_limit``, all against the global spend;
-    * a call with ``scope="tenant-1"`` is gated by ``daily_limit``/``monthly_limit``
-      against that scope's own spend, and by the ``global_*`` limits against the global
-      spend (every scope together).
-
-    ``prices`` maps model names to :class:`ModelPrice`, applied to the model that actually
-    served: the exact name first, then the longest configured prefix the served name starts
-    with (``"gpt-4o"`` prices ``"gpt-4o-2024-08-06"``), else the three surface prices.
-
-    ``strict=True`` reserves each call's worst-case cost at the gate, so concurrent calls
-    cannot overshoot a limit (see :class:`BudgetGate`). Without it the gate is a pre-call
-    check: every call in flight when the limit is reached still completes and records, so
-    spend can exceed a limit by up to the cost of the calls running concurrently.
-    """
-
-    #: Chat price per million input tokens.
-    input_price_per_mtok: Decimal
-    #: Chat price per million output tokens.
-    output_price_per_mtok: Decimal
-    #: Embedding price per million input tokens.
-    embedding_price_per_mtok: Decimal
-    #: Limit of a UTC day: global spend for unscoped calls, the scope's spend for scoped ones.
-    daily_limit: Decimal | None
-    #: Limit of a UTC month, scoped like ``daily_limit``.
-    monthly_limit: Decimal | None
-    #: Per-model prices (read-only), keyed by exact model name or name prefix.
-    prices: Mapping[str, ModelPrice] = field(hash=False)
-    #: Limit of the global spend of a UTC day, for every call, scoped or not.
-    global_daily_limit: Decimal | None
-    #: Limit of the global spend of a UTC month, for every call, scoped or not.
-    global_monthly_limit: Decimal | None
-    #: Reserve worst-case cost at the gate so concurrency cannot overshoot.
-    strict: bool
-    #: The three surface prices as one ``ModelPrice``, built once (every call prices).
-    _surface_price: ModelPrice = field(init=False, repr=False, compare=False)
-
-    def __init__(
-        self,
-        input_price_per_mtok: Money = 0,
-        output_price_per_mtok: Money = 0,
-        embedding_price_per_mtok: Money = 0,
-        daily_limit: Money | None = None,
-        monthly_limit: Money | None = None,
-        *,
-        prices: Mapping[str, ModelPrice] | None = None,
-        global_daily_limit: Money | None = None,
-        global_monthly_limit: Money | None = None,
-        strict: bool = False,
-    ) -> None:
-        assign = object.__setattr__
-        for option, value in (
-            ("input_price_per_mtok", input_price_per_mtok),
-            ("output_price_per_mtok", output_price_per_mtok),
-            ("embedding_price_per_mtok", embedding_price_per_mtok),
-        ):
-            assign(self, option, money(option, value))
-        limits = {
-            "daily_limit": daily_limit,
-            "monthly_limit": monthly_limit,
-            "global_daily_limit": global_daily_limit,
-            "global_monthly_limit": global_monthly_limit,
-        }
-        for option, limit in limits.items():
-            assign(self, option, optional_money(option, limit))
-        if all(limit is None for limit in limits.values()):
-            raise ValueError(
-                "CostBudget needs at least one limit: set daily_limit, monthly_limit, "
-                "global_daily_limit or global_monthly_limit (money >= 0; 0 refuses every call)"
-            )
-        checked: dict[str, ModelPrice] = {}
-        for model, price in (prices or {}).items():
-            if not isinstance(model, str) or not model:
-                raise TypeError(f"prices keys must be non-empty model names, got {model!r}")
-            if not isinstance(price, ModelPrice):
-                raise TypeError(
-                    f"prices[{model!r}] must be a ModelPrice(input_per_mtok, output_per_mtok), "
-                    f"got {price!r}"
-                )
-            checked[model] = price
-        assign(self, "prices", MappingProxyType(checked))
-        if not isinstance(strict, bool):
-            raise TypeError(f"strict must be True or False, got {strict!r}")
-        assign(self, "strict", strict)
-        assign(
-            self,
-            "_surface_price",
-            ModelPrice(
-                self.input_price_per_mtok,
-                self.output_price_per_mtok,
-                self.embedding_price_per_mtok,
-            ),
-        )
-
-    def price_for(self, model: str | None) -> ModelPrice:
-        """The price of ``model``: exact name, else longest matching prefix, else surface prices.
-
-        >>> budget = CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)})
-        >>> budget.price_for("gpt-4o-2024-08-06").output_per_mtok
-        Decimal('8')
-        """
-        if model is not None and self.prices:
-            exact = self.prices.get(model)
-            if exact is not None:
-                return exact
-            prefixes = [name for name in self.prices if model.startswith(name)]
-            if prefixes:
-                return self.prices[max(prefixes, key=len)]
-        return self._surface_price
-
-    def limits_for(self, scope: str | None) -> list[tuple[Window, str | None, Decimal]]:
-        """The limits gating a call of ``scope``, day first: ``(window, spend scope, limit)``.
-
-        The spend scope is ``scope`` for a scope's own limit and None for the global spend.
-        An unscoped call with both ``daily_limit`` and ``global_daily_limit`` gets the lower.
-        """
-        windows: tuple[tuple[Window, Decimal | None, Decimal | None], ...] = (
-            ("day", self.daily_limit, self.global_daily_limit),
-            ("month", self.monthly_limit, self.global_monthly_limit),
-        )
-        found: list[_Limit] = []
-        for window, own, overall in windows:
-            if scope is None:
-                present = [limit for limit in (own, overall) if limit is not None]
-                if present:
-                    found.append((window, None, min(present)))
-                continue
-            if own is not None:
-                found.append((window, scope, own))
-            if overall is not None:
-                found.append((window, None, overall))
-        return found
 
 
 def _utcnow() -> datetime:
@@ -307,10 +109,10 @@ class BudgetGate:
         #: Prices, limits and mode.
         self.budget = budget
         #: Where spend is recorded and read back.
-        self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else _ledger(ledger)
+        self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else checked_ledger(ledger)
         self._now = now
         #: The unscoped limits, computed once per budget (the budget is immutable).
-        self._unscoped: tuple[CostBudget, list[_Limit]] | None = None
+        self._unscoped: tuple[CostBudget, CheckedLimits] | None = None
         if ledger is None:  # a ledger given by name, in memory or not, was a choice
             logger.warning(_IN_MEMORY_WARNING)
 
@@ -351,12 +153,12 @@ class BudgetGate:
         """
         _check_surface(surface)
         if max_output_tokens is not None:
-            _checks.count("max_output_tokens", max_output_tokens)
+            checks.count("max_output_tokens", max_output_tokens)
         worst = Decimal(0)
-        for candidate in _serving_models(model, may_serve):
+        for candidate in serving_models(model, may_serve):
             output = 0
             if surface == "chat":
-                output = _first_count(
+                output = first_count(
                     max_output_tokens, candidate.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS
                 )
             usage = Usage(estimated_input_tokens, output, estimated=True)
@@ -395,7 +197,7 @@ class BudgetGate:
         ``estimated_input_tokens`` is for a caller that counted itself; giving it with
         ``prompt`` or ``texts`` raises ``ValueError``.
         """
-        now, limits, amount = self._prepare(
+        now, scope, limits, amount = self._prepare(
             surface,
             scope,
             estimated_input_tokens,
@@ -408,9 +210,7 @@ class BudgetGate:
         reservation: Reservation | None = None
         if self.budget.strict:
             try:
-                reservation = self.ledger.reserve(
-                    amount, limits=_mapping(limits), scope=scope, now=now
-                )
+                reservation = self.ledger.reserve(amount, limits=limits, scope=scope, now=now)
             except BudgetExceededError:
                 raise
             except Exception as exc:
@@ -419,14 +219,14 @@ class BudgetGate:
             read_all = batch_reader(self.ledger, "spends") if len(limits) > 1 else None
             if read_all is not None:
                 try:
-                    windows = [(window, spend_scope) for window, spend_scope, _ in limits]
+                    windows = list(limits)
                     spends = read_all(windows, now=now)
                 except Exception as exc:
                     self._ungated(exc, surface, limits)
                 else:
                     _check_spends(limits, spends)
                 return BudgetTicket(self, surface, scope, model, reservation)
-            for window, spend_scope, limit in limits:
+            for window, spend_scope, limit in limits.triples:
                 try:
                     spend = self.ledger.spend(window, scope=spend_scope, now=now)
                 except Exception as exc:
@@ -449,7 +249,7 @@ class BudgetGate:
         texts: Sequence[str] | None = None,
     ) -> BudgetTicket:
         """Async :meth:`begin`, through the ledger's async methods."""
-        now, limits, amount = self._prepare(
+        now, scope, limits, amount = self._prepare(
             surface,
             scope,
             estimated_input_tokens,
@@ -471,14 +271,14 @@ class BudgetGate:
             read_all = batch_reader(self.ledger, "aspends") if len(limits) > 1 else None
             if read_all is not None:
                 try:
-                    windows = [(window, spend_scope) for window, spend_scope, _ in limits]
+                    windows = list(limits)
                     spends = await read_all(windows, now=now)
                 except Exception as exc:
                     self._ungated(exc, surface, limits)
                 else:
                     _check_spends(limits, spends)
                 return BudgetTicket(self, surface, scope, model, reservation)
-            for window, spend_scope, limit in limits:
+            for window, spend_scope, limit in limits.triples:
                 try:
                     spend = await self.ledger.aspend(window, scope=spend_scope, now=now)
                 except Exception as exc:
@@ -489,7 +289,7 @@ class BudgetGate:
         return BudgetTicket(self, surface, scope, model, reservation)
 
     async def _areserve(
-        self, amount: Decimal, limits: list[_Limit], scope: str | None, now: datetime
+        self, amount: Decimal, limits: CheckedLimits, scope: str | None, now: datetime
     ) -> Reservation:
         """``areserve``, releasing the hold if the caller is cancelled while it is taken.
 
@@ -498,7 +298,7 @@ class BudgetGate:
         is released as soon as it lands, instead of counting as spend until its TTL.
         """
         taking = asyncio.ensure_future(
-            self.ledger.areserve(amount, limits=_mapping(limits), scope=scope, now=now)
+            self.ledger.areserve(amount, limits=limits, scope=scope, now=now)
         )
         try:
             return await asyncio.shield(taking)
@@ -510,8 +310,8 @@ class BudgetGate:
         """Release a hold taken for a caller that was cancelled meanwhile (a done callback)."""
         if taking.cancelled() or taking.exception() is not None:
             return
-        release = functools.partial(_release, self.ledger, taking.result())
-        _keep(asyncio.get_running_loop().run_in_executor(None, release))
+        releasing = functools.partial(release, self.ledger, taking.result())
+        keep(asyncio.get_running_loop().run_in_executor(None, releasing))
 
     def _prepare(
         self,
@@ -523,12 +323,14 @@ class BudgetGate:
         may_serve: Sequence[str | ServingModel] = (),
         prompt: Sequence[tuple[str, str]] | None = None,
         texts: Sequence[str] | None = None,
-    ) -> tuple[datetime, list[_Limit], Decimal]:
+    ) -> tuple[datetime, str | None, CheckedLimits, Decimal]:
+        """The call's time, its checked scope, the limits gating it and what strict mode
+        holds for it. The scope is checked here, once: the limits carry it to the ledger."""
         _check_surface(surface)
-        _checks.scope("scope", scope)
-        _checks.count("estimated_input_tokens", estimated_input_tokens)
+        scope = check_scope(scope)
+        checks.count("estimated_input_tokens", estimated_input_tokens)
         if max_output_tokens is not None:
-            _checks.count("max_output_tokens", max_output_tokens)
+            checks.count("max_output_tokens", max_output_tokens)
         _check_shape(surface, estimated_input_tokens, prompt, texts)
         amount = Decimal(0)
         if self.budget.strict:
@@ -544,16 +346,17 @@ class BudgetGate:
                 model=model,
                 may_serve=may_serve,
             )
-        return self.now(), self._limits_for(scope), amount
+        return self.now(), scope, self._limits_for(scope), amount
 
-    def _limits_for(self, scope: str | None) -> list[_Limit]:
-        """The budget's limits for ``scope``; the unscoped ones are kept (read-only)."""
+    def _limits_for(self, scope: str | None) -> CheckedLimits:
+        """The budget's limits for the checked ``scope`` (parsed when the budget was
+        built, so nothing is checked again); the unscoped ones are kept."""
         budget = self.budget
         if scope is not None:
-            return budget.limits_for(scope)
+            return CheckedLimits(budget.limits_for(scope), scope)
         cached = self._unscoped
         if cached is None or cached[0] is not budget:
-            cached = self._unscoped = (budget, budget.limits_for(None))
+            cached = self._unscoped = (budget, CheckedLimits(budget.limits_for(None), None))
         return cached[1]
 
     def now(self) -> datetime:
@@ -565,15 +368,15 @@ class BudgetGate:
             raise ValueError(f"now() must return a timezone-aware datetime, got {current!r}")
         return current.astimezone(UTC)
 
-    def _ungated(self, exc: Exception, surface: str, limits: list[_Limit]) -> None:
+    def _ungated(self, exc: Exception, surface: str, limits: CheckedLimits) -> None:
         # A kill switch needs no ledger: it refuses even when spend cannot be read.
-        for window, spend_scope, limit in limits:
+        for window, spend_scope, limit in limits.triples:
             if limit == 0:
                 raise BudgetExceededError(window, limit, Decimal(0), spend_scope) from exc
         # The error's type only: its text may quote the request's scope (a user id, a key).
         logger.warning(
             "Cost ledger %s unreadable (%s); letting this %s call through ungated.",
-            _name(self.ledger),
+            ledger_name(self.ledger),
             type(exc).__name__,
             surface,
         )
@@ -634,7 +437,7 @@ class BudgetTicket:
             else:
                 ledger.settle(self.reservation, entry)
         except Exception as exc:
-            _unwritable(exc, self.surface, ledger)
+            unwritable(exc, self.surface, ledger)
         return entry
 
     async def afinish(self, usage: Usage, *, model: str | None = None) -> LedgerEntry | None:
@@ -652,7 +455,7 @@ class BudgetTicket:
             if self.reservation is None
             else ledger.asettle(self.reservation, entry)
         )
-        await _shielded(write, lambda exc: _unwritable(exc, surface, ledger))
+        await shielded(write, lambda exc: unwritable(exc, surface, ledger))
         return entry
 
     def abandon(self) -> None:
@@ -661,7 +464,7 @@ class BudgetTicket:
             return
         self._done = True
         if self.reservation is not None:
-            _release(self._gate.ledger, self.reservation)
+            release(self._gate.ledger, self.reservation)
 
     async def aabandon(self) -> None:
         """Async :meth:`abandon`."""
@@ -670,8 +473,8 @@ class BudgetTicket:
         self._done = True
         if self.reservation is not None:
             ledger = self._gate.ledger
-            await _shielded(
-                ledger.asettle(self.reservation, None), lambda exc: _unreleased(exc, ledger)
+            await shielded(
+                ledger.asettle(self.reservation, None), lambda exc: unreleased(exc, ledger)
             )
 
     def record_hedge(self, usage: Usage, *, model: str | None = None) -> LedgerEntry:
@@ -690,7 +493,7 @@ class BudgetTicket:
         try:
             ledger.record(entry)
         except Exception as exc:
-            _unwritable(exc, self.surface, ledger)
+            unwritable(exc, self.surface, ledger)
         return entry
 
     async def arecord_hedge(self, usage: Usage, *, model: str | None = None) -> LedgerEntry:
@@ -698,7 +501,7 @@ class BudgetTicket:
         entry = self._hedge_entry(usage, model)
         ledger = self._gate.ledger
         surface = self.surface
-        await _shielded(ledger.arecord(entry), lambda exc: _unwritable(exc, surface, ledger))
+        await shielded(ledger.arecord(entry), lambda exc: unwritable(exc, surface, ledger))
         return entry
 
     def _hedge_entry(self, usage: Usage, model: str | None) -> LedgerEntry:
@@ -778,171 +581,8 @@ def _check_surface(surface: object) -> None:
         raise ValueError(f"surface must be 'chat' or 'embedding', got {surface!r}")
 
 
-def _serving_models(
-    model: str | None, may_serve: Sequence[str | ServingModel]
-) -> list[ServingModel]:
-    """Every model that may serve a call: ``model`` and ``may_serve``, as :meth:`worst_case_cost`
-    counts them (an uncapped entry gives way to a capped one of the same name)."""
-    if isinstance(may_serve, str):
-        raise TypeError(f"may_serve must be a sequence of model names, not the str {may_serve!r}")
-    listed: list[ServingModel] = []
-    for entry in may_serve:
-        if isinstance(entry, ServingModel):
-            listed.append(entry)
-        elif isinstance(entry, str) and entry:
-            listed.append(ServingModel(entry))
-        else:
-            raise TypeError(
-                f"may_serve entries must be model names or ServingModel(name, "
-                f"max_output_tokens), got {entry!r}"
-            )
-    if model is not None or not listed:
-        listed.insert(0, ServingModel(model))
-    capped = {entry.name for entry in listed if entry.max_output_tokens is not None}
-    return [
-        entry for entry in listed if entry.max_output_tokens is not None or entry.name not in capped
-    ]
-
-
-#: Names a framework gives a model it cannot name (LlamaIndex's default ``model_name``).
-_PLACEHOLDER_NAMES = frozenset({"unknown"})
-
-
-def served_model(*candidates: object) -> str | None:
-    """The model a ledger entry names: the first candidate that is a model's name, else None.
-
-    The rule for every wrapper and surface: pass, most specific first, the name the
-    provider's response reports, then the fallback member that answered (when a chain
-    says), then the wrapped model's own name. A candidate is a name when it is non-empty
-    text other than a framework's placeholder (``"unknown"``, LlamaIndex's default). An
-    embedding entry names the embedding model the same way, and None when it has no name
-    (it is then priced at the surface prices).
-
-    >>> served_model(None, "", "gpt-4o-2024-08-06", "gpt-4o")
-    'gpt-4o-2024-08-06'
-    >>> served_model("unknown") is None
-    True
-    """
-    for candidate in candidates:
-        if isinstance(candidate, str) and candidate and candidate not in _PLACEHOLDER_NAMES:
-            return candidate
-    return None
-
-
-def dearest_model(
-    budget: CostBudget, usage: Usage, may_serve: Sequence[str | ServingModel]
-) -> str | None:
-    """Of the models that may have served a chat call, the one that prices ``usage`` highest.
-
-    For an entry whose serving model is unknown (a stream through a fallback chain closed
-    before the chain said which member answered): named and priced at the dearest
-    candidate, the ledger never under-records it. The first of equals wins; None when
-    ``may_serve`` is empty (the surface prices).
-
-    >>> budget = CostBudget(daily_limit=1, prices={"dear": ModelPrice(10, 40)})
-    >>> dearest_model(budget, Usage(100, 10, estimated=True), ["cheap", "dear"])
-    'dear'
-    """
-    names = [entry.name for entry in _serving_models(None, may_serve)]
-    return max(names, key=lambda name: cost_of(usage, budget.price_for(name)))
-
-
-def _first_count(*counts: int | None) -> int:
-    """The first count that is not None (the last one always is a count)."""
-    return next(count for count in counts if count is not None)
-
-
-def _check_spends(limits: list[_Limit], spends: Sequence[Decimal]) -> None:
+def _check_spends(limits: CheckedLimits, spends: Sequence[Decimal]) -> None:
     """Refuse at the first limit, day first, whose spend has reached it."""
-    for (window, spend_scope, limit), spend in zip(limits, spends, strict=True):
+    for (window, spend_scope, limit), spend in zip(limits.triples, spends, strict=True):
         if spend >= limit:
             raise BudgetExceededError(window, limit, spend, spend_scope)
-
-
-def _mapping(limits: list[_Limit]) -> dict[tuple[Window, str | None], Decimal]:
-    return {(window, spend_scope): limit for window, spend_scope, limit in limits}
-
-
-#: The methods the gate calls on a ledger (the rest of the protocol is for people).
-_LEDGER_METHODS = (
-    "spend",
-    "aspend",
-    "reserve",
-    "areserve",
-    "record",
-    "arecord",
-    "settle",
-    "asettle",
-)
-
-#: Ledger writes that outlive a cancelled caller, kept referenced until they end.
-_background: set[asyncio.Future[Any]] = set()
-
-
-def _ledger(ledger: object) -> CostLedger:
-    """``ledger`` if it is one; anything else would leave every call ungated and unrecorded."""
-    if isinstance(ledger, str):
-        url = scrubbed(ledger)  # a database URL may carry a password
-        raise TypeError(
-            f"ledger must be a ledger object, not the string {url!r}: "
-            f"use ledger=SqlCostLedger({url!r}) (from llm_resilience import SqlCostLedger)"
-        )
-    missing = [name for name in _LEDGER_METHODS if not callable(getattr(ledger, name, None))]
-    if missing:
-        raise TypeError(
-            f"ledger must be a cost ledger (SqlCostLedger, InMemoryCostLedger or an object "
-            f"with the CostLedger methods), got {type(ledger).__name__}: it lacks "
-            f"{', '.join(missing)}"
-        )
-    return ledger  # type: ignore[return-value]
-
-
-def _name(ledger: object) -> str:
-    """How warnings name a ledger: its type, and its URL (password hidden) if it has one."""
-    url = getattr(ledger, "url", None)
-    return f"{type(ledger).__name__}({url!r})" if isinstance(url, str) else type(ledger).__name__
-
-
-def _keep(future: asyncio.Future[Any]) -> None:
-    _background.add(future)
-    future.add_done_callback(_background.discard)
-
-
-async def _shielded(write: Awaitable[None], on_error: Callable[[Exception], None]) -> None:
-    """Await ``write`` to its end even if the caller is cancelled meanwhile; a write that
-    fails calls ``on_error`` (also when the caller has gone, so nothing fails unseen)."""
-
-    async def guarded() -> None:
-        try:
-            await write
-        except Exception as exc:
-            on_error(exc)
-
-    task = asyncio.ensure_future(guarded())
-    _keep(task)
-    await asyncio.shield(task)
-
-
-def _release(ledger: CostLedger, reservation: Reservation) -> None:
-    try:
-        ledger.settle(reservation, None)
-    except Exception as exc:
-        _unreleased(exc, ledger)
-
-
-def _unwritable(exc: Exception, surface: str, ledger: CostLedger) -> None:
-    logger.warning(
-        "Cost ledger %s unwritable (%s); the %s call succeeded but its cost was not recorded.",
-        _name(ledger),
-        type(exc).__name__,
-        surface,
-    )
-
-
-def _unreleased(exc: Exception, ledger: CostLedger) -> None:
-    logger.warning(
-        "Cost ledger %s could not release a strict-mode reservation (%s); it stops counting "
-        "once the ledger's reservation TTL (15 minutes by default) passes.",
-        _name(ledger),
-        type(exc).__name__,
-    )

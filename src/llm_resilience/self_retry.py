@@ -1,19 +1,37 @@
-"""Noticing an inner model that retries by itself, which delays every failover."""
+"""What retries by itself: the models and SDK clients that retry on their own, and the
+one warning each such object gets.
+
+A model that retries by itself delays every failover of a fallback chain by its whole
+retry schedule, and multiplies the calls a ``Retrying*`` wrapper makes. Both layers ask
+here: :func:`self_retry_setting` reads the setting, :func:`warn_if_self_retrying` (the
+fallback chain) and :func:`warn_of_multiplied_retries` (the retry wrappers) warn once per
+object, through one registry, so an object is warned about once whichever layer saw it.
+
+>>> class Model:
+...     max_retries = 2
+>>> self_retry_setting(Model())
+('max_retries', 2)
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from llm_resilience._warned import WarnedOnce
 from llm_resilience.layers import layers_below, leaves
 
-# Every part of the fallback chain logs as ``llm_resilience.fallback`` (a documented name).
-logger = logging.getLogger("llm_resilience.fallback")
+__all__ = ["self_retry_setting", "warn_if_self_retrying", "warn_of_multiplied_retries"]
+
+# Each warning logs under the layer that noticed it (both names are documented).
+_FALLBACK_LOGGER = logging.getLogger("llm_resilience.fallback")
+_RETRY_LOGGER = logging.getLogger("llm_resilience.retry")
 
 
 _CLIENT_ATTRIBUTES = ("root_client", "client", "_client", "root_async_client", "async_client")
 
 
+#: Objects already warned about, by either layer: each is warned about once.
 _warned = WarnedOnce()
 
 # Attempts in all by botocore's retry modes when no count is configured.
@@ -301,56 +319,148 @@ def _is_llama_bedrock(model: object) -> bool:
 def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback chain") -> None:
     """Warn once per model object that its own retries delay failover: ``model``
     itself, or the providers at the bottom of it when it is a wrapper (a rate-limited
-    member, a nested chain)."""
+    member, a nested chain). Logged on ``llm_resilience.fallback``."""
     for leaf in leaves(model):
-        _warn_once(leaf, position=position, role=role)
+        setting = self_retry_setting(leaf)
+        if setting is None or not _warned.first(leaf):
+            continue
+        name, retries = setting
+        label = getattr(leaf, "model_name", None) or getattr(leaf, "model", None) or ""
+        described = f"{type(leaf).__name__}({label})" if label else type(leaf).__name__
+        _FALLBACK_LOGGER.warning(
+            "Client %d of the %s, %s, retries by itself (%s=%d): each failure waits out its "
+            "whole retry schedule before failover. %s",
+            position,
+            role,
+            described,
+            name,
+            retries,
+            _advice(leaf, name),
+        )
 
 
-def _warn_once(model: object, *, position: int, role: str) -> None:
-    setting = self_retry_setting(model)
-    if setting is None:
-        return
-    if not _warned.first(model):
-        return
-    name, retries = setting
+class _Attempts(Protocol):
+    """What the retry warning reads of a policy (:class:`~llm_resilience.RetryPolicy`)."""
+
+    @property
+    def max_attempts(self) -> int | None: ...
+
+
+def warn_of_multiplied_retries(wrapped: object, policy: _Attempts, *, wrapper: str) -> None:
+    """Warn once per object when something under ``wrapper`` retries by itself, naming
+    the worst-case number of provider calls one call may make. Logged on
+    ``llm_resilience.retry``.
+
+    Looks at ``wrapped``, at every layer below it (``inner``, a chain's members) and at
+    the embeddings model a vector store holds, for a ``max_retries`` of their own or of
+    the SDK client they hold. With a policy of 4 attempts around a client with
+    ``max_retries=2``, one failing call reaches the provider up to 4 x (1 + 2) = 12 times.
+    """
+    for candidate in _stack(wrapped):
+        setting = self_retry_setting(candidate)
+        if setting is None or not _warned.first(candidate):
+            continue
+        name, retries = setting
+        attempts = policy.max_attempts
+        calls = _calls_per_attempt(candidate, name, retries)
+        if calls is None:
+            tries = "the custom retry configuration's" if attempts is None else str(attempts)
+            worst = f"{tries} attempts, each retried for up to {retries} ms"
+        elif attempts is None:
+            worst = f"{calls} times per attempt of the custom retry configuration"
+        elif calls == 1 + retries:
+            worst = f"{attempts} x (1 + {retries}) = {attempts * calls} times"
+        else:
+            worst = f"{attempts} x {calls} = {attempts * calls} times"
+        where = "" if candidate is wrapped else f" (under the wrapped {type(wrapped).__name__})"
+        _RETRY_LOGGER.warning(
+            "%s wraps %s%s, which retries by itself (%s=%d): one failing call may reach "
+            "the provider up to %s. %s",
+            wrapper,
+            type(candidate).__name__,
+            where,
+            name,
+            retries,
+            worst,
+            _advice(candidate, name),
+        )
+
+
+_HELD_MODELS = ("embeddings", "embedding", "embed_model")
+_MAX_STACK = 64
+
+
+def _stack(top: object) -> list[object]:
+    """``top``, the layers below it and the embeddings models they hold, each once."""
+    found: list[object] = []
+    pending: list[object] = [top]
+    seen: set[int] = set()
+    while pending and len(found) < _MAX_STACK:
+        current = pending.pop(0)
+        if id(current) in seen or isinstance(current, (str, bytes, int, float)):
+            continue
+        seen.add(id(current))
+        found.append(current)
+        below = list(layers_below(current))
+        for attribute in _HELD_MODELS:
+            try:
+                held = getattr(current, attribute, None)
+            except Exception:
+                continue
+            if held is not None:
+                below.append(held)
+        pending[0:0] = below
+    return found
+
+
+def _calls_per_attempt(model: object, name: str, value: int) -> int | None:
+    """How many provider calls one call to ``model`` may make, given its setting ``name``
+    of ``value`` (:func:`self_retry_setting`): ``1 + retries`` for a retry count, the
+    value itself for a count of attempts in all, None for Mistral's time budget (ms)."""
+    if name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
+        return None
+    attempts_in_all = (
+        name.endswith(_BOTOCORE_SETTING)
+        or name == _GENAI_SETTING
+        or (
+            name == "max_retries"
+            and (
+                _top_package(model) in _ATTEMPTS_IN_ALL
+                or _is_llama_bedrock(model)
+                or _is_llama_cohere(model)
+            )
+        )
+    )
+    return value if attempts_in_all else 1 + value
+
+
+def _advice(model: object, name: str) -> str:
+    """How to build ``model`` so it makes one attempt, for its setting ``name``."""
     if name == _BOTOCORE_SETTING:
-        advice = 'Build it with Config(retries={"total_max_attempts": 1}).'
-    elif _is_llama_bedrock(model):
-        advice = (
+        return 'Build it with Config(retries={"total_max_attempts": 1}).'
+    if _is_llama_bedrock(model):
+        return (
             "Build it with max_retries=1 (its own attempts) and botocore_config="
             'Config(retries={"total_max_attempts": 1}) (its client\'s).'
         )
-    elif name.endswith(_BOTOCORE_SETTING):
-        advice = 'Build its boto3 client with Config(retries={"total_max_attempts": 1}).'
-    elif name == _GENAI_SETTING:
-        advice = "Build it with HttpOptions(retry_options=HttpRetryOptions(attempts=1))."
-    elif name.endswith(_HTTPX_SETTING):
-        advice = "Build its httpx transport with retries=0 (httpx.HTTPTransport(retries=0))."
-    elif _top_package(model) in _ATTEMPTS_IN_ALL:
-        advice = "Build it with max_retries=1 (its attempts in all)."
-    elif name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
-        advice = "Build it without a backoff RetryConfig (the SDK then makes one attempt)."
-    elif _is_llama_cohere(model):
-        advice = (
+    if name.endswith(_BOTOCORE_SETTING):
+        return 'Build its boto3 client with Config(retries={"total_max_attempts": 1}).'
+    if name == _GENAI_SETTING:
+        return "Build it with HttpOptions(retry_options=HttpRetryOptions(attempts=1))."
+    if name.endswith(_HTTPX_SETTING):
+        return "Build its httpx transport with retries=0 (httpx.HTTPTransport(retries=0))."
+    if _top_package(model) in _ATTEMPTS_IN_ALL:
+        return "Build it with max_retries=1 (its attempts in all)."
+    if name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
+        return "Build it without a backoff RetryConfig (the SDK then makes one attempt)."
+    if _is_llama_cohere(model):
+        return (
             "Build it with max_retries=1 (its own attempts) and additional_kwargs="
             '{"request_options": {"max_retries": 0}} (its client\'s).'
         )
-    elif name.endswith(_COHERE_SETTING):
-        advice = (
+    if name.endswith(_COHERE_SETTING):
+        return (
             'Pass request_options={"max_retries": 0} with each call: the cohere client '
             "has no setting for it."
         )
-    else:
-        advice = "Build it with max_retries=0."
-    label = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
-    described = f"{type(model).__name__}({label})" if label else type(model).__name__
-    logger.warning(
-        "Client %d of the %s, %s, retries by itself (%s=%d): each failure waits out its "
-        "whole retry schedule before failover. %s",
-        position,
-        role,
-        described,
-        name,
-        retries,
-        advice,
-    )
+    return "Build it with max_retries=0."

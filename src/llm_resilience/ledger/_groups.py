@@ -1,0 +1,112 @@
+"""How a ledger's entries add up per group: the rows a spend report is made of.
+
+Storage owns the grouping (:class:`~llm_resilience.ledger.SqlCostLedger` groups in the
+database, the in-memory ledger here, with :func:`group_entries`); what a report does with
+the rows (order, total, what a budget has left) is :mod:`llm_resilience.spend`'s, which
+re-exports these names.
+
+>>> from datetime import UTC, datetime
+>>> entry = LedgerEntry(datetime(2026, 11, 29, 12, tzinfo=UTC), "chat", cost=Decimal("0.1"))
+>>> [(row.key, row.cost, row.calls) for row in group_entries([entry, entry], "day")]
+[('2026-11-29', Decimal('0.2'), 2)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal, get_args
+
+from llm_resilience.ledger._protocol import LedgerEntry
+from llm_resilience.money import exact_sum
+
+__all__ = [
+    "GROUPINGS",
+    "Grouping",
+    "SpendRow",
+    "check_grouping",
+    "entry_key",
+    "group_entries",
+]
+
+Grouping = Literal["day", "month", "model", "kind", "surface", "scope"]
+#: Every grouping a report accepts, in the order the docs list them.
+GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
+
+
+@dataclass(frozen=True, slots=True)
+class SpendRow:
+    """Sums over the entries of one group (or all of them, for a report's total).
+
+    >>> row = SpendRow("gpt-4o", Decimal("0.3"), calls=4, input_tokens=1500,
+    ...                output_tokens=300, estimated_calls=1)
+    >>> row.estimated_share
+    0.25
+    """
+
+    #: The group: ``'2026-11-29'`` (day), ``'2026-11'`` (month), a model, kind, surface or
+    #: scope; None for entries without one (unknown model, unscoped) and for a total.
+    key: str | None
+    #: Exact money of the group's entries.
+    cost: Decimal
+    #: Entries (calls, or other billed things such as OCR pages) in the group.
+    calls: int
+    #: Input (prompt) tokens of the group.
+    input_tokens: int
+    #: Output (completion) tokens of the group.
+    output_tokens: int
+    #: Entries whose token counts were estimated rather than reported by the provider.
+    estimated_calls: int
+
+    @property
+    def estimated_share(self) -> float:
+        """``estimated_calls / calls``: how much of the group rests on estimates (0.0
+        when the group has no calls)."""
+        return self.estimated_calls / self.calls if self.calls else 0.0
+
+
+def check_grouping(by: object) -> Grouping:
+    """``by`` if it is a grouping, else ``ValueError`` naming ``by`` and the choices."""
+    for grouping in GROUPINGS:
+        if by == grouping and isinstance(by, str):
+            return grouping
+    choices = ", ".join(repr(each) for each in GROUPINGS)
+    raise ValueError(f"by must be one of {choices}; got {by!r}")
+
+
+def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
+    """The group ``entry`` falls in: its UTC day or month, or its model, kind, surface or
+    scope (None when it has none).
+
+    >>> from datetime import UTC, datetime
+    >>> entry = LedgerEntry(datetime(2026, 11, 29, 23, tzinfo=UTC), "chat")
+    >>> entry_key(entry, "day"), entry_key(entry, "month"), entry_key(entry, "model")
+    ('2026-11-29', '2026-11', None)
+    """
+    if by == "day":
+        return f"{entry.timestamp:%Y-%m-%d}"
+    if by == "month":
+        return f"{entry.timestamp:%Y-%m}"
+    value: str | None = getattr(entry, by)
+    return value or None
+
+
+def group_entries(entries: Iterable[LedgerEntry], by: Grouping) -> list[SpendRow]:
+    """One unsorted row per group of ``entries``, summed exactly in Python: what the
+    in-memory ledger and any third-party ledger's report use."""
+    sums: dict[str | None, list[Any]] = {}
+    for entry in entries:
+        key = entry_key(entry, by)
+        group = sums.get(key)
+        if group is None:
+            group = sums[key] = [[], 0, 0, 0, 0]
+        group[0].append(entry.cost)
+        group[1] += 1
+        group[2] += entry.input_tokens
+        group[3] += entry.output_tokens
+        group[4] += entry.estimated
+    return [
+        SpendRow(key, exact_sum(costs), calls, tokens_in, tokens_out, estimated)
+        for key, (costs, calls, tokens_in, tokens_out, estimated) in sums.items()
+    ]

@@ -15,7 +15,7 @@
 :class:`RestartEvents` is a callback handler that collects the stream restarts a chain
 reports (pass it in ``config={"callbacks": [...]}``).
 
-The error helpers (:func:`rate_limit_error`, :func:`service_unavailable_error`) are the
+The error helpers (``rate_limit_error``, ``service_unavailable_error``) are the
 core's ``llm_resilience.testing.errors``: real ``openai`` SDK exceptions over real
 ``httpx`` responses, so the transient rule sees exactly what it sees in production
 (``httpx.HTTPStatusError`` without ``openai``). Tool arguments and structured answers

@@ -1,12 +1,11 @@
 """The SQL ledger's connections and deadlines: the engine, each operation's bound.
 
-:class:`Connections` owns what :class:`~llm_resilience.ledger.SqlCostLedger` needs to
-reach its database within ``operation_timeout``: the SQLAlchemy engine and its pool, the
-``sqlite3`` connections kept for the per-call operations on a SQLite file, the
-:class:`~llm_resilience.ledger._watchdog.Watchdog` that interrupts a connection past its
-deadline, and PostgreSQL connections opened on helper threads
-(:class:`~llm_resilience.ledger._connector.Connector`). What the ledger stores and reads
-is in :mod:`._sql`; tables and statements in :mod:`._schema`.
+``Connections`` owns what ``SqlCostLedger`` needs to reach its database within
+``operation_timeout``: the SQLAlchemy engine and its pool, the ``sqlite3`` connections
+kept for the per-call operations on a SQLite file, the ``Watchdog`` that interrupts a
+connection past its deadline, and PostgreSQL connections opened on helper threads
+(``Connector``). What the ledger stores and reads is in ``_sql``, the writes kept
+pending in ``_writes``, tables and statements in ``_schema``.
 
 Within one operation (``T`` is ``operation_timeout``), waiting for a free connection,
 opening one, waiting for a lock, and every statement share one deadline. Past it the
@@ -148,10 +147,10 @@ def _close_quietly(dbapi_connection: Any) -> None:
 class Connections:
     """The engine and connections of one ledger, each use bounded by an operation.
 
-    ``parsed`` comes from :func:`parse_url`; ``timeout`` is ``operation_timeout`` and
+    ``parsed`` comes from ``parse_url``; ``timeout`` is ``operation_timeout`` and
     ``connect_timeout`` libpq's bound, both in seconds. ``echo`` logs the SQL, never its
-    parameters. :meth:`operation` opens a bounded operation; :meth:`connection` and
-    :meth:`direct_connection` lend a connection for one step of it.
+    parameters. ``operation`` opens a bounded operation; ``connection`` and
+    ``direct_connection`` lend a connection for one step of it.
     """
 
     def __init__(self, parsed: URL, *, timeout: float, connect_timeout: float, echo: bool) -> None:
@@ -166,7 +165,7 @@ class Connections:
         )
         self._local = threading.local()
         #: A SQLite file without echo: the per-call operations (spend, record, settle)
-        #: run on connections of our own (:meth:`direct_connection`), the rest on
+        #: run on connections of our own (``direct_connection``), the rest on
         #: SQLAlchemy's pool.
         self.direct = not self.postgres and not self.memory and not echo
         # Idle direct connections, each with the busy timeout (ms) last set on it.
@@ -323,7 +322,7 @@ class Connections:
         """A connection for one step of ``operation``: outside any transaction (each
         statement atomic and one snapshot), or in one transaction committed on exit
         (SQLite takes the write lock at once). Interrupted past the deadline, then
-        discarded, and the error becomes :class:`LedgerTimeoutError`."""
+        discarded, and the error becomes ``LedgerTimeoutError``."""
         if operation.expired():
             raise operation.timeout_error()
         interrupted = False
@@ -376,7 +375,7 @@ class Connections:
     def direct_connection(
         self, operation: Operation, *, transaction: bool = False
     ) -> Iterator[Run]:
-        """:meth:`connection` for the per-call operations on a SQLite file, on a
+        """``connection`` for the per-call operations on a SQLite file, on a
         ``sqlite3`` connection the ledger keeps itself: no pool checkout, no SQLAlchemy
         connection, transaction or event per call.
 
@@ -385,7 +384,7 @@ class Connections:
         connection, or one that failed, is closed instead of kept; a transaction takes
         the write lock up front (``BEGIN IMMEDIATE``) and is committed on exit, rolled
         back on an error. Errors come out as from the engine (SQLAlchemy's, parameters
-        hidden), and :class:`LedgerTimeoutError` past the deadline.
+        hidden), and ``LedgerTimeoutError`` past the deadline.
         """
         if operation.expired():
             raise operation.timeout_error()
@@ -456,7 +455,7 @@ class Connections:
     def _bound_direct_waits(
         driver: sqlite3.Connection, current: int | None, operation: Operation
     ) -> int:
-        """:meth:`_bound_lock_waits` for a direct connection; returns the timeout set."""
+        """``_bound_lock_waits`` for a direct connection; returns the timeout set."""
         wanted = milliseconds(operation.remaining())
         if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
             driver_run(driver, f"PRAGMA busy_timeout = {wanted}", ())

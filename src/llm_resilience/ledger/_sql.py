@@ -1,9 +1,9 @@
 """The persistent ledger: SQLite or PostgreSQL through SQLAlchemy.
 
-Tables, statements and migration are in :mod:`._schema`; connections and deadlines in
-:mod:`._connections` (with :mod:`._watchdog` and :mod:`._connector`); the writes waiting
-for the database in :mod:`._pending`. This module holds the operations: what a record,
-a settle, a hold and a read do, and in which bounded operation.
+Tables, statements and migration are in ``_schema``; connections and deadlines in
+``_connections`` (with ``_watchdog`` and ``_connector``); storing the writes, and keeping
+those the database does not take, in ``_writes`` and ``_pending``. This module holds the
+operations: what a record, a settle, a hold and a read do, and in which bounded operation.
 
 Concurrency: on SQLite every write is one transaction that takes the write lock up front
 (``BEGIN IMMEDIATE``, WAL mode), and adds its cost to the running totals in SQL with an
@@ -18,7 +18,7 @@ write and migrate the same database at once.
 
 Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
 called, ends within ``T`` plus the watchdog's reaction (docs/benchmarks.md has the
-measured reaction); how that bound is kept is in :mod:`._connections`.
+measured reaction); how that bound is kept is in ``_connections``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 A ``record`` or ``settle`` goes to the database within one bounded operation; when the
 database does not take it (down, locked, too slow) it waits in
-:class:`~llm_resilience.ledger._pending.PendingWrites` and is stored, oldest first and in
-batches of :data:`FLUSH_BATCH`, before the ledger's next operation. With write-behind,
-``record`` only queues its entry and a :class:`~llm_resilience.ledger._behind.Flusher`
-thread stores the queue. The reads and holds are in :mod:`._sql`.
+``PendingWrites`` and is stored, oldest first and in batches of ``FLUSH_BATCH``, before the
+ledger's next operation. With write-behind, ``record`` only queues its entry and a
+``Flusher`` thread stores the queue. The reads and holds are in ``_sql``.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ class Writes:
     """A ledger's writes to ``db``, kept in ``pending`` while the database fails.
 
     ``label`` names the ledger in log lines (its repr: the URL, password hidden).
-    ``behind_interval`` (seconds, None: off) starts write-behind: :meth:`queue` then
+    ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then
     only queues, and a writer thread named ``behind_name`` stores the queue at least this
     often; past ``behind_limit`` queued writes the caller stores them itself.
     """

@@ -18,10 +18,10 @@ answered with the rest of the reply after it, as a provider that takes a prefill
 :class:`FaultProxy` does the same for a real PostgreSQL or Redis: a TCP proxy that can
 go silent (connections open, nothing answers) or reset every connection, on cue.
 
-:func:`~llm_resilience.testing.errors.fresh_error` copies a configured exception for each
-raise (so a fake raising it many times keeps no traceback alive); the ``openai`` SDK
-errors the adapters' fake models raise are built in :mod:`llm_resilience.testing.errors`,
-and their tool arguments and structured answers in :mod:`llm_resilience.testing.schema`.
+``fresh_error`` copies a configured exception for each raise (so a fake raising it many
+times keeps no traceback alive); the ``openai`` SDK errors the adapters' fake models
+raise are built in ``llm_resilience.testing.errors``, and their tool arguments and
+structured answers in ``llm_resilience.testing.schema``.
 
 pytest users get ``fault_server`` and ``fault_server_factory`` fixtures with
 ``pytest_plugins = ["llm_resilience.testing.fixtures"]``. Only the standard library is

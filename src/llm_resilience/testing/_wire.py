@@ -1,10 +1,9 @@
-"""The table of wire formats the fake server speaks: a provider's name to its
-:class:`~llm_resilience.testing._wire_base.Wire`.
+"""The table of wire formats the fake server speaks: a provider's name to its ``Wire``.
 
 Each provider's format lives in its own module (``_wire_openai``, ``_wire_anthropic``,
 ``_wire_gemini``, ``_wire_bedrock``, ``_wire_mistral``, ``_wire_groq``, ``_wire_ollama``,
 ``_wire_cohere``), over the shared parts in ``_wire_base``. The server finds the wire
-of a request by its path (:func:`wire_for_path`) and asks it for every body, stream and
+of a request by its path (``wire_for_path``) and asks it for every body, stream and
 error; a new provider is one module and one entry here.
 """
 

@@ -1,9 +1,9 @@
-"""What every wire format of the fake server shares: the :class:`Wire` a provider's module
-fills in, and the :class:`Answer` each one renders.
+"""What every wire format of the fake server shares: the ``Wire`` a provider's module
+fills in, and the ``Answer`` each one renders.
 
 A provider's module (``_wire_openai``, ``_wire_anthropic``, ``_wire_gemini``,
 ``_wire_bedrock``, ``_wire_mistral``, ``_wire_groq``, ``_wire_ollama``, ``_wire_cohere``)
-defines one :class:`Wire` subclass: its paths, its error bodies and events, its answer
+defines one ``Wire`` subclass: its paths, its error bodies and events, its answer
 as one JSON body and as a stream. ``_wire`` maps each provider's name to its instance;
 the server asks that table, never a provider's name. This module imports no provider's.
 """
@@ -73,7 +73,7 @@ def number(value: float) -> str:
 
 
 def usage_details_option(value: object) -> dict[str, int]:
-    """A server's ``usage_details`` checked: keys of :data:`USAGE_DETAIL_KEYS`, ints >= 0."""
+    """A server's ``usage_details`` checked: keys of ``USAGE_DETAIL_KEYS``, ints >= 0."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -136,9 +136,9 @@ class ToolCall:
 class Wire:
     """One provider's wire format; the defaults are the ones most providers share.
 
-    A subclass sets :attr:`name` and gives its errors (:meth:`error_body`,
-    :meth:`error_event`, :meth:`malformed_event`, :meth:`context_overflow`) and its
-    answer (:meth:`body`, :meth:`events`, :meth:`finish`).
+    A subclass sets ``name`` and gives its errors (``error_body``, ``error_event``,
+    ``malformed_event``, ``context_overflow``) and its answer (``body``, ``events``,
+    ``finish``).
     """
 
     #: The provider's name, as a ``Fault`` and a ``ServedRequest`` spell it.
@@ -157,7 +157,7 @@ class Wire:
     refusal_finish = "refusal"
 
     def route(self, path: str) -> Route | None:
-        """The :class:`Route` of ``path`` if this provider serves it, else None."""
+        """The ``Route`` of ``path`` if this provider serves it, else None."""
         raise NotImplementedError
 
     def error_body(self, code: int) -> dict[str, Any]:
@@ -219,7 +219,7 @@ class Wire:
         raise NotImplementedError
 
     def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        """The answer as a stream, each event with its :data:`Phase`; ``end_marker=False``
+        """The answer as a stream, each event with its ``Phase``; ``end_marker=False``
         leaves out the stream's last event (``[DONE]``, ``message_stop``) and nothing else."""
         raise NotImplementedError
 
@@ -310,7 +310,7 @@ _WEATHER = re.compile(r"\bweather\b", re.IGNORECASE)
 
 def tool_to_call(wire: Wire, payload: Mapping[str, Any]) -> ToolCall | None:
     """The call of the first offered tool, when the last user message asks about the
-    weather; its arguments satisfy the tool's schema (:func:`sample_instance`)."""
+    weather; its arguments satisfy the tool's schema (``sample_instance``)."""
     tools = payload.get("tools")
     messages = payload.get("messages")
     if not tools or not isinstance(tools, list) or not messages or not isinstance(messages, list):

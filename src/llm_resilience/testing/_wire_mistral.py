@@ -182,7 +182,7 @@ def mistral_events(answer: Answer, *, end_marker: bool = True) -> Iterator[tuple
 
 
 class MistralWire(Wire):
-    """Mistral's Chat Completions API, served under :data:`MISTRAL_PREFIX`."""
+    """Mistral's Chat Completions API, served under ``MISTRAL_PREFIX``."""
 
     name: Provider = "mistral"
     openai_tools = True

@@ -37,9 +37,9 @@ E = TypeVar("E", bound=BaseException)
 
 #: The request every built error answers: OpenAI's Chat Completions.
 FAKE_URL = "https://api.openai.com/v1/chat/completions"
-#: :func:`rate_limit_error`'s message unless given one.
+#: ``rate_limit_error``'s message unless given one.
 DEFAULT_RATE_LIMIT_MESSAGE = "Error code: 429 - Rate limit reached for requests (scripted)."
-#: :func:`service_unavailable_error`'s message unless given one.
+#: ``service_unavailable_error``'s message unless given one.
 DEFAULT_SERVICE_UNAVAILABLE_MESSAGE = "Error code: 503 - The server is overloaded (scripted)."
 
 

@@ -130,6 +130,15 @@ def unavailable(error: BaseException) -> bool:
     ) or (isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated)
 
 
+def _raise_past_deadline(error: Exception, operation: Operation, interrupted: bool) -> None:
+    """Raise ``LedgerTimeoutError`` for a database error that the deadline caused: the
+    watchdog interrupted the connection, or a bound (pool, busy, lock) ran out."""
+    if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
+        interrupted or timed_out(error)
+    ):
+        raise operation.timeout_error() from error
+
+
 def _sqlite_begin(connection: Connection) -> None:
     statement = connection.get_execution_options().get(_BEGIN, "BEGIN")
     if statement is not None:
@@ -347,11 +356,7 @@ class Connections:
                         connection.invalidate()
         except Exception as error:
             # A connection being set up when the deadline passed is attached, not pooled.
-            interrupted = operation.detach() or interrupted
-            if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
-                interrupted or timed_out(error)
-            ):
-                raise operation.timeout_error() from error
+            _raise_past_deadline(error, operation, operation.detach() or interrupted)
             raise
 
     @staticmethod
@@ -414,11 +419,7 @@ class Connections:
                 self._idle.append((driver, busy_ms))
                 kept = True
         except Exception as error:
-            interrupted = operation.detach() or interrupted
-            if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
-                interrupted or timed_out(error)
-            ):
-                raise operation.timeout_error() from error
+            _raise_past_deadline(error, operation, operation.detach() or interrupted)
             raise
         finally:
             if driver is not None and not kept:

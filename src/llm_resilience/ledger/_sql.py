@@ -546,25 +546,10 @@ class SqlCostLedger:
         kind: str | None,
         started: float | None,
     ) -> list[LedgerEntry]:
-        low, high, scope, model, kind = check_entry_filters(since, until, scope, model, kind)
-
-        def read(operation: Operation) -> list[LedgerEntry]:
-            with self._db.connection(operation) as connection:
-                found, _ = read_page(
-                    connection,
-                    low,
-                    high,
-                    scope=scope,
-                    model=model,
-                    kind=kind,
-                    after=None,
-                    limit=None,
-                    postgres=self._db.postgres,
-                )
-            found.sort(key=lambda entry: entry.timestamp)  # stable: rows of older forms
-            return found
-
-        return self._read("entries", started, read)
+        filters = check_entry_filters(since, until, scope, model, kind)
+        found, _ = self._page(filters, None, None, started)  # every row: one page
+        found.sort(key=lambda entry: entry.timestamp)  # stable: rows of older forms
+        return found
 
     async def aentries(
         self,
@@ -630,11 +615,12 @@ class SqlCostLedger:
     def _page(
         self,
         filters: tuple[datetime | None, datetime | None, str | None, str | None, str | None],
-        page_size: int,
+        page_size: int | None,
         after: Cursor | None,
         started: float | None,
     ) -> tuple[list[LedgerEntry], Cursor | None]:
-        """One page of entries after ``after``, in one bounded operation."""
+        """One page of entries after ``after`` (``page_size`` None: all of them), in one
+        bounded operation."""
         low, high, scope, model, kind = filters
 
         def read(operation: Operation) -> tuple[list[LedgerEntry], Cursor | None]:

@@ -18,6 +18,7 @@ from llm_resilience.testing._wire_base import (
     Route,
     Wire,
     anthropic_invalid_request,
+    ending,
     sse,
     texts,
 )
@@ -163,8 +164,7 @@ class AnthropicWire(Wire):
         return _message(answer, streaming=False)
 
     def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        events = _events(answer)
-        return events if end_marker else (item for item in events if item[0] != _STOP)
+        return ending(_events(answer), _STOP, end_marker=end_marker)
 
     def request_id_header(self) -> tuple[str, str] | None:
         return "request-id", f"req_{uuid.uuid4().hex}"

@@ -32,6 +32,7 @@ __all__ = [
     "ToolCall",
     "Wire",
     "anthropic_invalid_request",
+    "ending",
     "number",
     "prefill_of",
     "prompt_words",
@@ -171,8 +172,9 @@ class Wire:
         return (body if body is not None else self.error_body(code)), {}
 
     def error_event(self, code: int) -> bytes:
-        """The event the provider ends a stream with when it fails after the head."""
-        raise NotImplementedError
+        """The event the provider ends a stream with when it fails after the head (by
+        default a ``data:`` event holding the error object, as OpenAI and Gemini send)."""
+        return sse({"error": self.error_body(code)["error"]})
 
     def malformed_event(self) -> bytes:
         """One event the provider's SDK tries to decode and cannot."""
@@ -230,6 +232,13 @@ class Wire:
     def request_id_header(self) -> tuple[str, str] | None:
         """The header carrying a fresh request id, or None if the provider sends none."""
         return None
+
+
+def ending(
+    events: Iterator[tuple[bytes, Phase]], marker: bytes, *, end_marker: bool
+) -> Iterator[tuple[bytes, Phase]]:
+    """``events``, without the stream's last event ``marker`` unless ``end_marker``."""
+    return events if end_marker else (item for item in events if item[0] != marker)
 
 
 def prompt_words(wire: Wire, payload: Mapping[str, Any]) -> int:

@@ -296,11 +296,8 @@ class BedrockWire(Wire):
         sent, error_type = bedrock_error(code, body)
         return sent, ({} if error_type is None else {"x-amzn-ErrorType": error_type})
 
-    def error_event(self, code: int) -> bytes:
-        return bedrock_stream_exception(code)
-
-    def malformed_event(self) -> bytes:
-        return bedrock_malformed_event()
+    error_event = staticmethod(bedrock_stream_exception)
+    malformed_event = staticmethod(bedrock_malformed_event)
 
     def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
         # Bedrock states no token counts: a ValidationException and its message.
@@ -312,11 +309,8 @@ class BedrockWire(Wire):
     def prompt_texts(self, payload: Mapping[str, Any]) -> Iterator[str]:
         return texts(payload.get("system"))
 
-    def body(self, answer: Answer) -> dict[str, Any]:
-        return bedrock_body(answer)
-
-    def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        return bedrock_events(answer, end_marker=end_marker)
+    body = staticmethod(bedrock_body)
+    events = staticmethod(bedrock_events)
 
     def stream_headers(self, payload: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         # Binary AWS event-stream messages, not SSE.

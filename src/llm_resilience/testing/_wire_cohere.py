@@ -217,29 +217,18 @@ class CohereWire(Wire):
     def route(self, path: str) -> Route | None:
         return Route() if path in ("/v1/chat", "/v2/chat") else None
 
-    def error_body(self, code: int) -> dict[str, Any]:
-        return cohere_error(code)
+    error_body = staticmethod(cohere_error)
+    error_event = staticmethod(cohere_error_event)
+    malformed_event = staticmethod(cohere_malformed_event)
+    context_overflow = staticmethod(cohere_context_overflow)
 
-    def error_event(self, code: int) -> bytes:
-        return cohere_error_event(code)
-
-    def malformed_event(self) -> bytes:
-        return cohere_malformed_event()
-
-    def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
-        return cohere_context_overflow(tokens, maximum)
-
-    def prompt_texts(self, payload: Mapping[str, Any]) -> Iterator[str]:
-        return cohere_prompt_texts(payload)
+    prompt_texts = staticmethod(cohere_prompt_texts)
 
     def finish(self, *, tool: bool, filtered: bool) -> str:
         return "COMPLETE"
 
-    def body(self, answer: Answer) -> dict[str, Any]:
-        return cohere_body(answer)
-
-    def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        return cohere_events(answer, end_marker=end_marker)
+    body = staticmethod(cohere_body)
+    events = staticmethod(cohere_events)
 
     def stream_headers(self, payload: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         if is_cohere_v1(payload):

@@ -123,11 +123,7 @@ class GeminiWire(Wire):
         model, _, method = path.rsplit("/", 1)[1].partition(":")
         return Route(urllib.parse.unquote(model), method == "streamGenerateContent")
 
-    def error_body(self, code: int) -> dict[str, Any]:
-        return gemini_error(code)
-
-    def error_event(self, code: int) -> bytes:
-        return sse({"error": self.error_body(code)["error"]})
+    error_body = staticmethod(gemini_error)
 
     def malformed_event(self) -> bytes:
         return b'data: {"candidates": [{"content": {"parts": [{"te\n\n'

@@ -174,14 +174,9 @@ class GroqWire(OpenAIWire):
     def route(self, path: str) -> Route | None:
         return Route() if path == GROQ_PATH else None
 
-    def error_body(self, code: int) -> dict[str, Any]:
-        return groq_error(code)
-
-    def error_event(self, code: int) -> bytes:
-        return groq_stream_error(code)
-
-    def malformed_event(self) -> bytes:
-        return groq_malformed_event()
+    error_body = staticmethod(groq_error)
+    error_event = staticmethod(groq_stream_error)
+    malformed_event = staticmethod(groq_malformed_event)
 
     def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
         return groq_context_length_exceeded()

@@ -192,8 +192,7 @@ class MistralWire(Wire):
             return Route()
         return None
 
-    def error_body(self, code: int) -> dict[str, Any]:
-        return mistral_error(code)
+    error_body = staticmethod(mistral_error)
 
     def error_event(self, code: int) -> bytes:
         # Mistral documents no in-stream error event; its error object as a data event.
@@ -202,18 +201,14 @@ class MistralWire(Wire):
     def malformed_event(self) -> bytes:
         return b'data: {"id": "broken", "object": "chat.completion.chunk", "cho\n\n'
 
-    def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
-        return mistral_context_overflow(tokens, maximum)
+    context_overflow = staticmethod(mistral_context_overflow)
 
     def finish(self, *, tool: bool, filtered: bool) -> str:
         # Mistral has no content-filter finish reason; a cut answer ends with "stop".
         return "tool_calls" if tool else "stop"
 
-    def body(self, answer: Answer) -> dict[str, Any]:
-        return mistral_body(answer)
-
-    def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        return mistral_events(answer, end_marker=end_marker)
+    body = staticmethod(mistral_body)
+    events = staticmethod(mistral_events)
 
     def request_id_header(self) -> tuple[str, str] | None:
         return "mistral-correlation-id", str(uuid.uuid4())

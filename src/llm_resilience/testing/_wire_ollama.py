@@ -173,14 +173,9 @@ class OllamaWire(Wire):
     def route(self, path: str) -> Route | None:
         return Route() if path == "/api/chat" else None
 
-    def error_body(self, code: int) -> dict[str, Any]:
-        return ollama_error(code)
-
-    def error_event(self, code: int) -> bytes:
-        return ollama_stream_error(code)
-
-    def malformed_event(self) -> bytes:
-        return ollama_malformed_line()
+    error_body = staticmethod(ollama_error)
+    error_event = staticmethod(ollama_stream_error)
+    malformed_event = staticmethod(ollama_malformed_line)
 
     def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
         # Ollama answers a prompt longer than its context window (``num_ctx``) with a
@@ -191,11 +186,8 @@ class OllamaWire(Wire):
         # Ollama has no content filter: a cut answer still says why it stopped.
         return "stop"
 
-    def body(self, answer: Answer) -> dict[str, Any]:
-        return ollama_body(answer)
-
-    def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        return ollama_events(answer, end_marker=end_marker)
+    body = staticmethod(ollama_body)
+    events = staticmethod(ollama_events)
 
     def stream_headers(self, payload: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         # Newline-delimited JSON objects, not SSE.

@@ -21,6 +21,7 @@ from llm_resilience.testing._wire_base import (
     Provider,
     Route,
     Wire,
+    ending,
     sse,
 )
 from llm_resilience.testing.schema import sample_instance
@@ -170,9 +171,6 @@ class OpenAIWire(Wire):
         )
         return {"error": {"message": message, "type": kind, "param": None, "code": error_code}}
 
-    def error_event(self, code: int) -> bytes:
-        return sse({"error": self.error_body(code)["error"]})
-
     def malformed_event(self) -> bytes:
         return b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "cho\n\n'
 
@@ -227,12 +225,10 @@ class OpenAIWire(Wire):
             return "content_filter"
         return "tool_calls" if tool else "stop"
 
-    def body(self, answer: Answer) -> dict[str, Any]:
-        return openai_body(answer)
+    body = staticmethod(openai_body)
 
     def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
-        events = openai_events(answer)
-        return events if end_marker else (item for item in events if item[0] != _DONE)
+        return ending(openai_events(answer), _DONE, end_marker=end_marker)
 
     def request_id_header(self) -> tuple[str, str] | None:
         return "x-request-id", f"req_{uuid.uuid4().hex}"

@@ -197,7 +197,7 @@ async def test_aiter_entries_holds_no_connection_between_pages(tmp_path: Path) -
         ledger.record(entry)
     stream = ledger.aiter_entries(page_size=2)
     assert await anext(stream) == ENTRIES[0]
-    assert ledger._engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert ledger._db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     later = LedgerEntry(T0 + timedelta(days=5), "chat", cost=Decimal("9"))
     await ledger.arecord(later)
     assert [entry async for entry in stream] == [*ENTRIES[1:], later]
@@ -217,7 +217,7 @@ def test_iter_entries_holds_no_connection_between_pages(tmp_path: Path) -> None:
         ledger.record(entry)
     stream = ledger.iter_entries(page_size=2)
     assert next(stream) == ENTRIES[0]
-    assert ledger._engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert ledger._db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     later = LedgerEntry(T0 + timedelta(days=5), "chat", cost=Decimal("9"))
     ledger.record(later)  # a write between pages neither waits nor is missed
     assert list(stream) == [*ENTRIES[1:], later]

@@ -15,9 +15,11 @@
 :class:`RestartEvents` is a callback handler that collects the stream restarts a chain
 reports (pass it in ``config={"callbacks": [...]}``).
 
-The error helpers build real SDK exceptions over real ``httpx`` responses, so the
-transient rule sees exactly what it sees in production; they (and so
-``FailingChatModel``'s default error) need ``openai`` installed.
+The error helpers (``rate_limit_error``, ``service_unavailable_error``) are the
+core's ``llm_resilience.testing.errors``: real ``openai`` SDK exceptions over real
+``httpx`` responses, so the transient rule sees exactly what it sees in production
+(``httpx.HTTPStatusError`` without ``openai``). Tool arguments and structured answers
+come from ``llm_resilience.testing.schema.sample_instance``.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_llm_resilience._restart import STREAM_RESTART_EVENT
-from llm_resilience.testing._errors import fresh_error
+from llm_resilience.testing import fresh_error
+from llm_resilience.testing.errors import rate_limit_error, service_unavailable_error
+from llm_resilience.testing.schema import sample_instance
 
 __all__ = [
     "FailingChatModel",
@@ -71,57 +75,7 @@ __all__ = [
     "service_unavailable_error",
 ]
 
-_FAKE_URL = "https://api.openai.com/v1/chat/completions"
-
 ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
-
-
-# -- real provider errors -----------------------------------------------------------
-
-
-def _openai() -> Any:
-    try:
-        import openai
-    except ImportError as error:  # pragma: no cover - openai is a dev dependency
-        raise ImportError(
-            "The fake provider errors are openai exceptions; install openai to use them."
-        ) from error
-    return openai
-
-
-def _error_response(
-    status: int, message: str, headers: dict[str, str]
-) -> tuple[Any, dict[str, Any]]:
-    import httpx
-
-    request = httpx.Request("POST", _FAKE_URL)
-    body = {"error": {"message": message, "type": "fake_error", "code": None}}
-    return httpx.Response(status, request=request, headers=headers, json=body), body
-
-
-def rate_limit_error(
-    message: str = "Rate limit reached for requests (scripted).",
-    *,
-    retry_after: float | None = None,
-) -> Exception:
-    """A real ``openai.RateLimitError`` on a real ``httpx.Response(429)``.
-
-    ``retry_after`` (seconds) adds a ``Retry-After`` header, which a fallback chain's
-    ``Cooldown(honor_retry_after=True)`` reads.
-    """
-    headers = {} if retry_after is None else {"retry-after": f"{retry_after:g}"}
-    response, body = _error_response(429, message, headers)
-    error: Exception = _openai().RateLimitError(message, response=response, body=body)
-    return error
-
-
-def service_unavailable_error(
-    message: str = "The server is overloaded (scripted).",
-) -> Exception:
-    """A real ``openai.InternalServerError`` on a real ``httpx.Response(503)``."""
-    response, body = _error_response(503, message, {})
-    error: Exception = _openai().InternalServerError(message, response=response, body=body)
-    return error
 
 
 # -- shared helpers -----------------------------------------------------------------
@@ -160,98 +114,6 @@ _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
 def _words(text: str) -> set[str]:
     return {word for word in re.findall(r"[a-z0-9]+", text.lower()) if word not in _STOPWORDS}
-
-
-# Straight and typographic quotes, written as escapes so the source stays ASCII-clear.
-_QUOTED = re.compile("(?<!\\w)[\"'\u201c\u2018]([^\"'\u201d\u2019]+)[\"'\u201d\u2019](?!\\w)")
-_BRACKETS_AND_QUOTES = "()[]{}\"'\u201c\u201d\u2018\u2019"
-
-
-class _Solver:
-    """Fills a JSON schema from a prompt: numbers, quoted text and names, in order."""
-
-    def __init__(self, prompt: str, root: dict[str, Any]) -> None:
-        self._root = root
-        self._numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", prompt)]
-        quoted = re.findall(_QUOTED, prompt)
-        self._strings: list[str] = [*quoted, *_proper_names(prompt)]
-
-    def value(self, schema: dict[str, Any], name: str) -> Any:
-        schema = self._resolve(schema)
-        if "const" in schema:
-            return schema["const"]
-        if schema.get("enum"):
-            return schema["enum"][0]
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                options = [self._resolve(o) for o in schema[key]]
-                chosen = next((o for o in options if o.get("type") != "null"), options[0])
-                return self.value(chosen, name)
-        if "allOf" in schema:
-            merged: dict[str, Any] = {}
-            for part in schema["allOf"]:
-                merged.update(self._resolve(part))
-            return self.value(merged, name)
-        kind = schema.get("type", "object" if "properties" in schema else "string")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "null")
-        if kind == "object":
-            properties = schema.get("properties", {})
-            return {key: self.value(sub, key) for key, sub in properties.items()}
-        if kind == "array":
-            return [
-                self.value(schema.get("items", {}), name) for _ in range(schema.get("minItems", 0))
-            ]
-        if kind in ("integer", "number"):
-            return self._number(schema, integer=kind == "integer")
-        if kind == "boolean":
-            return True
-        if kind == "null":
-            return None
-        if self._strings:
-            return self._strings.pop(0)
-        return f"scripted {name.replace('_', ' ')}"
-
-    def _number(self, schema: dict[str, Any], *, integer: bool) -> int | float:
-        number = self._numbers.pop(0) if self._numbers else 0.0
-        step = 1 if integer else 1e-6
-        low = schema.get("minimum", schema.get("exclusiveMinimum", float("-inf")) + step)
-        high = schema.get("maximum", schema.get("exclusiveMaximum", float("inf")) - step)
-        number = min(max(number, low), high)
-        return int(number) if integer else number
-
-    def _resolve(self, schema: dict[str, Any]) -> dict[str, Any]:
-        ref = schema.get("$ref")
-        if not isinstance(ref, str) or not ref.startswith("#/"):
-            return schema
-        target: Any = self._root
-        for part in ref[2:].split("/"):
-            target = target[part]
-        return self._resolve(target)
-
-
-def _proper_names(text: str) -> list[str]:
-    """Runs of capitalised words that do not start a sentence ("San Francisco, CA")."""
-    names: list[str] = []
-    run: list[str] = []
-    sentence_start = True
-    for raw in text.split():
-        word = raw.strip(_BRACKETS_AND_QUOTES).rstrip(".?!:;")
-        if run and raw.startswith(("(", "[", "{")):
-            names.append(" ".join(run).rstrip(","))
-            run = []
-        if word[:1].isupper() and not sentence_start:
-            run.append(word)
-            if raw.endswith((".", "?", "!", ":", ";")):
-                names.append(" ".join(run).rstrip(","))
-                run = []
-        elif run:
-            names.append(" ".join(run).rstrip(","))
-            run = []
-        sentence_start = raw.endswith((".", "?", "!"))
-    if run:
-        names.append(" ".join(run).rstrip(","))
-    return names
 
 
 # -- the scripted model ---------------------------------------------------------------
@@ -469,7 +331,7 @@ class ScriptedChatModel(BaseChatModel):
                 return None
             chosen = functions[best]
         parameters = chosen.get("parameters") or {"type": "object", "properties": {}}
-        args = _Solver(prompt, parameters).value(parameters, chosen["name"])
+        args = sample_instance(parameters, prompt=prompt)
         return {
             "name": chosen["name"],
             "args": args if isinstance(args, dict) else {},
@@ -481,7 +343,7 @@ class ScriptedChatModel(BaseChatModel):
         json_schema = response_format.get("json_schema")
         schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
         if isinstance(schema, dict):
-            return _Solver(prompt, schema).value(schema, "answer")
+            return sample_instance(schema, prompt=prompt)
         # JSON mode carries no schema: use the keys the prompt names in quotes, as a
         # model following "a JSON with 'setup' and 'punchline' keys" would.
         keys = re.findall(r"(?<!\w)['\"]([A-Za-z_][\w-]*)['\"](?!\w)", prompt)

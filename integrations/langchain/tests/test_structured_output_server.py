@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 
 from langchain_llm_resilience import FallbackChatModel
 from llm_resilience.testing import Fault, FaultInjectingServer
-from llm_resilience.testing._wire import _instance, _structured_content
 
 
 class Colour(Enum):
@@ -139,60 +138,3 @@ def test_structured_output_through_the_fallback_chain_after_a_429() -> None:
         _check(chain.with_structured_output(Answer).invoke("Tell me about Paris."))
         assert [r.fault.kind for r in primary.requests] == ["status"]
         assert len(secondary.requests) == 1
-
-
-def test_the_instance_validates_against_a_tricky_schema() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
-    schema: dict[str, Any] = {
-        "$defs": {
-            "Node": {
-                "type": "object",
-                "properties": {
-                    "label": {"type": "string", "minLength": 6, "maxLength": 8},
-                    "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
-                },
-                "required": ["label"],
-            },
-        },
-        "type": "object",
-        "properties": {
-            "root": {"$ref": "#/$defs/Node"},
-            "when": {"type": "string", "format": "date-time"},
-            "count": {"type": "integer", "exclusiveMinimum": 3, "maximum": 9},
-            "ratio": {"type": ["number", "null"], "minimum": 0.5},
-            "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}]},
-            "choice": {"anyOf": [{"type": "null"}, {"const": "yes"}]},
-            "mixed": {"allOf": [{"$ref": "#/$defs/Node"}, {"required": ["children"]}]},
-            "many": {"type": "array", "items": {"type": "integer"}, "minItems": 3},
-            "none": {"type": "array", "maxItems": 0},
-            "free": {},
-        },
-        "required": [
-            "root",
-            "when",
-            "count",
-            "ratio",
-            "pair",
-            "choice",
-            "mixed",
-            "many",
-            "none",
-            "free",
-        ],
-    }
-    value = _instance(schema, schema, 0)
-    jsonschema.validate(value, schema)
-    assert value["count"] == 4
-    assert value["ratio"] == 0.5
-    assert value["choice"] == "yes"
-    assert len(value["many"]) == 3
-    assert value["none"] == []
-
-
-def test_only_openai_json_schema_requests_get_structured_content() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    json_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    assert _structured_content("openai", {"response_format": json_schema}) == '{"a": "test"}'
-    assert _structured_content("openai", {"response_format": {"type": "text"}}) is None
-    assert _structured_content("openai", {}) is None
-    assert _structured_content("anthropic", {"response_format": json_schema}) is None

@@ -1,7 +1,9 @@
 """The persistent ledger: SQLite or PostgreSQL through SQLAlchemy.
 
-Tables, statements and migration are in :mod:`._schema`; deadlines in :mod:`._watchdog`
-and :mod:`._connector`; the writes waiting for the database in :mod:`._pending`.
+Tables, statements and migration are in ``_schema``; connections and deadlines in
+``_connections`` (with ``_watchdog`` and ``_connector``); storing the writes, and keeping
+those the database does not take, in ``_writes`` and ``_pending``. This module holds the
+operations: what a record, a settle, a hold and a read do, and in which bounded operation.
 
 Concurrency: on SQLite every write is one transaction that takes the write lock up front
 (``BEGIN IMMEDIATE``, WAL mode), and adds its cost to the running totals in SQL with an
@@ -15,44 +17,27 @@ serialise on a transaction-scoped advisory lock. Any number of processes may ope
 write and migrate the same database at once.
 
 Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
-called, ends within ``T`` plus the watchdog's reaction (measured on 2 cores under each
-fault of ``tests/core/test_ledger_faults.py``: at most 12 ms). Inside it, waiting
-for a free connection, opening one, waiting for a lock, and every statement share that
-one deadline. Past it the watchdog interrupts the connection in use (psycopg: its socket
-is shut down; sqlite3: ``interrupt()``, and the busy timeout is set to what is left of
-``T`` before each use) and the connection is discarded. PostgreSQL sessions also get
-``lock_timeout``, ``statement_timeout`` and ``idle_in_transaction_session_timeout`` of
-``T``, so the server lets go of an abandoned statement's locks too.
+called, ends within ``T`` plus the watchdog's reaction (docs/benchmarks.md has the
+measured reaction); how that bound is kept is in ``_connections``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import functools
 import logging
-import math
-import random
-import sqlite3
-import threading
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, delete, event
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
-from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+from sqlalchemy import delete
 
 from llm_resilience import checks
-from llm_resilience.errors import LedgerTimeoutError
-from llm_resilience.ledger._behind import Flusher
-from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._connections import Connections, parse_url, unavailable
 from llm_resilience.ledger._groups import Grouping, SpendRow
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
@@ -74,24 +59,14 @@ from llm_resilience.ledger._protocol import (
 )
 from llm_resilience.ledger._queries import Cursor, read_groups, read_page
 from llm_resilience.ledger._schema import (
-    SQLITE_RETURNING,
-    Run,
-    driver_run,
     holds,
-    insert_entry,
-    is_current,
-    migrate,
-    prepare_sqlite,
     read_spend,
     read_spends,
-    sqlite_insert,
-    sqlite_insert_many,
-    sqlite_release,
-    sqlite_run,
     sqlite_spend,
     sqlite_spends,
 )
-from llm_resilience.ledger._watchdog import Operation, Watchdog
+from llm_resilience.ledger._watchdog import Operation
+from llm_resilience.ledger._writes import FLUSH_BATCH, Writes
 
 __all__ = ["SqlCostLedger"]
 
@@ -103,106 +78,20 @@ DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
 #: The longest ``operation_timeout`` and ``connect_timeout`` accepted (a day).
 MAX_OPERATION_TIMEOUT = checks.MAX_OPERATION_TIMEOUT
-#: Bound on opening a ledger whose tables must be created or migrated, waiting for
-#: another process's migration included: building the totals of a first-release table
-#: takes about 7 s per million SQLite rows (2 s on PostgreSQL).
-MIGRATION_TIMEOUT = timedelta(minutes=10)
 #: Rows per page of :meth:`SqlCostLedger.iter_entries`.
 DEFAULT_PAGE_SIZE = 1000
-#: Pending writes stored per transaction when the database answers again.
-FLUSH_BATCH = 100
 #: The longest ``write_behind`` accepted: what a crash of the process may lose.
 MAX_WRITE_BEHIND = timedelta(seconds=60)
 # Write-behind: queued writes past which ``record`` stores the queue itself.
 _BEHIND_LIMIT = 10 * FLUSH_BATCH
 # Write-behind: distinct gate reads remembered (windows and scopes x day and month).
 _MAX_CACHED_READS = 256
-#: Connections pooled per ledger, and the extra ones it may open under load: at most
-#: this many operations run at once, the others wait (within their deadline).
-POOL_SIZE, MAX_OVERFLOW = 5, 10
-# Execution option read by the SQLite "begin" hook: the statement that opens the transaction.
-_BEGIN = "llm_resilience_begin"
-# Connection info key: the busy timeout (ms) last set on a SQLite connection, and how
-# far from the wanted value it may be before it is set again.
-_BUSY_MS = "llm_resilience_busy_ms"
-_BUSY_SLACK_MS = 20
-_URL_FORMS = (
-    "'sqlite:///path/to/spend.db' (a file), 'sqlite://' (in memory), "
-    "'postgresql+psycopg://user@host/db' or 'postgresql://user@host/db'"
-)
-_DRIVERS = {
-    "sqlite": "sqlite",
-    "sqlite+pysqlite": "sqlite",
-    "postgresql": "postgresql",
-    "postgresql+psycopg": "postgresql",
-}
 _Result = TypeVar("_Result")
+# The name the builder checks a URL with before any ledger opens.
+_parse_url = parse_url
 
 # Ledgers that may still hold pending writes when the process exits.
 _live: weakref.WeakSet[SqlCostLedger] = weakref.WeakSet()
-
-
-def _parse_url(url: object) -> URL:
-    """``url`` as a SQLAlchemy URL of a supported database, driver set to ours."""
-    if not isinstance(url, str):
-        raise checks.OptionTypeError(
-            f"url must be a database URL string: {_URL_FORMS}; got {type(url).__name__}"
-        )
-    try:
-        parsed = make_url(url)
-    except (sa_exc.ArgumentError, ValueError):
-        # The text is not echoed: a malformed URL may still hold a password.
-        raise ValueError(
-            f"url must be a database URL: {_URL_FORMS}; got text that is not one"
-        ) from None
-    backend = _DRIVERS.get(parsed.drivername)
-    if backend is None:
-        raise ValueError(
-            f"url must be a SQLite or PostgreSQL URL with SqlCostLedger's driver: {_URL_FORMS}; "
-            f"got a {parsed.drivername!r} URL"
-        )
-    return parsed.set(drivername="postgresql+psycopg") if backend == "postgresql" else parsed
-
-
-def _timed_out(error: BaseException) -> bool:
-    """Whether ``error`` is one of the bounds ending a wait: the pool's, SQLite's busy
-    timeout (set to the time left), an interrupt, or PostgreSQL's lock or statement
-    timeout."""
-    if isinstance(error, sa_exc.TimeoutError | LedgerTimeoutError):
-        return True
-    cause = getattr(error, "orig", None)
-    code = getattr(cause, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_INTERRUPT)
-    return getattr(cause, "sqlstate", None) in ("55P03", "57014")  # lock_timeout, canceled
-
-
-def _unavailable(error: BaseException) -> bool:
-    """Whether ``error`` says the database could not be reached or did not answer in
-    time (so a write is kept for later), rather than that it refused this write."""
-    return isinstance(
-        error,
-        LedgerTimeoutError
-        | sa_exc.OperationalError
-        | sa_exc.InterfaceError
-        | sa_exc.DisconnectionError
-        | sa_exc.TimeoutError
-        | OSError,
-    ) or (isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated)
-
-
-def _sqlite_begin(connection: Connection) -> None:
-    statement = connection.get_execution_options().get(_BEGIN, "BEGIN")
-    if statement is not None:
-        sqlite_run(connection, statement, ())
-
-
-def _milliseconds(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
-
-
-def _close_quietly(dbapi_connection: Any) -> None:
-    dbapi_connection.close()
 
 
 class SqlCostLedger:
@@ -255,12 +144,8 @@ class SqlCostLedger:
     ``spend``, ``reserve`` and ``entries`` raise on failure (the budget gate turns that
     into a warning).
 
-    Measured on 2 cores with a million entries in the month (``benchmarks/bench_ledger.py``):
-    :meth:`spend` p50 0.02-0.3 ms on SQLite and 0.2-0.5 ms on PostgreSQL, idle to loaded;
-    :meth:`spends` of the four windows a scoped budget needs 0.06 ms on SQLite and 0.28
-    ms on PostgreSQL; 8 writer processes record about 22,000 entries a second on SQLite
-    and 5,000 on PostgreSQL (``docs/benchmarks.md``). The async methods run the sync ones
-    in a worker thread, within the same bound counted from the call.
+    The async methods run the sync ones in a worker thread, within the same bound counted
+    from the call. What each operation costs is measured in docs/benchmarks.md.
     """
 
     #: Spend survives restarts and is shared by every process opening the database.
@@ -277,7 +162,7 @@ class SqlCostLedger:
         write_behind: float | timedelta | None = None,
         echo: bool = False,
     ) -> None:
-        parsed = _parse_url(url)
+        parsed = parse_url(url)
         #: Bound on every operation.
         self.operation_timeout = checks.duration(
             "operation_timeout", operation_timeout, maximum=MAX_OPERATION_TIMEOUT
@@ -294,89 +179,41 @@ class SqlCostLedger:
         self._behind_seconds = (
             0.0 if self.write_behind is None else self.write_behind.total_seconds()
         )
-        self._behind_failing = False
-        # Past this many queued writes, ``record`` stores them itself: always below
-        # ``max_pending``, so the queue never drops an entry while the database answers.
-        self._behind_limit = max(1, min(_BEHIND_LIMIT, max_pending // 2))
         if not isinstance(echo, bool):
             raise checks.OptionTypeError(f"echo must be True or False, got {echo!r}")
         self._timeout = self.operation_timeout.total_seconds()
-        self._postgres = parsed.get_backend_name() == "postgresql"
-        self._memory = not self._postgres and (
-            parsed.database in (None, "", ":memory:")
-            or "memory" in str(parsed.query.get("mode", ""))
+        self._db = Connections(
+            parsed,
+            timeout=self._timeout,
+            connect_timeout=self.connect_timeout.total_seconds(),
+            echo=echo,
         )
-        self._local = threading.local()
-        # A SQLite file without echo: the per-call operations (spend, record, settle) run
-        # on connections of the ledger's own (see _direct), the rest on SQLAlchemy's pool.
-        self._direct = not self._postgres and not self._memory and not echo
-        # Idle direct connections, each with the busy timeout (ms) last set on it.
-        self._idle: list[tuple[sqlite3.Connection, int | None]] = []
-        self._engine = self._create_engine(parsed, echo=echo)
-        backend = "postgresql" if self._postgres else "sqlite"
-        self._watchdog = Watchdog(backend)
-        self._connector = Connector() if self._postgres else None
+        backend = self._db.backend
         self._pending = PendingWrites(max_pending, backend=backend)
-        self._flushing = threading.Lock()
-        # Bumped after every write this process makes, before the written entries leave
-        # ``_pending``: a cached gate read taken under an older value is stale.
-        self._generation = 0
+        self._writes = Writes(
+            self._db,
+            self._pending,
+            label=repr(self),
+            behind_interval=None if self.write_behind is None else self._behind_seconds,
+            # Past this many queued writes, ``record`` stores them itself: always below
+            # ``max_pending``, so the queue never drops an entry while the database answers.
+            behind_limit=max(1, min(_BEHIND_LIMIT, max_pending // 2)),
+            behind_name=f"llm-resilience-ledger-writer-{id(self):x}",
+        )
+        self._flusher = self._writes.flusher
         # Write-behind only: (windows, their keys) -> (stored amounts, read at, generation).
         self._stored: dict[tuple[Any, ...], tuple[tuple[Decimal, ...], float, int]] = {}
         # Write-behind: (windows, day) -> windows checked and their keys (see _plan).
         self._plans: dict[tuple[Any, ...], tuple[tuple[SpendWindow, ...], tuple[str, ...]]] = {}
-        self._flusher = (
-            None
-            if self.write_behind is None
-            else Flusher(
-                self._flush_behind,
-                interval=self.write_behind.total_seconds(),
-                name=f"llm-resilience-ledger-writer-{id(self):x}",
-            )
-        )
-        # An in-memory SQLite database is one connection shared by every thread.
-        self._slots = threading.BoundedSemaphore(1 if self._memory else POOL_SIZE + MAX_OVERFLOW)
         try:
-            self._open()
+            self._db.open()
         except BaseException:
-            self._watchdog.stop()
-            self._engine.dispose()
+            self._db.close()
             raise
         _live.add(self)
         # A ledger dropped without close() takes its watchdog thread with it (and its
         # writer, which holds it weakly, ends at its next wake-up).
-        weakref.finalize(self, self._watchdog.stop).atexit = False
-
-    def _create_engine(self, parsed: URL, *, echo: bool) -> Engine:
-        options: dict[str, Any] = {"echo": echo, "hide_parameters": True}
-        if not self._memory:
-            options.update(
-                pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW, pool_timeout=self._timeout
-            )
-        if self._postgres:
-            if "connect_timeout" not in parsed.query:
-                # libpq counts whole seconds and treats anything under 2 as 2.
-                seconds = self.connect_timeout.total_seconds()
-                options["connect_args"] = {"connect_timeout": max(2, math.ceil(seconds))}
-            try:
-                engine = create_engine(parsed, **options)
-            except ImportError as error:
-                raise ImportError(
-                    "SqlCostLedger needs psycopg for PostgreSQL: "
-                    "pip install 'llm-resilience[postgres]'"
-                ) from error
-            event.listen(engine, "connect", self._postgres_connect)
-        else:
-            options["connect_args"] = {"timeout": self._timeout, "check_same_thread": False}
-            if self._memory:
-                options["poolclass"] = StaticPool
-            engine = create_engine(parsed, **options)
-            event.listen(engine, "connect", self._sqlite_connect)
-            event.listen(engine, "begin", _sqlite_begin)
-        event.listen(engine, "do_connect", self._do_connect)
-        event.listen(engine, "close", self._forget)
-        event.listen(engine, "invalidate", self._forget_invalidated)
-        return engine
+        weakref.finalize(self, self._db.watchdog.stop).atexit = False
 
     def __repr__(self) -> str:
         return f"SqlCostLedger({self.url!r})"
@@ -384,7 +221,7 @@ class SqlCostLedger:
     @property
     def url(self) -> str:
         """The database URL, password hidden."""
-        return self._engine.url.render_as_string(hide_password=True)
+        return self._db.url
 
     @property
     def pending(self) -> int:
@@ -397,417 +234,7 @@ class SqlCostLedger:
         ``max_pending`` waited, and any the database refused outright."""
         return self._pending.dropped
 
-    # -- connections --------------------------------------------------------------------
-
-    def _current(self) -> Operation | None:
-        operation: Operation | None = getattr(self._local, "operation", None)
-        return operation
-
-    def _do_connect(
-        self, dialect: Dialect, record: ConnectionPoolEntry, cargs: Any, cparams: Any
-    ) -> Any:
-        operation = self._current()
-        if operation is None:
-            return None  # not ours: let SQLAlchemy connect
-        if self._connector is not None:
-            connection = self._connector.connect(
-                lambda: dialect.connect(*cargs, **cparams), _close_quietly, operation
-            )
-        else:
-            connection = dialect.connect(*cargs, **cparams)
-        operation.attach(connection)  # the session setup below is bounded too
-        return connection
-
-    def _forget(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        operation = self._current()
-        if operation is not None:
-            operation.forget(dbapi_connection)
-
-    def _forget_invalidated(
-        self, dbapi_connection: Any, record: ConnectionPoolEntry, error: BaseException | None
-    ) -> None:
-        self._forget(dbapi_connection, record)
-
-    def _sqlite_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry | None) -> None:
-        # pysqlite would open transactions lazily and only before DML; we issue BEGIN
-        # ourselves so reads are one snapshot and writers can take the lock up front.
-        dbapi_connection.isolation_level = None
-        operation = self._current()
-        deadline = operation.phase_deadline if operation else time.monotonic() + self._timeout
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {_milliseconds(deadline - time.monotonic())}")
-        # SQLite answers this pragma with "database is locked" at once, without the busy
-        # timeout, while another process switches the mode or checkpoints on close (many
-        # processes opening one file together): retry every 5-50 ms until the deadline.
-        while True:
-            try:
-                cursor.execute("PRAGMA journal_mode = WAL")  # readers never wait for writers
-                break
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(random.uniform(0.005, 0.05))
-        cursor.execute("PRAGMA synchronous = NORMAL")  # WAL: durable on checkpoint, never corrupt
-        cursor.close()
-        prepare_sqlite(dbapi_connection)
-
-    def _postgres_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        # Session settings outside any transaction: UTC, so a first-release column of type
-        # TIMESTAMP WITHOUT TIME ZONE stores UTC; and the server's own bounds, so a
-        # statement or transaction we abandoned does not keep its locks.
-        autocommit = dbapi_connection.autocommit
-        dbapi_connection.autocommit = True
-        cursor = dbapi_connection.cursor()
-        cursor.execute("SET TIME ZONE 'UTC'")
-        bound = _milliseconds(self._timeout)
-        for setting in (
-            "lock_timeout",
-            "statement_timeout",
-            "idle_in_transaction_session_timeout",
-        ):
-            cursor.execute(f"SET {setting} = {bound}")
-        cursor.close()
-        dbapi_connection.autocommit = autocommit
-
-    @contextmanager
-    def _operation(
-        self, name: str, started: float | None = None, bound: float | None = None
-    ) -> Iterator[Operation]:
-        """One bounded operation: a connection slot, and a deadline the watchdog keeps."""
-        operation = Operation(
-            self._watchdog,
-            name,
-            self._timeout if bound is None else bound,
-            time.monotonic() if started is None else started,
-        )
-        try:
-            if not self._slots.acquire(timeout=max(0.0, operation.remaining())):
-                raise operation.timeout_error()
-            self._local.operation = operation
-            try:
-                yield operation
-            finally:
-                self._local.operation = None
-                self._slots.release()
-        finally:
-            operation.finish()
-
-    @contextmanager
-    def _connection(
-        self, operation: Operation, *, transaction: bool = False
-    ) -> Iterator[Connection]:
-        """A connection for one step of ``operation``: outside any transaction (each
-        statement atomic and one snapshot), or in one transaction committed on exit
-        (SQLite takes the write lock at once). Interrupted past the deadline, then
-        discarded, and the error becomes :class:`LedgerTimeoutError`."""
-        if operation.expired():
-            raise operation.timeout_error()
-        interrupted = False
-        try:
-            with self._engine.connect() as connection:
-                operation.attach(connection.connection.dbapi_connection)
-                try:
-                    if self._postgres and not transaction:
-                        connection.execution_options(isolation_level="AUTOCOMMIT")
-                    elif not self._postgres:
-                        self._bound_lock_waits(connection, operation)
-                        begin = "BEGIN IMMEDIATE" if transaction else None
-                        connection.execution_options(**{_BEGIN: begin})
-                    if transaction:
-                        with connection.begin():
-                            yield connection
-                    else:
-                        yield connection
-                finally:
-                    interrupted = operation.detach()
-                    if interrupted and not self._memory and not connection.invalidated:
-                        connection.invalidate()
-        except Exception as error:
-            # A connection being set up when the deadline passed is attached, not pooled.
-            interrupted = operation.detach() or interrupted
-            if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
-                interrupted or _timed_out(error)
-            ):
-                raise operation.timeout_error() from error
-            raise
-
-    @staticmethod
-    def _bound_lock_waits(connection: Connection, operation: Operation) -> None:
-        """End SQLite's lock waits (its busy timeout) with ``operation``'s deadline.
-
-        ``interrupt()`` does not stop a busy wait, so the timeout itself must fit. It is
-        left alone when already no longer than the time left and short of it by at most
-        20 ms, which spares a statement in the common case (a fresh operation on a
-        pooled connection).
-        """
-        wanted = _milliseconds(operation.remaining())
-        info = connection.connection.info
-        current = info.get(_BUSY_MS)
-        if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
-            driver: Any = connection.connection.driver_connection
-            driver.execute(f"PRAGMA busy_timeout = {wanted}")
-            info[_BUSY_MS] = wanted
-
-    @contextmanager
-    def _direct_connection(
-        self, operation: Operation, *, transaction: bool = False
-    ) -> Iterator[Run]:
-        """:meth:`_connection` for the per-call operations on a SQLite file, on a
-        ``sqlite3`` connection the ledger keeps itself: no pool checkout, no SQLAlchemy
-        connection, transaction or event per call (with a read and a write per call,
-        the sync SQLite stack of ``benchmarks/bench_stack.py`` went from about 570 to
-        410 µs a call on 2 cores).
-
-        The same bounds: the operation's deadline ends lock waits (the busy timeout) and
-        the watchdog interrupts a statement still running past it; an interrupted
-        connection, or one that failed, is closed instead of kept; a transaction takes
-        the write lock up front (``BEGIN IMMEDIATE``) and is committed on exit, rolled
-        back on an error. Errors come out as from the engine (SQLAlchemy's, parameters
-        hidden), and :class:`LedgerTimeoutError` past the deadline.
-        """
-        if operation.expired():
-            raise operation.timeout_error()
-        try:
-            driver, busy_ms = self._idle.pop()
-        except IndexError:
-            driver, busy_ms = None, None
-        kept = False
-        interrupted = False
-        try:
-            try:
-                if driver is None:
-                    driver = self._connect_direct(operation)
-                else:
-                    operation.attach(driver)
-                busy_ms = self._bound_direct_waits(driver, busy_ms, operation)
-                run: Run = functools.partial(driver_run, driver)
-                if transaction:
-                    run("BEGIN IMMEDIATE", ())
-                    yield run
-                    run("COMMIT", ())
-                else:
-                    yield run
-            finally:
-                interrupted = operation.detach()
-            if not interrupted and len(self._idle) < POOL_SIZE:
-                self._idle.append((driver, busy_ms))
-                kept = True
-        except Exception as error:
-            interrupted = operation.detach() or interrupted
-            if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
-                interrupted or _timed_out(error)
-            ):
-                raise operation.timeout_error() from error
-            raise
-        finally:
-            if driver is not None and not kept:
-                with suppress(Exception):  # closing rolls back an open transaction
-                    driver.close()
-
-    def _connect_direct(self, operation: Operation) -> sqlite3.Connection:
-        """A new direct connection, set up as the engine sets up its own, within the
-        operation's deadline."""
-        cargs, cparams = self._engine.dialect.create_connect_args(self._engine.url)
-        cparams.update(timeout=max(0.0, operation.remaining()), check_same_thread=False)
-        try:
-            driver: sqlite3.Connection = sqlite3.connect(*cargs, **cparams)  # type: ignore[call-overload]
-        except sqlite3.Error as error:
-            raise sa_exc.DBAPIError.instance(
-                None, None, error, sqlite3.Error, hide_parameters=True
-            ) from error
-        try:
-            operation.attach(driver)
-            self._sqlite_connect(driver, None)
-        except BaseException as error:
-            interrupted = operation.detach()
-            driver.close()
-            if isinstance(error, sqlite3.Error):
-                if interrupted:
-                    raise operation.timeout_error() from error
-                raise sa_exc.DBAPIError.instance(
-                    None, None, error, sqlite3.Error, hide_parameters=True
-                ) from error
-            raise
-        return driver
-
-    @staticmethod
-    def _bound_direct_waits(
-        driver: sqlite3.Connection, current: int | None, operation: Operation
-    ) -> int:
-        """:meth:`_bound_lock_waits` for a direct connection; returns the timeout set."""
-        wanted = _milliseconds(operation.remaining())
-        if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
-            driver_run(driver, f"PRAGMA busy_timeout = {wanted}", ())
-            return wanted
-        return current
-
-    def _close_direct(self) -> None:
-        while self._idle:
-            driver, _ = self._idle.pop()
-            with suppress(Exception):
-                driver.close()
-
-    def _lock_ledger(self, connection: Connection) -> None:
-        """Serialise PostgreSQL writers that read then write (reserve, migration) on one
-        transaction-scoped advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does."""
-        if self._postgres:
-            connection.exec_driver_sql(
-                "SELECT pg_advisory_xact_lock("
-                "hashtext('llm_resilience.cost_ledger:' || current_schema()))"
-            )
-
-    # -- schema -------------------------------------------------------------------------
-
-    def _open(self) -> None:
-        """Check the schema (a few catalogue reads, no lock); create or migrate it under
-        the write lock only when something is missing."""
-        with self._operation("open") as operation:
-            with self._connection(operation) as connection:
-                if is_current(connection):
-                    return
-            operation.extend(MIGRATION_TIMEOUT.total_seconds())
-            with self._connection(operation, transaction=True) as connection:
-                if self._postgres:
-                    bound = _milliseconds(MIGRATION_TIMEOUT.total_seconds())
-                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {bound}")
-                    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {bound}")
-                self._lock_ledger(connection)
-                migrate(connection, postgres=self._postgres)
-
     # -- writing ------------------------------------------------------------------------
-
-    def _apply(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
-        """Store ``writes`` in order, in one transaction (a lone PostgreSQL record: one
-        statement). Entries already stored (same ``entry_id``) are skipped."""
-        if self._postgres and len(writes) == 1 and writes[0].hold_id is None:
-            with self._connection(operation) as connection:
-                assert writes[0].entry is not None
-                insert_entry(connection, writes[0].entry, postgres=True)
-            return
-        if self._direct:
-            with self._direct_connection(operation, transaction=True) as run:
-                entries = [w.entry for w in writes if w.hold_id is None and w.entry is not None]
-                batch = SQLITE_RETURNING and 1 < len(entries) == len(writes)
-                if batch and all(entry.entry_id for entry in entries):
-                    sqlite_insert_many(run, entries)  # a batch of records: one INSERT
-                    return
-                for write in writes:
-                    if write.hold_id is not None:
-                        sqlite_release(run, write.hold_id)
-                    if write.entry is not None:
-                        sqlite_insert(run, write.entry)
-            return
-        with self._connection(operation, transaction=True) as connection:
-            for write in writes:
-                if write.hold_id is not None:
-                    connection.execute(delete(holds).where(holds.c.id == write.hold_id))
-                if write.entry is not None:
-                    insert_entry(connection, write.entry, postgres=self._postgres)
-
-    def _flush(self, operation: Operation, until: float, *, wait: bool = False) -> None:
-        """Store pending writes, oldest first, until none is left or ``until`` is near.
-
-        Raises the failure that stopped it (the writes stay pending). A write the
-        database refuses outright (not a failure to answer) is dropped, counted and
-        logged, so it cannot block the ones behind it. Does nothing while another thread
-        is storing them (or, with ``wait``, until it is done, within the operation).
-        """
-        if not len(self._pending):
-            return
-        if not self._flushing.acquire(timeout=max(0.0, operation.remaining()) if wait else -1):
-            return
-        try:
-            with operation.phase(until):
-                stored = False
-                while batch := self._pending.oldest(FLUSH_BATCH):
-                    if stored and operation.remaining() < operation.bound / 4:
-                        return  # the rest waits for the next operation, not past our bound
-                    try:
-                        self._apply(operation, batch)
-                    except Exception as error:
-                        if _unavailable(error) or not isinstance(error, sa_exc.SQLAlchemyError):
-                            raise
-                        self._apply_one_by_one(operation, batch)
-                    else:
-                        self._generation += 1
-                        self._pending.written(batch)
-                    stored = True
-        finally:
-            self._flushing.release()
-
-    def _apply_one_by_one(self, operation: Operation, batch: Sequence[PendingWrite]) -> None:
-        for write in batch:
-            try:
-                self._apply(operation, [write])
-            except Exception as error:
-                if _unavailable(error) or not isinstance(error, sa_exc.SQLAlchemyError):
-                    raise
-                self._pending.refused(write)
-                logger.error(
-                    "%r dropped a pending %s that the database refused (%s); %d dropped so far.",
-                    self,
-                    "record" if write.hold_id is None else "settle",
-                    type(error).__name__,
-                    self._pending.dropped,
-                )
-            else:
-                self._generation += 1
-                self._pending.written([write])
-
-    def _write(self, name: str, write: PendingWrite, started: float | None) -> None:
-        """Store ``write`` now, or keep it pending if the database does not take it."""
-        with ExitStack() as stack:
-            try:
-                operation = stack.enter_context(self._operation(name, started))
-            except LedgerTimeoutError as error:  # not even a connection slot in time
-                self._keep(name, write, error)
-                return
-            if not len(self._pending):
-                try:
-                    self._apply(operation, [write])
-                    self._generation += 1
-                    return
-                except Exception as error:
-                    if not _unavailable(error):
-                        raise
-                    self._keep(name, write, error)
-                    return
-            # Behind writes already waiting, so that they reach the database in order.
-            dropped = self._pending.push(write.entry, write.hold_id)
-            try:
-                self._flush(operation, operation.deadline)
-            except Exception as error:
-                if not _unavailable(error):
-                    raise
-                self._warn_kept(name, error, dropped)
-                return
-            if dropped:
-                self._warn_kept(name, None, dropped)
-
-    def _keep(self, name: str, write: PendingWrite, error: BaseException) -> None:
-        self._warn_kept(name, error, self._pending.push(write.entry, write.hold_id))
-
-    def _warn_kept(self, name: str, error: BaseException | None, dropped: bool) -> None:
-        """One WARNING for a write that waits: the error's type only, never its text
-        (which could quote the database's view of the row)."""
-        full = (
-            f" The queue was full: its oldest write was dropped "
-            f"({self._pending.dropped} dropped so far)."
-            if dropped
-            else ""
-        )
-        if error is None:
-            logger.warning("%r keeps writes waiting for the database.%s", self, full)
-            return
-        logger.warning(
-            "%r could not %s (%s); the write waits in memory (%d pending) and is stored "
-            "once the database answers.%s",
-            self,
-            name,
-            type(error).__name__,
-            len(self._pending),
-            full,
-        )
 
     def record(self, entry: LedgerEntry) -> None:
         """Store ``entry`` and add its cost to its day's and month's totals, atomically.
@@ -818,52 +245,18 @@ class SqlCostLedger:
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
         if self._flusher is not None:
-            self._queue(entry)
+            self._writes.queue(entry)
             return
-        self._write("record", PendingWrite(entry), None)
+        self._writes.write("record", PendingWrite(entry), None)
 
     async def arecord(self, entry: LedgerEntry) -> None:
         """:meth:`record` in a worker thread, bounded from this call."""
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
         if self._flusher is not None:
-            self._queue(entry)  # a lock held for a few µs: no thread needed
+            self._writes.queue(entry)  # a lock held for a few µs: no thread needed
             return
-        await asyncio.to_thread(self._write, "record", PendingWrite(entry), time.monotonic())
-
-    def _queue(self, entry: LedgerEntry) -> None:
-        """Write-behind: queue ``entry`` for the writer thread."""
-        assert self._flusher is not None
-        if self._pending.push(entry, None):
-            self._warn_kept("record", None, True)
-        waiting = len(self._pending)
-        if waiting >= self._behind_limit:
-            # The writer thread falls behind: this caller stores the queue itself, so
-            # that writing faster than the database takes never drops an entry.
-            self._flush_behind(wait=True)
-        elif waiting >= FLUSH_BATCH:
-            self._flusher.wake()
-        else:
-            self._flusher.start()
-
-    def _flush_behind(self, *, wait: bool = False) -> None:
-        """The writer thread's work: store the queue, oldest first, in batches (with
-        ``wait``, after the storing already under way, if any)."""
-        if not len(self._pending):
-            return
-        with self._operation("write") as operation:
-            try:
-                self._flush(operation, operation.deadline, wait=wait)
-            except Exception as error:
-                if not _unavailable(error):
-                    raise
-                # Kept, and counted by every read, until the database answers: one
-                # WARNING per outage, not one per interval.
-                if not self._behind_failing:
-                    self._warn_kept("store queued writes", error, False)
-                self._behind_failing = True
-            else:
-                self._behind_failing = False
+        await asyncio.to_thread(self._writes.write, "record", PendingWrite(entry), time.monotonic())
 
     def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
         """Release ``reservation`` and record ``entry`` (if not None) in one transaction.
@@ -871,12 +264,12 @@ class SqlCostLedger:
         If the database does not take it, both wait in memory together and are written
         in one transaction later, so the hold never counts beside its entry.
         """
-        self._write("settle", _settlement(reservation, entry), None)
+        self._writes.write("settle", _settlement(reservation, entry), None)
 
     async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
         """:meth:`settle` in a worker thread, bounded from this call."""
         write = _settlement(reservation, entry)
-        await asyncio.to_thread(self._write, "settle", write, time.monotonic())
+        await asyncio.to_thread(self._writes.write, "settle", write, time.monotonic())
 
     # -- reading ------------------------------------------------------------------------
 
@@ -890,12 +283,12 @@ class SqlCostLedger:
     ) -> _Result:
         """Run ``read`` after storing pending writes for at most half the bound (unless
         ``flush`` is False: a write-behind gate leaves that to the writer thread)."""
-        with self._operation(name, started) as operation:
+        with self._db.operation(name, started) as operation:
             if flush and len(self._pending):
                 try:
-                    self._flush(operation, operation.started + operation.bound / 2)
+                    self._writes.flush(operation, operation.started + operation.bound / 2)
                 except Exception as error:
-                    if not _unavailable(error):
+                    if not unavailable(error):
                         raise
                     # Already reported when kept; the read below counts them anyway.
             return read(operation)
@@ -912,10 +305,10 @@ class SqlCostLedger:
         def read(operation: Operation) -> Decimal:
             # Pending first: a write stored meanwhile is then counted twice, never missed.
             waiting = self._pending.unwritten_cost(key, scope)
-            if self._direct:
-                with self._direct_connection(operation) as run:
+            if self._db.direct:
+                with self._db.direct_connection(operation) as run:
                     return exact_sum((sqlite_spend(run, window, scope, when), waiting))
-            with self._connection(operation) as connection:
+            with self._db.connection(operation) as connection:
                 return exact_sum((read_spend(connection, window, scope, when), waiting))
 
         return self._read("spend", started, read)
@@ -947,10 +340,10 @@ class SqlCostLedger:
             return ()
 
         def read_stored(operation: Operation) -> tuple[Decimal, ...]:
-            if self._direct:
-                with self._direct_connection(operation) as run:
+            if self._db.direct:
+                with self._db.direct_connection(operation) as run:
                     return tuple(sqlite_spends(run, checked, when))
-            with self._connection(operation) as connection:
+            with self._db.connection(operation) as connection:
                 return tuple(read_spends(connection, checked, when))
 
         def read(operation: Operation) -> tuple[Decimal, ...]:
@@ -968,7 +361,7 @@ class SqlCostLedger:
         # landed since and it is younger than the interval; the queue is added each time.
         cache_key = (checked, keys)
         waiting = self._waiting(checked, keys)
-        generation = self._generation  # read after the queue: see ``_flush``
+        generation = self._writes.generation  # read after the queue: see ``_flush``
         fresh = time.monotonic()
         stored = self._cached(cache_key, generation, fresh)
         if stored is None:
@@ -1021,7 +414,7 @@ class SqlCostLedger:
         else None. For the async gate, which then needs no worker thread."""
         checked, keys = self._plan(windows, check_now(now))
         waiting = self._waiting(checked, keys)
-        stored = self._cached((checked, keys), self._generation, time.monotonic())
+        stored = self._cached((checked, keys), self._writes.generation, time.monotonic())
         if stored is None:
             return None
         return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
@@ -1064,8 +457,8 @@ class SqlCostLedger:
         hold = Reservation(uuid.uuid4().hex, amount, check_hold_scope(limits, scope), when)
 
         def reserve(operation: Operation) -> Reservation:
-            with self._connection(operation, transaction=True) as connection:
-                self._lock_ledger(connection)
+            with self._db.connection(operation, transaction=True) as connection:
+                self._db.lock_ledger(connection)
                 # Holds dead both at ``now`` and on the real clock: a caller passing a past
                 # ``now`` never deletes a hold that other callers still count.
                 horizon = min(when, datetime.now(UTC))
@@ -1088,7 +481,9 @@ class SqlCostLedger:
                         "expires": when + self.reservation_ttl,
                     },
                 )
-            self._generation += 1  # committed: the hold counts in this process's gates at once
+            self._writes.generation += (
+                1  # committed: the hold counts in this process's gates at once
+            )
             return hold
 
         return self._read("reserve", started, reserve)
@@ -1134,10 +529,9 @@ class SqlCostLedger:
 
         >>> ledger.entries(since, until, model="gpt-4o")  # doctest: +SKIP
 
-        Bounded like every operation: a million SQLite rows take about 11 s here, of which
-        the database's part (the bounded part) is under 5 s; for reads of several
-        million rows use :meth:`iter_entries`, pass narrower bounds, or open the ledger
-        with a larger ``operation_timeout``.
+        Bounded like every operation (the database's part of it): for reads of millions
+        of rows use :meth:`iter_entries`, pass narrower bounds, or open the ledger with a
+        larger ``operation_timeout``.
         """
         return self._entries(since, until, scope, model, kind, None)
 
@@ -1150,25 +544,10 @@ class SqlCostLedger:
         kind: str | None,
         started: float | None,
     ) -> list[LedgerEntry]:
-        low, high, scope, model, kind = check_entry_filters(since, until, scope, model, kind)
-
-        def read(operation: Operation) -> list[LedgerEntry]:
-            with self._connection(operation) as connection:
-                found, _ = read_page(
-                    connection,
-                    low,
-                    high,
-                    scope=scope,
-                    model=model,
-                    kind=kind,
-                    after=None,
-                    limit=None,
-                    postgres=self._postgres,
-                )
-            found.sort(key=lambda entry: entry.timestamp)  # stable: rows of older forms
-            return found
-
-        return self._read("entries", started, read)
+        filters = check_entry_filters(since, until, scope, model, kind)
+        found, _ = self._page(filters, None, None, started)  # every row: one page
+        found.sort(key=lambda entry: entry.timestamp)  # stable: rows of older forms
+        return found
 
     async def aentries(
         self,
@@ -1234,15 +613,16 @@ class SqlCostLedger:
     def _page(
         self,
         filters: tuple[datetime | None, datetime | None, str | None, str | None, str | None],
-        page_size: int,
+        page_size: int | None,
         after: Cursor | None,
         started: float | None,
     ) -> tuple[list[LedgerEntry], Cursor | None]:
-        """One page of entries after ``after``, in one bounded operation."""
+        """One page of entries after ``after`` (``page_size`` None: all of them), in one
+        bounded operation."""
         low, high, scope, model, kind = filters
 
         def read(operation: Operation) -> tuple[list[LedgerEntry], Cursor | None]:
-            with self._connection(operation) as connection:
+            with self._db.connection(operation) as connection:
                 return read_page(
                     connection,
                     low,
@@ -1252,7 +632,7 @@ class SqlCostLedger:
                     kind=kind,
                     after=after,
                     limit=page_size,
-                    postgres=self._postgres,
+                    postgres=self._db.postgres,
                 )
 
         return self._read("entries", started, read)
@@ -1303,26 +683,15 @@ class SqlCostLedger:
         :meth:`spend`, which counts them)."""
 
         def read(operation: Operation) -> list[SpendRow]:
-            with self._connection(operation) as connection:
+            with self._db.connection(operation) as connection:
                 groups = read_groups(
-                    connection, by, low, high, scope=scope, postgres=self._postgres
+                    connection, by, low, high, scope=scope, postgres=self._db.postgres
                 )
             return [SpendRow(*group) for group in groups]
 
         return self._read("report", None, read)
 
     # -- closing ------------------------------------------------------------------------
-
-    def _store_pending(self, name: str) -> None:
-        """Store what is pending within one operation's bound, whatever goes wrong."""
-        if not len(self._pending):
-            return
-        try:
-            with self._operation(name) as operation:
-                self._flush(operation, operation.deadline)
-        except Exception as error:
-            if not _unavailable(error):
-                raise
 
     def close(self) -> None:
         """Store pending writes (within ``operation_timeout``), then close the pooled
@@ -1334,7 +703,7 @@ class SqlCostLedger:
         if self._flusher is not None:
             self._flusher.stop(self._timeout)
         try:
-            self._store_pending("close")
+            self._writes.store_pending("close")
         finally:
             if len(self._pending):
                 count, money = self._pending.summary()
@@ -1345,9 +714,7 @@ class SqlCostLedger:
                     count,
                     money,
                 )
-            self._watchdog.stop()
-            self._engine.dispose()
-            self._close_direct()
+            self._db.close()
 
     async def aclose(self) -> None:
         """:meth:`close` in a worker thread."""
@@ -1355,7 +722,7 @@ class SqlCostLedger:
 
     def _exit(self) -> None:
         try:
-            self._store_pending("exit")
+            self._writes.store_pending("exit")
         except Exception:  # the loss is logged just below
             pass
         if len(self._pending):

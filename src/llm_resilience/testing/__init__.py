@@ -18,6 +18,11 @@ answered with the rest of the reply after it, as a provider that takes a prefill
 :class:`FaultProxy` does the same for a real PostgreSQL or Redis: a TCP proxy that can
 go silent (connections open, nothing answers) or reset every connection, on cue.
 
+``fresh_error`` copies a configured exception for each raise (so a fake raising it many
+times keeps no traceback alive); the ``openai`` SDK errors the adapters' fake models
+raise are built in ``llm_resilience.testing.errors``, and their tool arguments and
+structured answers in ``llm_resilience.testing.schema``.
+
 pytest users get ``fault_server`` and ``fault_server_factory`` fixtures with
 ``pytest_plugins = ["llm_resilience.testing.fixtures"]``. Only the standard library is
 imported here.
@@ -27,5 +32,13 @@ from __future__ import annotations
 
 from llm_resilience.testing._proxy import FaultProxy, ProxyMode
 from llm_resilience.testing._server import Fault, FaultInjectingServer, ServedRequest
+from llm_resilience.testing.errors import fresh_error
 
-__all__ = ["Fault", "FaultInjectingServer", "FaultProxy", "ProxyMode", "ServedRequest"]
+__all__ = [
+    "Fault",
+    "FaultInjectingServer",
+    "FaultProxy",
+    "ProxyMode",
+    "ServedRequest",
+    "fresh_error",
+]

@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llm_resilience.testing._wire import WIRES
+from llm_resilience.testing._wire_base import Provider
+
 __all__ = ["Fault", "FaultKind", "Provider", "ServedRequest"]
 
 FaultKind = Literal[
@@ -22,9 +25,6 @@ FaultKind = Literal[
     "prefill_rejected",
     "content_filtered",
     "error_event",
-]
-Provider = Literal[
-    "openai", "anthropic", "bedrock", "gemini", "mistral", "groq", "ollama", "cohere"
 ]
 
 
@@ -129,61 +129,13 @@ class Fault:
         for option, value in (("tokens", tokens), ("maximum", maximum)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{option} must be an integer >= 1; got {value!r}")
-        if provider == "openai":
-            message = (
-                f"This model's maximum context length is {maximum} tokens. However, your "
-                f"messages resulted in {tokens} tokens. Please reduce the length of the "
-                f"messages."
-            )
-            body: dict[str, Any] = {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": "messages",
-                    "code": "context_length_exceeded",
-                }
-            }
-        elif provider == "anthropic":
-            body = {
-                "type": "error",
-                "error": {
-                    "type": "invalid_request_error",
-                    "message": f"prompt is too long: {tokens} tokens > {maximum} maximum",
-                },
-            }
-        elif provider == "bedrock":
-            # Bedrock states no token counts: a ValidationException and its message.
-            body = {
-                "__type": "ValidationException",
-                "message": "Input is too long for requested model.",
-            }
-        elif provider == "gemini":
-            message = (
-                f"The input token count ({tokens}) exceeds the maximum number of tokens "
-                f"allowed ({maximum})."
-            )
-            body = {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
-        elif provider == "mistral":
-            from llm_resilience.testing._wire_mistral import mistral_context_overflow
-
-            body = mistral_context_overflow(tokens, maximum)
-        elif provider == "groq":
-            from llm_resilience.testing._wire_groq import groq_context_length_exceeded
-
-            body = groq_context_length_exceeded()
-        elif provider == "ollama":
-            # Ollama answers a prompt longer than its context window (``num_ctx``) with a
-            # 200: it truncates the prompt (logging "truncating input prompt") and goes on.
-            raise ValueError("Ollama has no context-overflow error: it truncates the prompt")
-        elif provider == "cohere":
-            from llm_resilience.testing._wire_cohere import cohere_context_overflow
-
-            body = cohere_context_overflow(tokens, maximum)
-        else:
+        wire = WIRES.get(provider)
+        if wire is None:
             raise ValueError(
                 "provider must be 'openai', 'anthropic', 'bedrock', 'gemini', 'mistral', 'groq' "
                 f"or 'cohere'; got {provider!r}"
             )
+        body = wire.context_overflow(tokens, maximum)
         return cls.status(400, body=body)
 
     @classmethod

@@ -18,9 +18,9 @@ answered; when the script is used up, requests get the normal answer (``default_
 
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
 sync and async clients alike work inside a plain ``with`` block. The faults are defined
-in ``_faults`` and the providers' wire formats in ``_wire`` (Bedrock's in
-``_wire_bedrock``, Mistral's in ``_wire_mistral``, Groq's in ``_wire_groq``, Ollama's in
-``_wire_ollama``, Cohere's in ``_wire_cohere``); this module serves them.
+in ``_faults``; each provider's wire format is a module of its own (``_wire_openai``,
+``_wire_anthropic``, ...), found through the table in ``_wire``; this module serves them
+and never asks a provider's name.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import logging
 import socket
 import threading
 import time
-import urllib.parse
-import uuid
 from collections import deque
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,28 +38,17 @@ from types import TracebackType
 from typing import Any, cast
 
 from llm_resilience.testing._faults import Fault, FaultKind, Provider, ServedRequest
-from llm_resilience.testing._wire import (
-    BEDROCK_STREAM_CONTENT_TYPE,
-    COHERE_V1_STREAM_CONTENT_TYPE,
-    MISTRAL_PREFIX,
-    OLLAMA_STREAM_CONTENT_TYPE,
-    _Answer,
-    _error_body,
-    _number,
-    _tool_to_call,
-    _ToolCall,
-    bedrock_error,
-    content_filter_body,
-    error_event,
-    gemini_blocked_prompt,
-    is_cohere_v1,
-    malformed_event,
+from llm_resilience.testing._wire import wire_for_path
+from llm_resilience.testing._wire_base import (
+    Answer,
+    ToolCall,
+    Wire,
+    number,
     prefill_of,
-    prefill_problem,
-    prefill_rejection_body,
+    tool_to_call,
     usage_details_option,
 )
-from llm_resilience.testing._wire_groq import GROQ_PATH, groq_body, groq_events, groq_request_id
+from llm_resilience.testing._wire_mistral import MISTRAL_PREFIX
 
 __all__ = ["Fault", "FaultInjectingServer", "FaultKind", "Provider", "ServedRequest"]
 
@@ -291,11 +278,6 @@ class FaultInjectingServer:
         return True
 
 
-def _answer_wire(provider: Provider) -> Provider:
-    """The wire a normal answer is built on: Groq's is OpenAI's, with its additions."""
-    return "openai" if provider == "groq" else provider
-
-
 def _close_abruptly(connection: socket.socket) -> None:
     # shutdown() wakes a thread blocked reading this socket and sends FIN at once,
     # which close() alone would not do while another thread still uses the socket.
@@ -355,66 +337,40 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self._read_body()
         path = self.path.split("?", 1)[0].rstrip("/")
-        provider: Provider
-        path_model: str | None = None
-        # Gemini and Bedrock name a stream in the path, not in the body.
-        path_stream = False
-        if path.startswith(MISTRAL_PREFIX + "/") and path.endswith("/chat/completions"):
-            # Mistral's path is OpenAI's: it is served under a prefix (``_wire_mistral``).
-            provider = "mistral"
-        elif path == GROQ_PATH:
-            # OpenAI's API with Groq's errors and additions (``_wire_groq``).
-            provider = "groq"
-        elif path.endswith("/chat/completions"):
-            provider = "openai"
-        elif path.endswith("/messages"):
-            provider = "anthropic"
-        elif path.startswith("/model/") and path.endswith(("/converse", "/converse-stream")):
-            provider = "bedrock"
-            operation = path.rsplit("/", 1)[1]
-            path_model = urllib.parse.unquote(path[len("/model/") : -len("/" + operation)])
-            path_stream = operation == "converse-stream"
-        elif path == "/api/chat":
-            provider = "ollama"
-        elif path in ("/v1/chat", "/v2/chat"):
-            # Cohere's Chat API, v1 and v2 (``_wire_cohere``).
-            provider = "cohere"
-        elif "/models/" in path and path.endswith((":generateContent", ":streamGenerateContent")):
-            provider = "gemini"
-            model, _, method = path.rsplit("/", 1)[1].partition(":")
-            path_model = urllib.parse.unquote(model)
-            path_stream = method == "streamGenerateContent"
-        else:
+        found = wire_for_path(path)
+        if found is None:
             error = {"message": f"Unknown path {path}", "type": "not_found"}
             self._send_json(404, {"error": error})
             return
+        # Gemini and Bedrock name the model and a stream in the path, not in the body.
+        wire, route = found
         try:
             payload = json.loads(body or b"{}")
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
-            self._send_json(400, _error_body(provider, 400))
+            self._send_json(400, wire.error_body(400))
             return
-        if provider == "gemini" and path_model:
+        if wire.model_from_path and route.model:
             # Gemini names the model in the path; its answer's ``modelVersion`` repeats it.
-            payload.setdefault("model", path_model)
+            payload.setdefault("model", route.model)
         owner = self.server.owner
-        tool = _tool_to_call(_answer_wire(provider), payload)
+        tool = tool_to_call(wire, payload)
         record = ServedRequest(
             path=path,
-            provider=provider,
-            model=path_model or str(payload.get("model") or ""),
+            provider=wire.name,
+            model=route.model or str(payload.get("model") or ""),
             # Ollama streams unless the request says ``"stream": false``.
-            stream=path_stream or bool(payload.get("stream", provider == "ollama")),
+            stream=route.stream or bool(payload.get("stream", wire.streams_by_default)),
             fault=Fault.ok(),
             tool_call=tool is not None,
             at=time.monotonic(),
             prefilled=prefill_of(payload) is not None,
         )
         fault = owner._next_fault(record)
-        logger.debug("%s: %s %s -> %s", owner.name, provider, path, fault.kind)
+        logger.debug("%s: %s %s -> %s", owner.name, wire.name, path, fault.kind)
         try:
-            self._answer(provider, payload, record, tool, fault)
+            self._answer(wire, payload, record, tool, fault)
         except (_Stopped, OSError):
             self._drop()
 
@@ -422,31 +378,31 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(
         self,
-        provider: Provider,
+        wire: Wire,
         payload: dict[str, Any],
         record: ServedRequest,
-        tool: _ToolCall | None,
+        tool: ToolCall | None,
         fault: Fault,
     ) -> None:
         stopping = self.server.owner._stopping
         if fault.kind == "status" or (fault.kind == "error_event" and not record.stream):
-            self._send_status_fault(provider, fault)
+            self._send_status_fault(wire, fault)
             return
-        wire = _answer_wire(provider)
         prefill = prefill_of(payload)
         if fault.kind == "prefill_rejected" and prefill is not None:
-            self._send_json(400, prefill_rejection_body(wire), provider=provider)
+            self._send_json(400, wire.prefill_rejection_body(), wire=wire)
             return
-        problem = prefill_problem(wire, prefill)
+        problem = wire.prefill_problem(prefill)
         if problem is not None:
-            self._send_json(400, problem, provider=provider)
+            self._send_json(400, problem, wire=wire)
             return
         if fault.kind == "content_filtered" and fault.status_code is not None:
-            if provider == "gemini":
-                # Gemini blocks a prompt with a 200 and ``promptFeedback.blockReason``.
-                self._send_blocked_prompt(payload, record.stream)
+            # Gemini blocks a prompt with a 200 and ``promptFeedback.blockReason``.
+            blocked = wire.blocked_prompt(payload)
+            if blocked is not None:
+                self._send_blocked_prompt(wire, blocked, record.stream)
                 return
-            self._send_json(fault.status_code, content_filter_body(wire), provider=provider)
+            self._send_json(fault.status_code, wire.content_filter_body(), wire=wire)
             return
         if fault.kind == "refuse" or (fault.kind == "drop_mid_stream" and not record.stream):
             self._drop()
@@ -460,7 +416,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         filtered = fault.after_chunks if fault.kind == "content_filtered" else None
         owner = self.server.owner
-        answer = _Answer(
+        answer = Answer(
             wire,
             payload,
             owner.reply,
@@ -475,40 +431,24 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Stopped
             if delay and stopping.wait(delay * len(answer.pieces)):
                 raise _Stopped
-            body = groq_body(answer, groq_request_id()) if provider == "groq" else answer.body()
-            self._send_json(200, body, provider=provider)
+            self._send_json(200, answer.body(), wire=wire)
             return
         cut = fault.kind in ("drop_mid_stream", "stall_mid_stream", "error_event")
         limit = fault.after_chunks if cut else None
         self.send_response(200)
-        if provider == "bedrock":
-            # Binary AWS event-stream messages (``_wire_bedrock``), not SSE.
-            self.send_header("Content-Type", BEDROCK_STREAM_CONTENT_TYPE)
-        elif provider == "ollama":
-            # Newline-delimited JSON objects (``_wire_ollama``), not SSE.
-            self.send_header("Content-Type", OLLAMA_STREAM_CONTENT_TYPE)
-        elif provider == "cohere" and is_cohere_v1(payload):
-            # Cohere's v1 stream: one JSON object a line, not SSE.
-            self.send_header("Content-Type", COHERE_V1_STREAM_CONTENT_TYPE)
-        else:
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Cache-Control", "no-cache")
+        for name, value in wire.stream_headers(payload):
+            self.send_header(name, value)
         self.send_header("Transfer-Encoding", "chunked")
-        self._send_request_id(provider)
+        self._send_request_id(wire)
         self.end_headers()
         sent = 0
         # A malformed-chunk fault sends one undecodable event where content chunk N+1
         # (or, for a shorter reply, the tail) would start; the answer then goes on.
         broken = fault.kind == "malformed_chunk"
         end_marker = fault.kind != "missing_done"
-        events = (
-            groq_events(answer, groq_request_id(), end_marker=end_marker)
-            if provider == "groq"
-            else answer.events(end_marker=end_marker)
-        )
-        for event, phase in events:
+        for event, phase in answer.events(end_marker=end_marker):
             if broken and (phase == "tail" or (phase == "content" and sent == fault.after_chunks)):
-                self._write_chunk(malformed_event(provider))
+                self._write_chunk(wire.malformed_event())
                 broken = False
             # A drop cuts before content chunk N+1, or before the tail when the reply
             # has N chunks or fewer: a drop fault never lets the stream complete.
@@ -518,7 +458,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Stopped
                 if fault.kind == "error_event":
                     # The provider's error event ends a well-formed body: no cut socket.
-                    self._write_chunk(error_event(provider, cast(int, fault.status_code)))
+                    self._write_chunk(wire.error_event(cast(int, fault.status_code)))
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
                     return
@@ -534,32 +474,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _send_blocked_prompt(self, payload: dict[str, Any], stream: bool) -> None:
-        blocked = gemini_blocked_prompt(payload)
+    def _send_blocked_prompt(self, wire: Wire, blocked: dict[str, Any], stream: bool) -> None:
         if not stream:
-            self._send_json(200, blocked, provider="gemini")
+            self._send_json(200, blocked, wire=wire)
             return
         data = b"data: " + json.dumps(blocked).encode() + b"\n\n"
-        self._send_bytes(200, data, "text/event-stream; charset=utf-8", provider="gemini")
+        self._send_bytes(200, data, "text/event-stream; charset=utf-8", wire=wire)
 
-    def _send_status_fault(self, provider: Provider, fault: Fault) -> None:
+    def _send_status_fault(self, wire: Wire, fault: Fault) -> None:
         code = cast(int, fault.status_code)
         headers: dict[str, str] = {}
         if fault.retry_after is not None:
-            headers["retry-after"] = _number(fault.retry_after)
+            headers["retry-after"] = number(fault.retry_after)
         if fault.retry_after_ms is not None:
-            headers["retry-after-ms"] = _number(fault.retry_after_ms)
+            headers["retry-after-ms"] = number(fault.retry_after_ms)
         if isinstance(fault.body, str):
             self._send_bytes(code, fault.body.encode(), "text/plain; charset=utf-8", headers)
             return
-        if provider == "bedrock":
-            sent, error_type = bedrock_error(code, fault.body)
-            if error_type is not None:
-                headers["x-amzn-ErrorType"] = error_type
-            self._send_json(code, sent, provider=provider, headers=headers)
-            return
-        body = fault.body if fault.body is not None else _error_body(provider, code)
-        self._send_json(code, body, provider=provider, headers=headers)
+        body, extra = wire.status_error(code, fault.body)
+        headers.update(extra)
+        self._send_json(code, body, wire=wire, headers=headers)
 
     # -- wire helpers ------------------------------------------------------------------
 
@@ -567,26 +501,21 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    def _send_request_id(self, provider: Provider | None) -> None:
-        if provider in ("openai", "groq"):
-            self.send_header("x-request-id", f"req_{uuid.uuid4().hex}")
-        elif provider == "anthropic":
-            self.send_header("request-id", f"req_{uuid.uuid4().hex}")
-        elif provider == "bedrock":
-            self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
-        elif provider == "mistral":
-            self.send_header("mistral-correlation-id", str(uuid.uuid4()))
+    def _send_request_id(self, wire: Wire | None) -> None:
+        header = None if wire is None else wire.request_id_header()
+        if header is not None:
+            self.send_header(*header)
 
     def _send_json(
         self,
         code: int,
         body: Mapping[str, Any],
         *,
-        provider: Provider | None = None,
+        wire: Wire | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         data = json.dumps(body).encode()
-        self._send_bytes(code, data, "application/json", headers, provider)
+        self._send_bytes(code, data, "application/json", headers, wire)
 
     def _send_bytes(
         self,
@@ -594,12 +523,12 @@ class _Handler(BaseHTTPRequestHandler):
         data: bytes,
         content_type: str,
         headers: Mapping[str, str] | None = None,
-        provider: Provider | None = None,
+        wire: Wire | None = None,
     ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
-        self._send_request_id(provider)
+        self._send_request_id(wire)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()

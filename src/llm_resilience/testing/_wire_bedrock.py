@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import struct
+import urllib.parse
+import uuid
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from llm_resilience.testing._wire import _Answer
+from llm_resilience.testing._wire_base import Answer, Phase, Provider, Route, Wire, texts
 
 __all__ = [
+    "BEDROCK",
+    "BedrockWire",
     "BEDROCK_STREAM_CONTENT_TYPE",
     "bedrock_body",
     "bedrock_error",
@@ -39,7 +42,6 @@ __all__ = [
     "stream_exception_type",
 ]
 
-_Phase = Literal["head", "content", "tail"]
 
 #: The ``Content-Type`` of a ConverseStream answer.
 BEDROCK_STREAM_CONTENT_TYPE = "application/vnd.amazon.eventstream"
@@ -151,7 +153,7 @@ def _event(event_type: str, data: Mapping[str, Any]) -> bytes:
 # -- the answer -------------------------------------------------------------------------
 
 
-def _usage(answer: _Answer) -> dict[str, Any]:
+def _usage(answer: Answer) -> dict[str, Any]:
     # ``inputTokens`` leaves the cache reads and writes out (as Anthropic's does); the
     # total counts them. The model's thinking is inside ``outputTokens``, not split out.
     details = answer.details
@@ -177,7 +179,7 @@ def _usage(answer: _Answer) -> dict[str, Any]:
     return usage
 
 
-def bedrock_body(answer: _Answer) -> dict[str, Any]:
+def bedrock_body(answer: Answer) -> dict[str, Any]:
     """Bedrock Runtime's Converse answer."""
     return {
         "output": {"message": {"role": "assistant", "content": [{"text": answer.text}]}},
@@ -187,7 +189,7 @@ def bedrock_body(answer: _Answer) -> dict[str, Any]:
     }
 
 
-def bedrock_events(answer: _Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
+def bedrock_events(answer: Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, Phase]]:
     """ConverseStream's messages, each with its phase: ``messageStart``; a
     ``contentBlockDelta`` per chunk of text; ``contentBlockStop``, ``messageStop`` (the
     stop reason) and ``metadata`` (usage and metrics).
@@ -270,3 +272,52 @@ def bedrock_malformed_event() -> bytes:
     good = _event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": " broken"}})
     crc = _CRC.unpack(good[-_CRC.size :])[0]
     return good[: -_CRC.size] + _CRC.pack(crc ^ 0xFFFFFFFF)
+
+
+class BedrockWire(Wire):
+    """Bedrock Runtime's Converse and ConverseStream."""
+
+    name: Provider = "bedrock"
+    refusal_finish = "content_filtered"
+
+    def route(self, path: str) -> Route | None:
+        if not path.startswith("/model/") or not path.endswith(("/converse", "/converse-stream")):
+            return None
+        operation = path.rsplit("/", 1)[1]
+        model = urllib.parse.unquote(path[len("/model/") : -len("/" + operation)])
+        return Route(model, operation == "converse-stream")
+
+    def error_body(self, code: int) -> dict[str, Any]:
+        return bedrock_error(code, None)[0]
+
+    def status_error(
+        self, code: int, body: Mapping[str, Any] | None
+    ) -> tuple[Mapping[str, Any], dict[str, str]]:
+        sent, error_type = bedrock_error(code, body)
+        return sent, ({} if error_type is None else {"x-amzn-ErrorType": error_type})
+
+    error_event = staticmethod(bedrock_stream_exception)
+    malformed_event = staticmethod(bedrock_malformed_event)
+
+    def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
+        # Bedrock states no token counts: a ValidationException and its message.
+        return {
+            "__type": "ValidationException",
+            "message": "Input is too long for requested model.",
+        }
+
+    def prompt_texts(self, payload: Mapping[str, Any]) -> Iterator[str]:
+        return texts(payload.get("system"))
+
+    body = staticmethod(bedrock_body)
+    events = staticmethod(bedrock_events)
+
+    def stream_headers(self, payload: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        # Binary AWS event-stream messages, not SSE.
+        return (("Content-Type", BEDROCK_STREAM_CONTENT_TYPE),)
+
+    def request_id_header(self) -> tuple[str, str] | None:
+        return "x-amzn-RequestId", str(uuid.uuid4())
+
+
+BEDROCK = BedrockWire()

@@ -35,12 +35,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from llm_resilience.testing._wire import _Answer
+from llm_resilience.testing._wire_base import SSE_HEADERS, Answer, Phase, Provider, Route, Wire
 
 __all__ = [
+    "COHERE",
+    "CohereWire",
     "COHERE_V1_STREAM_CONTENT_TYPE",
     "cohere_body",
     "cohere_context_overflow",
@@ -52,7 +53,6 @@ __all__ = [
     "is_cohere_v1",
 ]
 
-_Phase = Literal["head", "content", "tail"]
 
 #: The ``Content-Type`` of a v1 chat stream: one JSON object a line.
 COHERE_V1_STREAM_CONTENT_TYPE = "application/stream+json"
@@ -120,7 +120,7 @@ def cohere_prompt_texts(payload: Mapping[str, Any]) -> Iterator[str]:
             yield turn["message"]
 
 
-def _usage(answer: _Answer) -> dict[str, Any]:
+def _usage(answer: Answer) -> dict[str, Any]:
     counts = {"input_tokens": answer.input_tokens, "output_tokens": answer.output_tokens}
     usage: dict[str, Any] = {"billed_units": dict(counts), "tokens": dict(counts)}
     read = answer.details.get("cache_read", 0)
@@ -129,7 +129,7 @@ def _usage(answer: _Answer) -> dict[str, Any]:
     return usage
 
 
-def _v1_response(answer: _Answer) -> dict[str, Any]:
+def _v1_response(answer: Answer) -> dict[str, Any]:
     return {
         "response_id": answer.id,
         "text": answer.text,
@@ -143,7 +143,7 @@ def _v1_response(answer: _Answer) -> dict[str, Any]:
     }
 
 
-def cohere_body(answer: _Answer) -> dict[str, Any]:
+def cohere_body(answer: Answer) -> dict[str, Any]:
     """The chat answer: v1's ``NonStreamedChatResponse`` or v2's ``V2ChatResponse``."""
     if is_cohere_v1(answer.payload):
         return _v1_response(answer)
@@ -163,7 +163,7 @@ def _line(data: Mapping[str, Any]) -> bytes:
     return json.dumps(data).encode() + b"\n"
 
 
-def cohere_events(answer: _Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
+def cohere_events(answer: Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, Phase]]:
     """The stream's events, each with its phase. ``end_marker=False`` leaves out the last
     event (v2's ``message-end``, v1's ``stream-end``), which carries the usage."""
     if is_cohere_v1(answer.payload):
@@ -207,3 +207,34 @@ def cohere_error_event(code: int) -> bytes:
 def cohere_malformed_event() -> bytes:
     """A ``content-delta`` event whose JSON is cut short (the SDK skips it)."""
     return b'event: content-delta\ndata: {"type": "content-delta", "index": 0, "del\n\n'
+
+
+class CohereWire(Wire):
+    """Cohere's Chat API: v2 ``/v2/chat`` (SSE) and v1 ``/v1/chat`` (JSON lines)."""
+
+    name: Provider = "cohere"
+
+    def route(self, path: str) -> Route | None:
+        return Route() if path in ("/v1/chat", "/v2/chat") else None
+
+    error_body = staticmethod(cohere_error)
+    error_event = staticmethod(cohere_error_event)
+    malformed_event = staticmethod(cohere_malformed_event)
+    context_overflow = staticmethod(cohere_context_overflow)
+
+    prompt_texts = staticmethod(cohere_prompt_texts)
+
+    def finish(self, *, tool: bool, filtered: bool) -> str:
+        return "COMPLETE"
+
+    body = staticmethod(cohere_body)
+    events = staticmethod(cohere_events)
+
+    def stream_headers(self, payload: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        if is_cohere_v1(payload):
+            # Cohere's v1 stream: one JSON object a line, not SSE.
+            return (("Content-Type", COHERE_V1_STREAM_CONTENT_TYPE),)
+        return SSE_HEADERS
+
+
+COHERE = CohereWire()

@@ -1,7 +1,7 @@
 """Groq's wire format, as the fake server speaks it on ``POST /openai/v1/chat/completions``.
 
 Groq serves an OpenAI-compatible Chat Completions API, so an answer is OpenAI's (the
-``_Answer`` built for the ``openai`` wire) with Groq's additions, as the ``groq`` SDK's
+``Answer`` built for the ``openai`` wire) with Groq's additions, as the ``groq`` SDK's
 types declare them (``groq/types/chat/chat_completion.py``, ``chat_completion_chunk.py``,
 ``completion_usage.py``, groq 0.37):
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from llm_resilience.testing._wire import _Answer, _Phase
+from llm_resilience.testing._wire_base import Answer, Phase, Provider, Route, sse
+from llm_resilience.testing._wire_openai import OpenAIWire, openai_body, openai_events, openai_usage
 
 #: The path Groq's clients post to (``groq.Groq`` and OpenAI clients on Groq's base URL).
 GROQ_PATH = "/openai/v1/chat/completions"
@@ -105,8 +105,8 @@ def groq_request_id() -> str:
     return f"req_{uuid.uuid4().hex[:26]}"
 
 
-def _usage(answer: _Answer) -> dict[str, Any]:
-    usage = answer._openai_usage()
+def _usage(answer: Answer) -> dict[str, Any]:
+    usage = openai_usage(answer)
     # Groq reports no cache writes, and no audio or prediction counts.
     usage["prompt_tokens"] -= usage["prompt_tokens_details"].pop("cache_write_tokens", 0)
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -122,22 +122,22 @@ def _envelope(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def groq_body(answer: _Answer, request_id: str) -> dict[str, Any]:
+def groq_body(answer: Answer, request_id: str) -> dict[str, Any]:
     """A Chat Completions answer as Groq sends it: ``usage`` with timings, ``x_groq``."""
-    body = _envelope(answer._openai_body())
+    body = _envelope(openai_body(answer))
     body["usage"] = _usage(answer)
     body["x_groq"] = {"id": request_id}
     return body
 
 
 def groq_events(
-    answer: _Answer, request_id: str, *, end_marker: bool = True
-) -> Iterator[tuple[bytes, _Phase]]:
+    answer: Answer, request_id: str, *, end_marker: bool = True
+) -> Iterator[tuple[bytes, Phase]]:
     """A stream as Groq sends it: OpenAI's chunks, ``x_groq`` on the first and the last
     (``x_groq.usage`` there), OpenAI's usage chunk only when asked, then ``[DONE]``."""
     finish_seen = False
     first = True
-    for event, phase in answer._openai_events():
+    for event, phase in openai_events(answer):
         if event.startswith(b"data: {"):
             chunk = json.loads(event[len(b"data: ") :])
             finishing = any(c.get("finish_reason") for c in chunk.get("choices") or [])
@@ -150,7 +150,7 @@ def groq_events(
                 chunk["usage"] = _usage(answer)
             finish_seen = finish_seen or finishing
             first = False
-            event = _sse(_envelope(chunk))
+            event = sse(_envelope(chunk))
         elif not end_marker:
             continue
         yield event, phase
@@ -158,7 +158,7 @@ def groq_events(
 
 def groq_stream_error(code: int) -> bytes:
     """The ``data:`` event Groq ends a failing stream with: its error object."""
-    return _sse(groq_error(code))
+    return sse(groq_error(code))
 
 
 def groq_malformed_event() -> bytes:
@@ -166,5 +166,26 @@ def groq_malformed_event() -> bytes:
     return b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "x_gr\n\n'
 
 
-def _sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
+class GroqWire(OpenAIWire):
+    """Groq's OpenAI-compatible API: OpenAI's answers with Groq's errors and additions."""
+
+    name: Provider = "groq"
+
+    def route(self, path: str) -> Route | None:
+        return Route() if path == GROQ_PATH else None
+
+    error_body = staticmethod(groq_error)
+    error_event = staticmethod(groq_stream_error)
+    malformed_event = staticmethod(groq_malformed_event)
+
+    def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
+        return groq_context_length_exceeded()
+
+    def body(self, answer: Answer) -> dict[str, Any]:
+        return groq_body(answer, groq_request_id())
+
+    def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
+        return groq_events(answer, groq_request_id(), end_marker=end_marker)
+
+
+GROQ = GroqWire()

@@ -29,12 +29,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from llm_resilience.testing._wire import _Answer
+from llm_resilience.testing._wire_base import Answer, Phase, Provider, Route, Wire, sse
 
 __all__ = [
+    "MISTRAL",
+    "MistralWire",
     "MISTRAL_CAPACITY_EXCEEDED",
     "MISTRAL_PREFIX",
     "mistral_body",
@@ -43,7 +44,6 @@ __all__ = [
     "mistral_events",
 ]
 
-_Phase = Literal["head", "content", "tail"]
 
 #: The path prefix the fake server serves Mistral's API under.
 MISTRAL_PREFIX = "/mistral"
@@ -108,7 +108,7 @@ def mistral_context_overflow(tokens: int, maximum: int) -> dict[str, Any]:
     return _error_object(message, "invalid_request_error", None)
 
 
-def _usage(answer: _Answer) -> dict[str, int]:
+def _usage(answer: Answer) -> dict[str, int]:
     return {
         "prompt_tokens": answer.input_tokens,
         "completion_tokens": answer.output_tokens,
@@ -116,7 +116,7 @@ def _usage(answer: _Answer) -> dict[str, int]:
     }
 
 
-def _tool_calls(answer: _Answer) -> list[dict[str, Any]] | None:
+def _tool_calls(answer: Answer) -> list[dict[str, Any]] | None:
     if answer.tool is None:
         return None
     # Mistral's tool-call ids are nine characters of [a-zA-Z0-9].
@@ -130,7 +130,7 @@ def _tool_calls(answer: _Answer) -> list[dict[str, Any]] | None:
     ]
 
 
-def mistral_body(answer: _Answer) -> dict[str, Any]:
+def mistral_body(answer: Answer) -> dict[str, Any]:
     """A ``ChatCompletionResponse``."""
     calls = _tool_calls(answer)
     message: dict[str, Any] = {
@@ -149,19 +149,15 @@ def mistral_body(answer: _Answer) -> dict[str, Any]:
     }
 
 
-def _sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
 MISTRAL_DONE = b"data: [DONE]\n\n"
 
 
-def mistral_events(answer: _Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
+def mistral_events(answer: Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, Phase]]:
     """``CompletionChunk`` events: the role, one per content piece, the finish with the
     usage, then ``[DONE]`` (left out with ``end_marker=False``)."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        return _sse(
+        return sse(
             {
                 "id": answer.id,
                 "object": "chat.completion.chunk",
@@ -183,3 +179,39 @@ def mistral_events(answer: _Answer, *, end_marker: bool = True) -> Iterator[tupl
     yield chunk({"content": ""}, answer.finish, usage=_usage(answer)), "tail"
     if end_marker:
         yield MISTRAL_DONE, "tail"
+
+
+class MistralWire(Wire):
+    """Mistral's Chat Completions API, served under ``MISTRAL_PREFIX``."""
+
+    name: Provider = "mistral"
+    openai_tools = True
+
+    def route(self, path: str) -> Route | None:
+        if path.startswith(MISTRAL_PREFIX + "/") and path.endswith("/chat/completions"):
+            return Route()
+        return None
+
+    error_body = staticmethod(mistral_error)
+
+    def error_event(self, code: int) -> bytes:
+        # Mistral documents no in-stream error event; its error object as a data event.
+        return sse(mistral_error(code))
+
+    def malformed_event(self) -> bytes:
+        return b'data: {"id": "broken", "object": "chat.completion.chunk", "cho\n\n'
+
+    context_overflow = staticmethod(mistral_context_overflow)
+
+    def finish(self, *, tool: bool, filtered: bool) -> str:
+        # Mistral has no content-filter finish reason; a cut answer ends with "stop".
+        return "tool_calls" if tool else "stop"
+
+    body = staticmethod(mistral_body)
+    events = staticmethod(mistral_events)
+
+    def request_id_header(self) -> tuple[str, str] | None:
+        return "mistral-correlation-id", str(uuid.uuid4())
+
+
+MISTRAL = MistralWire()

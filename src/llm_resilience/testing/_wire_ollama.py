@@ -30,12 +30,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-if TYPE_CHECKING:
-    from llm_resilience.testing._wire import _Answer
+from llm_resilience.testing._wire_base import Answer, Phase, Provider, Route, Wire
 
 __all__ = [
+    "OLLAMA",
+    "OllamaWire",
     "OLLAMA_BUSY",
     "OLLAMA_STREAM_CONTENT_TYPE",
     "ollama_body",
@@ -45,7 +46,6 @@ __all__ = [
     "ollama_stream_error",
 ]
 
-_Phase = Literal["head", "content", "tail"]
 
 #: The ``Content-Type`` of a streamed ``/api/chat`` answer.
 OLLAMA_STREAM_CONTENT_TYPE = "application/x-ndjson"
@@ -87,7 +87,7 @@ def _created_at() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime())
 
 
-def _message(answer: _Answer, content: str, *, with_tool: bool) -> dict[str, Any]:
+def _message(answer: Answer, content: str, *, with_tool: bool) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if with_tool and answer.tool is not None:
         message["content"] = ""
@@ -97,7 +97,7 @@ def _message(answer: _Answer, content: str, *, with_tool: bool) -> dict[str, Any
     return message
 
 
-def _done(answer: _Answer) -> dict[str, Any]:
+def _done(answer: Answer) -> dict[str, Any]:
     """The fields of the last object: why it stopped, the counters, the durations (ns)."""
     return {
         "done": True,
@@ -111,7 +111,7 @@ def _done(answer: _Answer) -> dict[str, Any]:
     }
 
 
-def ollama_body(answer: _Answer) -> dict[str, Any]:
+def ollama_body(answer: Answer) -> dict[str, Any]:
     """``/api/chat``'s answer to a call (``"stream": false``)."""
     text = "" if answer.tool is not None else answer.text
     return {
@@ -126,7 +126,7 @@ def _line(data: Mapping[str, Any]) -> bytes:
     return json.dumps(data).encode() + b"\n"
 
 
-def ollama_events(answer: _Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, _Phase]]:
+def ollama_events(answer: Answer, *, end_marker: bool = True) -> Iterator[tuple[bytes, Phase]]:
     """A stream's lines, each with its phase: one per piece of text (``done: false``),
     then the ``done: true`` line with the counters (a tool call rides on that line).
 
@@ -161,3 +161,37 @@ def ollama_stream_error(code: int) -> bytes:
 def ollama_malformed_line() -> bytes:
     """A line that is not JSON: the SDK's ``json.loads`` of it fails."""
     return b'{"model": "llama3.2", "created_at": "2026-01-01T00:00:00Z", "mess\n'
+
+
+class OllamaWire(Wire):
+    """Ollama's ``/api/chat``: newline-delimited JSON, streamed unless asked not to."""
+
+    name: Provider = "ollama"
+    streams_by_default = True
+    openai_tools = True  # Ollama takes OpenAI's tool shape
+
+    def route(self, path: str) -> Route | None:
+        return Route() if path == "/api/chat" else None
+
+    error_body = staticmethod(ollama_error)
+    error_event = staticmethod(ollama_stream_error)
+    malformed_event = staticmethod(ollama_malformed_line)
+
+    def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
+        # Ollama answers a prompt longer than its context window (``num_ctx``) with a
+        # 200: it truncates the prompt (logging "truncating input prompt") and goes on.
+        raise ValueError("Ollama has no context-overflow error: it truncates the prompt")
+
+    def finish(self, *, tool: bool, filtered: bool) -> str:
+        # Ollama has no content filter: a cut answer still says why it stopped.
+        return "stop"
+
+    body = staticmethod(ollama_body)
+    events = staticmethod(ollama_events)
+
+    def stream_headers(self, payload: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        # Newline-delimited JSON objects, not SSE.
+        return (("Content-Type", OLLAMA_STREAM_CONTENT_TYPE),)
+
+
+OLLAMA = OllamaWire()

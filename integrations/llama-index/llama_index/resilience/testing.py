@@ -12,8 +12,9 @@ streaming) with a fixed text streamed word by word, reports OpenAI-shaped usage,
 configured tool when it is offered, and can fail with any exception, after any number of
 chunks, or hang. Its public methods carry LlamaIndex's usual callback decorators, so it
 emits the same events a provider integration does. :func:`rate_limit_error` and
-:func:`api_status_error` build errors the way the ``openai`` SDK raises them (falling
-back to ``httpx.HTTPStatusError`` when ``openai`` is not installed).
+:func:`api_status_error` (the core's ``llm_resilience.testing.errors``) build errors the
+way the ``openai`` SDK raises them (``httpx.HTTPStatusError`` when ``openai`` is not
+installed).
 :func:`restart_events` collects the stream restarts a chain dispatches while it is open.
 """
 
@@ -46,7 +47,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
-from llm_resilience.testing._errors import fresh_error
+from llm_resilience.testing import fresh_error
+from llm_resilience.testing.errors import api_status_error, rate_limit_error
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -58,8 +60,6 @@ __all__ = [
     "rate_limit_error",
     "restart_events",
 ]
-
-_FAKE_URL = "https://api.openai.com/v1/chat/completions"
 
 _ChunkT = TypeVar("_ChunkT", ChatResponse, CompletionResponse)
 
@@ -389,58 +389,6 @@ def _words(text: str) -> list[str]:
     """``"a b c"`` -> ``["a", " b", " c"]``: chunks that join back to the text."""
     parts = text.split(" ")
     return [parts[0], *(" " + part for part in parts[1:])] if text else []
-
-
-def api_status_error(
-    status: int, message: str | None = None, *, headers: dict[str, str] | None = None
-) -> Exception:
-    """An error for an HTTP ``status`` shaped as the ``openai`` SDK raises it.
-
-    ``openai.RateLimitError`` for 429, ``openai.InternalServerError`` for 5xx,
-    ``openai.BadRequestError`` for 400 and so on, each holding an ``httpx.Response``
-    with that status and ``headers`` (for example ``{"retry-after": "20"}``). Without
-    ``openai`` installed, an ``httpx.HTTPStatusError`` with the same response.
-
-    >>> api_status_error(400).status_code
-    400
-    """
-    import httpx
-
-    request = httpx.Request("POST", _FAKE_URL)
-    response = httpx.Response(status, headers=headers, request=request)
-    text = message or f"Error code: {status}"
-    try:
-        import openai
-    except ImportError:
-        return httpx.HTTPStatusError(text, request=request, response=response)
-    by_status: dict[int, type[openai.APIStatusError]] = {
-        400: openai.BadRequestError,
-        401: openai.AuthenticationError,
-        403: openai.PermissionDeniedError,
-        404: openai.NotFoundError,
-        409: openai.ConflictError,
-        422: openai.UnprocessableEntityError,
-        429: openai.RateLimitError,
-    }
-    error_type = by_status.get(status)
-    if error_type is None:
-        error_type = openai.InternalServerError if status >= 500 else openai.APIStatusError
-    return error_type(text, response=response, body=None)
-
-
-def rate_limit_error(
-    message: str = "Error code: 429 - Too many requests", *, retry_after: float | None = None
-) -> Exception:
-    """A 429 as the ``openai`` SDK raises it (``openai.RateLimitError``).
-
-    ``retry_after`` (seconds) sets the ``retry-after`` header, which a
-    ``Cooldown(honor_retry_after=True)`` reads.
-
-    >>> rate_limit_error().status_code
-    429
-    """
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
-    return api_status_error(429, message, headers=headers)
 
 
 class RestartEvents(BaseEventHandler):

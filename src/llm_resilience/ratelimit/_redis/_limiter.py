@@ -56,7 +56,7 @@ DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_KEY_PREFIX: Final = "llm-resilience:ratelimit:"
 
 #: Default ``operation_timeout``: the most one round trip to Redis may take, in seconds.
-#: Redis answers in well under a millisecond; a second of silence is an outage.
+#: A second of silence is an outage (Redis's usual answer time: docs/benchmarks.md).
 DEFAULT_OPERATION_TIMEOUT: Final = 1.0
 #: Default ``outage_cooldown``: after a failure, calls skip Redis for this many seconds and
 #: apply ``on_backend_error`` at once, so a dead or silent server costs one timeout per
@@ -96,8 +96,8 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     **Cancellation** of :meth:`aacquire` leaves nothing behind: no permit, no task, no
     connection. Cancelled while queued for a connection, it leaves at once; cancelled
     while its round trip is in flight, it lets that round trip finish (at most
-    ``operation_timeout``; Redis usually answers within a millisecond), gives back any
-    permit it was granted, then raises ``CancelledError``; cancelled while sleeping on a
+    ``operation_timeout``), gives back any permit it was granted, then raises
+    ``CancelledError``; cancelled while sleeping on a
     reservation, it gives the reservation back. (A sync :meth:`acquire` interrupted by
     ``KeyboardInterrupt`` mid round trip may waste that one permit.)
 

@@ -1,0 +1,495 @@
+"""The SQL ledger's connections and deadlines: the engine, each operation's bound.
+
+``Connections`` owns what ``SqlCostLedger`` needs to reach its database within
+``operation_timeout``: the SQLAlchemy engine and its pool, the ``sqlite3`` connections
+kept for the per-call operations on a SQLite file, the ``Watchdog`` that interrupts a
+connection past its deadline, and PostgreSQL connections opened on helper threads
+(``Connector``). What the ledger stores and reads is in ``_sql``, the writes kept
+pending in ``_writes``, tables and statements in ``_schema``.
+
+Within one operation (``T`` is ``operation_timeout``), waiting for a free connection,
+opening one, waiting for a lock, and every statement share one deadline. Past it the
+watchdog interrupts the connection in use (psycopg: its socket is shut down; sqlite3:
+``interrupt()``, and the busy timeout is set to what is left of ``T`` before each use) and
+the connection is discarded. PostgreSQL sessions also get ``lock_timeout``,
+``statement_timeout`` and ``idle_in_transaction_session_timeout`` of ``T``, so the server
+lets go of an abandoned statement's locks too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+
+from llm_resilience import checks
+from llm_resilience.errors import LedgerTimeoutError
+from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._schema import (
+    Run,
+    driver_run,
+    is_current,
+    migrate,
+    prepare_sqlite,
+    sqlite_run,
+)
+from llm_resilience.ledger._watchdog import Operation, Watchdog
+
+__all__ = [
+    "MAX_OVERFLOW",
+    "MIGRATION_TIMEOUT",
+    "POOL_SIZE",
+    "Connections",
+    "parse_url",
+    "unavailable",
+]
+
+#: Bound on opening a ledger whose tables must be created or migrated, waiting for
+#: another process's migration included (building the totals of a first-release table
+#: takes seconds per million rows: see docs/benchmarks.md).
+MIGRATION_TIMEOUT = timedelta(minutes=10)
+#: Connections pooled per ledger, and the extra ones it may open under load: at most
+#: this many operations run at once, the others wait (within their deadline).
+POOL_SIZE, MAX_OVERFLOW = 5, 10
+# Execution option read by the SQLite "begin" hook: the statement that opens the transaction.
+_BEGIN = "llm_resilience_begin"
+# Connection info key: the busy timeout (ms) last set on a SQLite connection, and how
+# far from the wanted value it may be before it is set again.
+_BUSY_MS = "llm_resilience_busy_ms"
+_BUSY_SLACK_MS = 20
+_URL_FORMS = (
+    "'sqlite:///path/to/spend.db' (a file), 'sqlite://' (in memory), "
+    "'postgresql+psycopg://user@host/db' or 'postgresql://user@host/db'"
+)
+_DRIVERS = {
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+    "postgresql": "postgresql",
+    "postgresql+psycopg": "postgresql",
+}
+
+
+def parse_url(url: object) -> URL:
+    """``url`` as a SQLAlchemy URL of a supported database, driver set to ours."""
+    if not isinstance(url, str):
+        raise checks.OptionTypeError(
+            f"url must be a database URL string: {_URL_FORMS}; got {type(url).__name__}"
+        )
+    try:
+        parsed = make_url(url)
+    except (sa_exc.ArgumentError, ValueError):
+        # The text is not echoed: a malformed URL may still hold a password.
+        raise ValueError(
+            f"url must be a database URL: {_URL_FORMS}; got text that is not one"
+        ) from None
+    backend = _DRIVERS.get(parsed.drivername)
+    if backend is None:
+        raise ValueError(
+            f"url must be a SQLite or PostgreSQL URL with SqlCostLedger's driver: {_URL_FORMS}; "
+            f"got a {parsed.drivername!r} URL"
+        )
+    return parsed.set(drivername="postgresql+psycopg") if backend == "postgresql" else parsed
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is one of the bounds ending a wait: the pool's, SQLite's busy
+    timeout (set to the time left), an interrupt, or PostgreSQL's lock or statement
+    timeout."""
+    if isinstance(error, sa_exc.TimeoutError | LedgerTimeoutError):
+        return True
+    cause = getattr(error, "orig", None)
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_INTERRUPT)
+    return getattr(cause, "sqlstate", None) in ("55P03", "57014")  # lock_timeout, canceled
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database could not be reached or did not answer in
+    time (so a write is kept for later), rather than that it refused this write."""
+    return isinstance(
+        error,
+        LedgerTimeoutError
+        | sa_exc.OperationalError
+        | sa_exc.InterfaceError
+        | sa_exc.DisconnectionError
+        | sa_exc.TimeoutError
+        | OSError,
+    ) or (isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated)
+
+
+def _raise_past_deadline(error: Exception, operation: Operation, interrupted: bool) -> None:
+    """Raise ``LedgerTimeoutError`` for a database error that the deadline caused: the
+    watchdog interrupted the connection, or a bound (pool, busy, lock) ran out."""
+    if isinstance(error, sa_exc.SQLAlchemyError | sqlite3.Error | OSError) and (
+        interrupted or timed_out(error)
+    ):
+        raise operation.timeout_error() from error
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    statement = connection.get_execution_options().get(_BEGIN, "BEGIN")
+    if statement is not None:
+        sqlite_run(connection, statement, ())
+
+
+def milliseconds(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _close_quietly(dbapi_connection: Any) -> None:
+    dbapi_connection.close()
+
+
+class Connections:
+    """The engine and connections of one ledger, each use bounded by an operation.
+
+    ``parsed`` comes from ``parse_url``; ``timeout`` is ``operation_timeout`` and
+    ``connect_timeout`` libpq's bound, both in seconds. ``echo`` logs the SQL, never its
+    parameters. ``operation`` opens a bounded operation; ``connection`` and
+    ``direct_connection`` lend a connection for one step of it.
+    """
+
+    def __init__(self, parsed: URL, *, timeout: float, connect_timeout: float, echo: bool) -> None:
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        #: Whether the database is PostgreSQL (else SQLite).
+        self.postgres = parsed.get_backend_name() == "postgresql"
+        #: Whether the database is an in-memory SQLite database of this process.
+        self.memory = not self.postgres and (
+            parsed.database in (None, "", ":memory:")
+            or "memory" in str(parsed.query.get("mode", ""))
+        )
+        self._local = threading.local()
+        #: A SQLite file without echo: the per-call operations (spend, record, settle)
+        #: run on connections of our own (``direct_connection``), the rest on
+        #: SQLAlchemy's pool.
+        self.direct = not self.postgres and not self.memory and not echo
+        # Idle direct connections, each with the busy timeout (ms) last set on it.
+        self._idle: list[tuple[sqlite3.Connection, int | None]] = []
+        #: The SQLAlchemy engine: its pool serves every operation but the direct ones.
+        self.engine = self._create_engine(parsed, echo=echo)
+        #: The backend's name, for threads and log lines.
+        self.backend = "postgresql" if self.postgres else "sqlite"
+        self.watchdog = Watchdog(self.backend)
+        self._connector = Connector() if self.postgres else None
+        # An in-memory SQLite database is one connection shared by every thread.
+        self._slots = threading.BoundedSemaphore(1 if self.memory else POOL_SIZE + MAX_OVERFLOW)
+
+    def _create_engine(self, parsed: URL, *, echo: bool) -> Engine:
+        options: dict[str, Any] = {"echo": echo, "hide_parameters": True}
+        if not self.memory:
+            options.update(
+                pool_size=POOL_SIZE, max_overflow=MAX_OVERFLOW, pool_timeout=self._timeout
+            )
+        if self.postgres:
+            if "connect_timeout" not in parsed.query:
+                # libpq counts whole seconds and treats anything under 2 as 2.
+                seconds = self._connect_timeout
+                options["connect_args"] = {"connect_timeout": max(2, math.ceil(seconds))}
+            try:
+                engine = create_engine(parsed, **options)
+            except ImportError as error:
+                raise ImportError(
+                    "SqlCostLedger needs psycopg for PostgreSQL: "
+                    "pip install 'llm-resilience[postgres]'"
+                ) from error
+            event.listen(engine, "connect", self._postgres_connect)
+        else:
+            options["connect_args"] = {"timeout": self._timeout, "check_same_thread": False}
+            if self.memory:
+                options["poolclass"] = StaticPool
+            engine = create_engine(parsed, **options)
+            event.listen(engine, "connect", self._sqlite_connect)
+            event.listen(engine, "begin", _sqlite_begin)
+        event.listen(engine, "do_connect", self._do_connect)
+        event.listen(engine, "close", self._forget)
+        event.listen(engine, "invalidate", self._forget_invalidated)
+        return engine
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        """Close the pooled and direct connections and stop the watchdog; a later
+        operation opens new ones."""
+        self.watchdog.stop()
+        self.engine.dispose()
+        self._close_direct()
+
+    def current(self) -> Operation | None:
+        operation: Operation | None = getattr(self._local, "operation", None)
+        return operation
+
+    def _do_connect(
+        self, dialect: Dialect, record: ConnectionPoolEntry, cargs: Any, cparams: Any
+    ) -> Any:
+        operation = self.current()
+        if operation is None:
+            return None  # not ours: let SQLAlchemy connect
+        if self._connector is not None:
+            connection = self._connector.connect(
+                lambda: dialect.connect(*cargs, **cparams), _close_quietly, operation
+            )
+        else:
+            connection = dialect.connect(*cargs, **cparams)
+        operation.attach(connection)  # the session setup below is bounded too
+        return connection
+
+    def _forget(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        operation = self.current()
+        if operation is not None:
+            operation.forget(dbapi_connection)
+
+    def _forget_invalidated(
+        self, dbapi_connection: Any, record: ConnectionPoolEntry, error: BaseException | None
+    ) -> None:
+        self._forget(dbapi_connection, record)
+
+    def _sqlite_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry | None) -> None:
+        # pysqlite would open transactions lazily and only before DML; we issue BEGIN
+        # ourselves so reads are one snapshot and writers can take the lock up front.
+        dbapi_connection.isolation_level = None
+        operation = self.current()
+        deadline = operation.phase_deadline if operation else time.monotonic() + self._timeout
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {milliseconds(deadline - time.monotonic())}")
+        # SQLite answers this pragma with "database is locked" at once, without the busy
+        # timeout, while another process switches the mode or checkpoints on close (many
+        # processes opening one file together): retry every 5-50 ms until the deadline.
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")  # readers never wait for writers
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.05))
+        cursor.execute("PRAGMA synchronous = NORMAL")  # WAL: durable on checkpoint, never corrupt
+        cursor.close()
+        prepare_sqlite(dbapi_connection)
+
+    def _postgres_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        # Session settings outside any transaction: UTC, so a first-release column of type
+        # TIMESTAMP WITHOUT TIME ZONE stores UTC; and the server's own bounds, so a
+        # statement or transaction we abandoned does not keep its locks.
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET TIME ZONE 'UTC'")
+        bound = milliseconds(self._timeout)
+        for setting in (
+            "lock_timeout",
+            "statement_timeout",
+            "idle_in_transaction_session_timeout",
+        ):
+            cursor.execute(f"SET {setting} = {bound}")
+        cursor.close()
+        dbapi_connection.autocommit = autocommit
+
+    @contextmanager
+    def operation(
+        self, name: str, started: float | None = None, bound: float | None = None
+    ) -> Iterator[Operation]:
+        """One bounded operation: a connection slot, and a deadline the watchdog keeps."""
+        operation = Operation(
+            self.watchdog,
+            name,
+            self._timeout if bound is None else bound,
+            time.monotonic() if started is None else started,
+        )
+        try:
+            if not self._slots.acquire(timeout=max(0.0, operation.remaining())):
+                raise operation.timeout_error()
+            self._local.operation = operation
+            try:
+                yield operation
+            finally:
+                self._local.operation = None
+                self._slots.release()
+        finally:
+            operation.finish()
+
+    @contextmanager
+    def connection(
+        self, operation: Operation, *, transaction: bool = False
+    ) -> Iterator[Connection]:
+        """A connection for one step of ``operation``: outside any transaction (each
+        statement atomic and one snapshot), or in one transaction committed on exit
+        (SQLite takes the write lock at once). Interrupted past the deadline, then
+        discarded, and the error becomes ``LedgerTimeoutError``."""
+        if operation.expired():
+            raise operation.timeout_error()
+        interrupted = False
+        try:
+            with self.engine.connect() as connection:
+                operation.attach(connection.connection.dbapi_connection)
+                try:
+                    if self.postgres and not transaction:
+                        connection.execution_options(isolation_level="AUTOCOMMIT")
+                    elif not self.postgres:
+                        self._bound_lock_waits(connection, operation)
+                        begin = "BEGIN IMMEDIATE" if transaction else None
+                        connection.execution_options(**{_BEGIN: begin})
+                    if transaction:
+                        with connection.begin():
+                            yield connection
+                    else:
+                        yield connection
+                finally:
+                    interrupted = operation.detach()
+                    if interrupted and not self.memory and not connection.invalidated:
+                        connection.invalidate()
+        except Exception as error:
+            # A connection being set up when the deadline passed is attached, not pooled.
+            _raise_past_deadline(error, operation, operation.detach() or interrupted)
+            raise
+
+    @staticmethod
+    def _bound_lock_waits(connection: Connection, operation: Operation) -> None:
+        """End SQLite's lock waits (its busy timeout) with ``operation``'s deadline.
+
+        ``interrupt()`` does not stop a busy wait, so the timeout itself must fit. It is
+        left alone when already no longer than the time left and short of it by at most
+        20 ms, which spares a statement in the common case (a fresh operation on a
+        pooled connection).
+        """
+        wanted = milliseconds(operation.remaining())
+        info = connection.connection.info
+        current = info.get(_BUSY_MS)
+        if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
+            driver: Any = connection.connection.driver_connection
+            driver.execute(f"PRAGMA busy_timeout = {wanted}")
+            info[_BUSY_MS] = wanted
+
+    @contextmanager
+    def direct_connection(
+        self, operation: Operation, *, transaction: bool = False
+    ) -> Iterator[Run]:
+        """``connection`` for the per-call operations on a SQLite file, on a
+        ``sqlite3`` connection the ledger keeps itself: no pool checkout, no SQLAlchemy
+        connection, transaction or event per call.
+
+        The same bounds: the operation's deadline ends lock waits (the busy timeout) and
+        the watchdog interrupts a statement still running past it; an interrupted
+        connection, or one that failed, is closed instead of kept; a transaction takes
+        the write lock up front (``BEGIN IMMEDIATE``) and is committed on exit, rolled
+        back on an error. Errors come out as from the engine (SQLAlchemy's, parameters
+        hidden), and ``LedgerTimeoutError`` past the deadline.
+        """
+        if operation.expired():
+            raise operation.timeout_error()
+        try:
+            driver, busy_ms = self._idle.pop()
+        except IndexError:
+            driver, busy_ms = None, None
+        kept = False
+        interrupted = False
+        try:
+            try:
+                if driver is None:
+                    driver = self._connect_direct(operation)
+                else:
+                    operation.attach(driver)
+                busy_ms = self._bound_direct_waits(driver, busy_ms, operation)
+                run: Run = functools.partial(driver_run, driver)
+                if transaction:
+                    run("BEGIN IMMEDIATE", ())
+                    yield run
+                    run("COMMIT", ())
+                else:
+                    yield run
+            finally:
+                interrupted = operation.detach()
+            if not interrupted and len(self._idle) < POOL_SIZE:
+                self._idle.append((driver, busy_ms))
+                kept = True
+        except Exception as error:
+            _raise_past_deadline(error, operation, operation.detach() or interrupted)
+            raise
+        finally:
+            if driver is not None and not kept:
+                with suppress(Exception):  # closing rolls back an open transaction
+                    driver.close()
+
+    def _connect_direct(self, operation: Operation) -> sqlite3.Connection:
+        """A new direct connection, set up as the engine sets up its own, within the
+        operation's deadline."""
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
+        cparams.update(timeout=max(0.0, operation.remaining()), check_same_thread=False)
+        try:
+            driver: sqlite3.Connection = sqlite3.connect(*cargs, **cparams)  # type: ignore[call-overload]
+        except sqlite3.Error as error:
+            raise sa_exc.DBAPIError.instance(
+                None, None, error, sqlite3.Error, hide_parameters=True
+            ) from error
+        try:
+            operation.attach(driver)
+            self._sqlite_connect(driver, None)
+        except BaseException as error:
+            interrupted = operation.detach()
+            driver.close()
+            if isinstance(error, sqlite3.Error):
+                if interrupted:
+                    raise operation.timeout_error() from error
+                raise sa_exc.DBAPIError.instance(
+                    None, None, error, sqlite3.Error, hide_parameters=True
+                ) from error
+            raise
+        return driver
+
+    @staticmethod
+    def _bound_direct_waits(
+        driver: sqlite3.Connection, current: int | None, operation: Operation
+    ) -> int:
+        """``_bound_lock_waits`` for a direct connection; returns the timeout set."""
+        wanted = milliseconds(operation.remaining())
+        if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
+            driver_run(driver, f"PRAGMA busy_timeout = {wanted}", ())
+            return wanted
+        return current
+
+    def _close_direct(self) -> None:
+        while self._idle:
+            driver, _ = self._idle.pop()
+            with suppress(Exception):
+                driver.close()
+
+    def lock_ledger(self, connection: Connection) -> None:
+        """Serialise PostgreSQL writers that read then write (reserve, migration) on one
+        transaction-scoped advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does."""
+        if self.postgres:
+            connection.exec_driver_sql(
+                "SELECT pg_advisory_xact_lock("
+                "hashtext('llm_resilience.cost_ledger:' || current_schema()))"
+            )
+
+    def open(self) -> None:
+        """Check the schema (a few catalogue reads, no lock); create or migrate it under
+        the write lock only when something is missing."""
+        with self.operation("open") as operation:
+            with self.connection(operation) as connection:
+                if is_current(connection):
+                    return
+            operation.extend(MIGRATION_TIMEOUT.total_seconds())
+            with self.connection(operation, transaction=True) as connection:
+                if self.postgres:
+                    bound = milliseconds(MIGRATION_TIMEOUT.total_seconds())
+                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {bound}")
+                    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {bound}")
+                self.lock_ledger(connection)
+                migrate(connection, postgres=self.postgres)

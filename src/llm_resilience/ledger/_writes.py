@@ -1,0 +1,256 @@
+"""The SQL ledger's writes: each stored at once, or kept pending and stored in order.
+
+A ``record`` or ``settle`` goes to the database within one bounded operation; when the
+database does not take it (down, locked, too slow) it waits in
+``PendingWrites`` and is stored, oldest first and in batches of ``FLUSH_BATCH``, before the
+ledger's next operation. With write-behind, ``record`` only queues its entry and a
+``Flusher`` thread stores the queue. The reads and holds are in ``_sql``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+from sqlalchemy import delete
+from sqlalchemy import exc as sa_exc
+
+from llm_resilience.errors import LedgerTimeoutError
+from llm_resilience.ledger._behind import Flusher
+from llm_resilience.ledger._connections import Connections, unavailable
+from llm_resilience.ledger._pending import PendingWrite, PendingWrites
+from llm_resilience.ledger._protocol import LedgerEntry
+from llm_resilience.ledger._schema import (
+    SQLITE_RETURNING,
+    holds,
+    insert_entry,
+    sqlite_insert,
+    sqlite_insert_many,
+    sqlite_release,
+)
+from llm_resilience.ledger._watchdog import Operation
+
+__all__ = ["FLUSH_BATCH", "Writes"]
+
+# The ledger's own logger: its warnings keep the name users filter on.
+logger = logging.getLogger("llm_resilience.ledger._sql")
+
+#: Pending writes stored per transaction when the database answers again.
+FLUSH_BATCH = 100
+
+
+class Writes:
+    """A ledger's writes to ``db``, kept in ``pending`` while the database fails.
+
+    ``label`` names the ledger in log lines (its repr: the URL, password hidden).
+    ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then
+    only queues, and a writer thread named ``behind_name`` stores the queue at least this
+    often; past ``behind_limit`` queued writes the caller stores them itself.
+    """
+
+    def __init__(
+        self,
+        db: Connections,
+        pending: PendingWrites,
+        *,
+        label: str,
+        behind_interval: float | None,
+        behind_limit: int,
+        behind_name: str,
+    ) -> None:
+        self._db = db
+        #: Writes waiting for the database, oldest first.
+        self.pending = pending
+        self._label = label
+        self._flushing = threading.Lock()
+        #: Bumped after every write this process makes, before the written entries leave
+        #: ``pending``: a cached gate read taken under an older value is stale.
+        self.generation = 0
+        self._behind_failing = False
+        self._behind_limit = behind_limit
+        #: The write-behind thread, or None without write-behind.
+        self.flusher = (
+            None
+            if behind_interval is None
+            else Flusher(self.flush_behind, interval=behind_interval, name=behind_name)
+        )
+
+    def _apply(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
+        """Store ``writes`` in order, in one transaction (a lone PostgreSQL record: one
+        statement). Entries already stored (same ``entry_id``) are skipped."""
+        if self._db.postgres and len(writes) == 1 and writes[0].hold_id is None:
+            with self._db.connection(operation) as connection:
+                assert writes[0].entry is not None
+                insert_entry(connection, writes[0].entry, postgres=True)
+            return
+        if self._db.direct:
+            with self._db.direct_connection(operation, transaction=True) as run:
+                entries = [w.entry for w in writes if w.hold_id is None and w.entry is not None]
+                batch = SQLITE_RETURNING and 1 < len(entries) == len(writes)
+                if batch and all(entry.entry_id for entry in entries):
+                    sqlite_insert_many(run, entries)  # a batch of records: one INSERT
+                    return
+                for write in writes:
+                    if write.hold_id is not None:
+                        sqlite_release(run, write.hold_id)
+                    if write.entry is not None:
+                        sqlite_insert(run, write.entry)
+            return
+        with self._db.connection(operation, transaction=True) as connection:
+            for write in writes:
+                if write.hold_id is not None:
+                    connection.execute(delete(holds).where(holds.c.id == write.hold_id))
+                if write.entry is not None:
+                    insert_entry(connection, write.entry, postgres=self._db.postgres)
+
+    def flush(self, operation: Operation, until: float, *, wait: bool = False) -> None:
+        """Store pending writes, oldest first, until none is left or ``until`` is near.
+
+        Raises the failure that stopped it (the writes stay pending). A write the
+        database refuses outright (not a failure to answer) is dropped, counted and
+        logged, so it cannot block the ones behind it. Does nothing while another thread
+        is storing them (or, with ``wait``, until it is done, within the operation).
+        """
+        if not len(self.pending):
+            return
+        if not self._flushing.acquire(timeout=max(0.0, operation.remaining()) if wait else -1):
+            return
+        try:
+            with operation.phase(until):
+                stored = False
+                while batch := self.pending.oldest(FLUSH_BATCH):
+                    if stored and operation.remaining() < operation.bound / 4:
+                        return  # the rest waits for the next operation, not past our bound
+                    try:
+                        self._apply(operation, batch)
+                    except Exception as error:
+                        if unavailable(error) or not isinstance(error, sa_exc.SQLAlchemyError):
+                            raise
+                        self._apply_one_by_one(operation, batch)
+                    else:
+                        self.generation += 1
+                        self.pending.written(batch)
+                    stored = True
+        finally:
+            self._flushing.release()
+
+    def _apply_one_by_one(self, operation: Operation, batch: Sequence[PendingWrite]) -> None:
+        for write in batch:
+            try:
+                self._apply(operation, [write])
+            except Exception as error:
+                if unavailable(error) or not isinstance(error, sa_exc.SQLAlchemyError):
+                    raise
+                self.pending.refused(write)
+                logger.error(
+                    "%s dropped a pending %s that the database refused (%s); %d dropped so far.",
+                    self._label,
+                    "record" if write.hold_id is None else "settle",
+                    type(error).__name__,
+                    self.pending.dropped,
+                )
+            else:
+                self.generation += 1
+                self.pending.written([write])
+
+    def write(self, name: str, write: PendingWrite, started: float | None) -> None:
+        """Store ``write`` now, or keep it pending if the database does not take it."""
+        with ExitStack() as stack:
+            try:
+                operation = stack.enter_context(self._db.operation(name, started))
+            except LedgerTimeoutError as error:  # not even a connection slot in time
+                self._keep(name, write, error)
+                return
+            if not len(self.pending):
+                try:
+                    self._apply(operation, [write])
+                    self.generation += 1
+                    return
+                except Exception as error:
+                    if not unavailable(error):
+                        raise
+                    self._keep(name, write, error)
+                    return
+            # Behind writes already waiting, so that they reach the database in order.
+            dropped = self.pending.push(write.entry, write.hold_id)
+            try:
+                self.flush(operation, operation.deadline)
+            except Exception as error:
+                if not unavailable(error):
+                    raise
+                self._warn_kept(name, error, dropped)
+                return
+            if dropped:
+                self._warn_kept(name, None, dropped)
+
+    def _keep(self, name: str, write: PendingWrite, error: BaseException) -> None:
+        self._warn_kept(name, error, self.pending.push(write.entry, write.hold_id))
+
+    def _warn_kept(self, name: str, error: BaseException | None, dropped: bool) -> None:
+        """One WARNING for a write that waits: the error's type only, never its text
+        (which could quote the database's view of the row)."""
+        full = (
+            f" The queue was full: its oldest write was dropped "
+            f"({self.pending.dropped} dropped so far)."
+            if dropped
+            else ""
+        )
+        if error is None:
+            logger.warning("%s keeps writes waiting for the database.%s", self._label, full)
+            return
+        logger.warning(
+            "%s could not %s (%s); the write waits in memory (%d pending) and is stored "
+            "once the database answers.%s",
+            self._label,
+            name,
+            type(error).__name__,
+            len(self.pending),
+            full,
+        )
+
+    def queue(self, entry: LedgerEntry) -> None:
+        """Write-behind: queue ``entry`` for the writer thread."""
+        assert self.flusher is not None
+        if self.pending.push(entry, None):
+            self._warn_kept("record", None, True)
+        waiting = len(self.pending)
+        if waiting >= self._behind_limit:
+            # The writer thread falls behind: this caller stores the queue itself, so
+            # that writing faster than the database takes never drops an entry.
+            self.flush_behind(wait=True)
+        elif waiting >= FLUSH_BATCH:
+            self.flusher.wake()
+        else:
+            self.flusher.start()
+
+    def flush_behind(self, *, wait: bool = False) -> None:
+        """The writer thread's work: store the queue, oldest first, in batches (with
+        ``wait``, after the storing already under way, if any)."""
+        if not len(self.pending):
+            return
+        with self._db.operation("write") as operation:
+            try:
+                self.flush(operation, operation.deadline, wait=wait)
+            except Exception as error:
+                if not unavailable(error):
+                    raise
+                # Kept, and counted by every read, until the database answers: one
+                # WARNING per outage, not one per interval.
+                if not self._behind_failing:
+                    self._warn_kept("store queued writes", error, False)
+                self._behind_failing = True
+            else:
+                self._behind_failing = False
+
+    def store_pending(self, name: str) -> None:
+        """Store what is pending within one operation's bound, whatever goes wrong."""
+        if not len(self.pending):
+            return
+        try:
+            with self._db.operation(name) as operation:
+                self.flush(operation, operation.deadline)
+        except Exception as error:
+            if not unavailable(error):
+                raise

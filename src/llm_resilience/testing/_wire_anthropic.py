@@ -1,0 +1,173 @@
+"""Anthropic's Messages wire format, as the fake server speaks it on ``POST .../messages``:
+errors, answers, named SSE events from ``message_start`` to ``message_stop``.
+
+A final assistant message is a prefill: one ending in whitespace is refused with
+Anthropic's 400, as the API does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from llm_resilience.testing._wire_base import (
+    Answer,
+    Phase,
+    Provider,
+    Route,
+    Wire,
+    anthropic_invalid_request,
+    ending,
+    sse,
+    texts,
+)
+
+__all__ = ["ANTHROPIC", "AnthropicWire"]
+
+_ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "Invalid request."),
+    401: ("authentication_error", "invalid x-api-key"),
+    403: ("permission_error", "Your API key does not have permission to use this resource."),
+    404: ("not_found_error", "The requested resource could not be found."),
+    413: ("request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    429: ("rate_limit_error", "Number of requests has exceeded your rate limit."),
+    500: ("api_error", "Internal server error"),
+    503: ("api_error", "Service unavailable"),
+    529: ("overloaded_error", "Overloaded"),
+}
+_TRAILING_WHITESPACE = "messages: final assistant content cannot end with trailing whitespace"
+_STOP = b"event: message_stop\n" + sse({"type": "message_stop"})
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return b"event: %s\n" % str(data["type"]).encode() + sse(data)
+
+
+def _usage(answer: Answer, output_tokens: int) -> dict[str, Any]:
+    five_minutes = answer.details.get("cache_write_5m", 0)
+    one_hour = answer.details.get("cache_write_1h", 0)
+    usage: dict[str, Any] = {
+        "input_tokens": answer.input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": five_minutes + one_hour,
+        "cache_read_input_tokens": answer.details.get("cache_read", 0),
+    }
+    if answer.details:
+        usage["cache_creation"] = {
+            "ephemeral_5m_input_tokens": five_minutes,
+            "ephemeral_1h_input_tokens": one_hour,
+        }
+    if answer.reasoning_tokens and output_tokens == answer.output_tokens:
+        # Only with the final output count: the thinking is part of it.
+        usage["output_tokens_details"] = {"thinking_tokens": answer.reasoning_tokens}
+    return usage
+
+
+def _block(answer: Answer, *, streaming: bool) -> dict[str, Any]:
+    if answer.tool is not None:
+        return {
+            "type": "tool_use",
+            "id": answer.tool_id,
+            "name": answer.tool.name,
+            "input": {} if streaming else answer.tool.arguments,
+        }
+    return {"type": "text", "text": "" if streaming else answer.text}
+
+
+def _message(answer: Answer, *, streaming: bool) -> dict[str, Any]:
+    done = not streaming
+    return {
+        "id": answer.id,
+        "type": "message",
+        "role": "assistant",
+        "model": answer.model,
+        "content": [_block(answer, streaming=False)] if done else [],
+        "stop_reason": answer.finish if done else None,
+        "stop_sequence": None,
+        "usage": _usage(answer, answer.output_tokens if done else 1),
+    }
+
+
+def _events(answer: Answer) -> Iterator[tuple[bytes, Phase]]:
+    message = _message(answer, streaming=True)
+    yield _event({"type": "message_start", "message": message}), "head"
+    block = _block(answer, streaming=True)
+    yield _event({"type": "content_block_start", "index": 0, "content_block": block}), "head"
+    yield _event({"type": "ping"}), "head"
+    for piece in answer.pieces:
+        if answer.tool is not None:
+            delta = {"type": "input_json_delta", "partial_json": piece}
+        else:
+            delta = {"type": "text_delta", "text": piece}
+        yield _event({"type": "content_block_delta", "index": 0, "delta": delta}), "content"
+    yield _event({"type": "content_block_stop", "index": 0}), "tail"
+    yield (
+        _event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": answer.finish, "stop_sequence": None},
+                # Cumulative, as the API sends it now; LangChain reads input here.
+                "usage": _usage(answer, answer.output_tokens),
+            }
+        ),
+        "tail",
+    )
+    yield _STOP, "tail"
+
+
+class AnthropicWire(Wire):
+    """Anthropic's Messages API."""
+
+    name: Provider = "anthropic"
+
+    def route(self, path: str) -> Route | None:
+        return Route() if path.endswith("/messages") else None
+
+    def error_body(self, code: int) -> dict[str, Any]:
+        fallback = ("api_error" if code >= 500 else "invalid_request_error", f"Status {code}")
+        kind, message = _ANTHROPIC_ERRORS.get(code, fallback)
+        return {
+            "type": "error",
+            "error": {"type": kind, "message": message},
+            "request_id": f"req_{uuid.uuid4().hex}",
+        }
+
+    def error_event(self, code: int) -> bytes:
+        """``event: error`` carrying the error body (``overloaded_error`` for 529)."""
+        body = self.error_body(code)
+        body.pop("request_id", None)
+        return b"event: error\n" + sse(body)
+
+    def malformed_event(self) -> bytes:
+        # Named ``content_block_delta``, a type the SDK decodes.
+        return b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0\n\n'
+
+    def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
+        return {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": f"prompt is too long: {tokens} tokens > {maximum} maximum",
+            },
+        }
+
+    def prefill_problem(self, prefill: str | None) -> dict[str, Any] | None:
+        if prefill and prefill != prefill.rstrip():
+            return anthropic_invalid_request(_TRAILING_WHITESPACE)
+        return None
+
+    def prompt_texts(self, payload: Mapping[str, Any]) -> Iterator[str]:
+        return texts(payload.get("system"))
+
+    def body(self, answer: Answer) -> dict[str, Any]:
+        return _message(answer, streaming=False)
+
+    def events(self, answer: Answer, *, end_marker: bool) -> Iterator[tuple[bytes, Phase]]:
+        return ending(_events(answer), _STOP, end_marker=end_marker)
+
+    def request_id_header(self) -> tuple[str, str] | None:
+        return "request-id", f"req_{uuid.uuid4().hex}"
+
+
+ANTHROPIC = AnthropicWire()

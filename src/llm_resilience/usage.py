@@ -15,6 +15,11 @@ Usage(input_tokens=12, output_tokens=30, estimated=False)
   what it consumed, as reported so far or estimated over the prompt and the delivered
   text; nothing when no chunk was delivered.
 * Embeddings: always estimated over the input texts; output is 0.
+* Counts as providers send them (:func:`token_count`): an int >= 0, never a bool; a
+  whole float only where an SDK declares its counts floats (Cohere's billed units).
+* A call's output cap (:func:`output_cap`), for a strict budget's hold and a token
+  limiter's weight alike: the call's own ``max_tokens``, ``max_completion_tokens`` or
+  ``max_output_tokens``, else the cap the model states (:func:`model_output_cap`).
 * Money is not counted here: :func:`~llm_resilience.money.cost_of` prices a
   :class:`Usage` (``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``).
 
@@ -24,7 +29,7 @@ systematically off: treat estimated entries as close approximations, not invoice
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
@@ -33,15 +38,102 @@ from llm_resilience.tokens import count_message_tokens, count_tokens
 
 __all__ = [
     "DETAIL_FIELDS",
+    "OUTPUT_CAP_NAMES",
     "StreamUsage",
     "TokenDetails",
     "Usage",
     "chat_usage",
     "embedding_usage",
     "estimate_request_tokens",
+    "first_token_count",
+    "model_output_cap",
+    "output_cap",
     "partial_stream_usage",
     "reported_usage",
+    "token_count",
 ]
+
+#: The names of an output cap, as a call's keyword and as a model's field: OpenAI's
+#: ``max_tokens`` (and its newer ``max_completion_tokens``), Google's
+#: ``max_output_tokens``; the first that is a count wins.
+OUTPUT_CAP_NAMES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def token_count(value: object, *, whole_float: bool = False) -> int | None:
+    """``value`` as a token count, or None when it is not one: the one lenient reader.
+
+    A count is an ``int`` >= 0 that is not a ``bool``; with ``whole_float`` a float with
+    no fraction counts too (SDKs that declare their counts floats, as Cohere's billed
+    units). Anything else (None, a negative number, text, ``True``) is no count, so a
+    provider's odd report reads as "not reported" instead of raising.
+
+    >>> token_count(12), token_count(-1), token_count(True), token_count("12")
+    (12, None, None, None)
+    >>> token_count(6.0), token_count(6.0, whole_float=True), token_count(6.5, whole_float=True)
+    (None, 6, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if whole_float and isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def first_token_count(*values: object) -> int | None:
+    """The first of ``values`` that is a token count (:func:`token_count`), or None.
+
+    >>> first_token_count(None, "n/a", 0, 40)
+    0
+    """
+    for value in values:
+        count = token_count(value)
+        if count is not None:
+            return count
+    return None
+
+
+def model_output_cap(model: object, documented: object = None) -> int | None:
+    """The most output tokens ``model`` writes per call, as it states it; None: unknown.
+
+    Its own field (the first of :data:`OUTPUT_CAP_NAMES` it has that is a count: a
+    LangChain ``ChatOpenAI``'s ``max_tokens``, a ``ChatGoogleGenerativeAI``'s
+    ``max_output_tokens``), else ``documented``, the maximum its framework documents for
+    it (a LangChain profile's ``max_output_tokens``, LlamaIndex's
+    ``metadata.num_output``) when above 0 (0 and -1 mean unknown there).
+
+    >>> class Gemini: max_output_tokens = 2048
+    >>> model_output_cap(Gemini()), model_output_cap(object(), documented=8192)
+    (2048, 8192)
+    """
+    own = first_token_count(*(getattr(model, name, None) for name in OUTPUT_CAP_NAMES))
+    if own is not None:
+        return own
+    stated = token_count(documented)
+    return stated if stated else None
+
+
+def output_cap(call: Mapping[str, object], model_caps: Iterable[int | None] = ()) -> int | None:
+    """A call's output cap: the call's own, else the largest its models state; None: unknown.
+
+    ``call`` holds the call's keyword arguments: its own cap is the first of
+    :data:`OUTPUT_CAP_NAMES` there that is a count, and reaches whichever model serves.
+    Without one, the cap is the largest of ``model_caps`` (:func:`model_output_cap` of
+    each model that may serve it: one model, or a fallback chain's members) that is
+    known. A strict budget holds each model at its own cap instead
+    (:class:`~llm_resilience.budget.ServingModel`); for one model the two agree.
+
+    >>> output_cap({"max_completion_tokens": 500}, [2048])
+    500
+    >>> output_cap({}, [2048, None, 1024]), output_cap({}, [None])
+    (2048, None)
+    """
+    asked = first_token_count(*(call.get(name) for name in OUTPUT_CAP_NAMES))
+    if asked is not None:
+        return asked
+    known = [cap for cap in model_caps if cap is not None]
+    return max(known) if known else None
 
 
 #: The optional counts a :class:`Usage` may carry beside its input and output.
@@ -311,7 +403,7 @@ def reported_usage(
 
 
 def _is_count(value: int | None) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return token_count(value) is not None
 
 
 def partial_stream_usage(

@@ -26,7 +26,7 @@ from llm_resilience import (
     RequestNeeds,
 )
 from llm_resilience.budget import HEDGE_KIND, BudgetGate
-from llm_resilience.fallback import (
+from llm_resilience.fallback._hedge_inbox import (
     bind_hedge_ticket,
     current_hedge_inbox,
     hedge_inbox,

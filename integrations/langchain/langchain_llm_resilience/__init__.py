@@ -4,12 +4,21 @@
 """
 
 from langchain_llm_resilience.builder import ResilienceBuilder
-from langchain_llm_resilience.cost import SCOPE_KWARG, CostTrackedChatModel, CostTrackedEmbeddings
-from langchain_llm_resilience.fallback import STREAM_RESTART_EVENT, FallbackChatModel
+from langchain_llm_resilience.cost import (
+    BUDGET_SCOPE_KWARG,
+    CostTrackedChatModel,
+    CostTrackedEmbeddings,
+)
+from langchain_llm_resilience.fallback import (
+    SERVED_BY_KEY,
+    STREAM_RESTART_EVENT,
+    FallbackChatModel,
+)
 from langchain_llm_resilience.ratelimit import RateLimitedChatModel, RateLimitedEmbeddings
 from langchain_llm_resilience.retry import RetryingEmbeddings, RetryingVectorStore
 
 __all__ = [
+    "BUDGET_SCOPE_KWARG",
     "CostTrackedChatModel",
     "CostTrackedEmbeddings",
     "FallbackChatModel",
@@ -18,6 +27,6 @@ __all__ = [
     "ResilienceBuilder",
     "RetryingEmbeddings",
     "RetryingVectorStore",
-    "SCOPE_KWARG",
+    "SERVED_BY_KEY",
     "STREAM_RESTART_EVENT",
 ]

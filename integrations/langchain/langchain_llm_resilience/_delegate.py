@@ -18,13 +18,12 @@ closed early leaves through :meth:`~DelegatingChatModel._end_early`.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import functools
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
 from llm_resilience.layers import find_layer
+from llm_resilience.metering import AsyncStreamSettler, StreamSettler
 from llm_resilience.redact import redacted_fields
 
 __all__ = ["DelegatingChatModel"]
@@ -48,8 +48,6 @@ __all__ = ["DelegatingChatModel"]
 TRACING_ONLY_KWARGS = ("ls_structured_output_format", "structured_output_format")
 
 FunctionT = TypeVar("FunctionT", bound=Callable[..., Any])
-#: How a stream ended: read to its end, closed or cancelled by its consumer, or failed.
-_Outcome = Literal["completed", "closed", "failed"]
 
 
 class _BoundCall:
@@ -107,6 +105,17 @@ def private_state(model: BaseModel) -> dict[str, Any]:
     state = model.__pydantic_private__
     assert state is not None  # every layer of ours has private attributes
     return state
+
+
+def prompt_pairs(messages: list[BaseMessage]) -> list[tuple[str, str]]:
+    """``(role, text)`` pairs of ``messages``, as the core's token rules read a prompt."""
+    return [(message.type, message.text) for message in messages]
+
+
+def documented_output_cap(model: object) -> object:
+    """The output cap a LangChain model's profile documents (langchain-core >= 1.1)."""
+    profile = getattr(model, "profile", None)
+    return profile.get("max_output_tokens") if isinstance(profile, dict) else None
 
 
 def without_tracing(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -544,23 +553,14 @@ class DelegatingChatModel(BaseChatModel):
         call_kwargs = self._stream_kwargs(kwargs)
         context = self._begin(messages, call_kwargs)
         chunks: list[ChatGenerationChunk] = []
-        outcome: _Outcome = "failed"
-        try:
+        with StreamSettler(
+            answer=lambda: self._end_stream(context, messages, chunks),
+            consumed=lambda: self._end_early(context, messages, chunks),
+            nothing=lambda: self._end(context, messages, None),
+        ):
             for chunk in stream_inner(self.inner, messages, stop, run_manager, call_kwargs):
                 chunks.append(chunk)
                 yield chunk
-            outcome = "completed"
-        except GeneratorExit:
-            # The consumer stopped reading: ``break``, ``close()`` or garbage collection.
-            outcome = "closed"
-            raise
-        finally:
-            if outcome == "completed":
-                self._end_stream(context, messages, chunks)
-            elif outcome == "closed":
-                self._end_early(context, messages, chunks)
-            else:
-                self._end(context, messages, None)
 
     async def _astream(
         self,
@@ -572,24 +572,14 @@ class DelegatingChatModel(BaseChatModel):
         call_kwargs = self._stream_kwargs(kwargs)
         context = await self._abegin(messages, call_kwargs)
         chunks: list[ChatGenerationChunk] = []
-        outcome: _Outcome = "failed"
-        try:
+        async with AsyncStreamSettler(
+            answer=lambda: self._aend_stream(context, messages, chunks),
+            consumed=lambda: self._aend_early(context, messages, chunks),
+            nothing=lambda: self._aend(context, messages, None),
+        ):
             async for chunk in astream_inner(self.inner, messages, stop, run_manager, call_kwargs):
                 chunks.append(chunk)
                 yield chunk
-            outcome = "completed"
-        except (GeneratorExit, asyncio.CancelledError):
-            # ``aclose()``, garbage collection (asyncio then closes the stream in a task of
-            # its own), or the consumer's task cancelled while waiting for a chunk.
-            outcome = "closed"
-            raise
-        finally:
-            if outcome == "completed":
-                await self._aend_stream(context, messages, chunks)
-            elif outcome == "closed":
-                await self._aend_early(context, messages, chunks)
-            else:
-                await self._aend(context, messages, None)
 
     # -- tools and structured output --------------------------------------------------------
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.embeddings import Embeddings
@@ -17,27 +17,16 @@ from pydantic import Field, PrivateAttr, field_serializer
 
 from langchain_llm_resilience._delegate import (
     DelegatingChatModel,
+    documented_output_cap,
     merged_usage_and_metadata,
     private_state,
+    prompt_pairs,
     signature_precomputed,
 )
-from llm_resilience import checks
-from llm_resilience.budget import (
-    BudgetGate,
-    BudgetTicket,
-    CostBudget,
-    ServingModel,
-    dearest_model,
-    served_model,
-)
-from llm_resilience.fallback import (
-    ahedge_inbox_stream,
-    bind_hedge_ticket,
-    hedge_inbox,
-    hedge_inbox_stream,
-    hedges_below,
-)
+from llm_resilience.budget import BudgetGate, CostBudget, served_model
 from llm_resilience.layers import find_layer, leaves
+from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
+from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
     TokenDetails,
     Usage,
@@ -45,19 +34,10 @@ from llm_resilience.usage import (
     embedding_usage,
     partial_stream_usage,
     reported_usage,
+    token_count,
 )
 
-__all__ = ["SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
-
-#: Per-call keyword naming the budget scope (a tenant, a user, a hash of a key), e.g.
-#: ``model.invoke(prompt, budget_scope="tenant-1")``. It never reaches the provider.
-SCOPE_KWARG = "budget_scope"
-
-
-def _build_gate(budget: object, ledger: object) -> BudgetGate:
-    if not isinstance(budget, CostBudget):
-        raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
-    return BudgetGate(budget, ledger)  # type: ignore[arg-type]
+__all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
 
 
 def _plain(value: object) -> object:
@@ -84,35 +64,20 @@ def _model_name(model: object) -> str | None:
     )
 
 
-def _named_model(message: BaseMessage | None) -> str | None:
+def _named_model(metadata: dict[str, Any]) -> str | None:
     """The model an answer's metadata names (``model_name``, or ``model``), if any."""
-    metadata = message.response_metadata if message is not None else {}
     return served_model(metadata.get("model_name"), metadata.get("model"))
 
 
-def _first_count(*values: object) -> int | None:
-    """The first value that is a token count (an int >= 0, not a bool), or None."""
-    for value in values:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return None
-
-
-def _output_cap(model: object) -> int | None:
-    """The most output tokens ``model`` writes per call, as LangChain states it.
-
-    Its own ``max_tokens`` (``ChatOpenAI``'s is ``max_completion_tokens`` too,
-    ``ChatAnthropic`` fills it from its profile), ``max_completion_tokens`` or
-    ``max_output_tokens`` (Google's), else its profile's documented
-    ``max_output_tokens`` (langchain-core >= 1.1 profiles), else None.
-    """
-    profile = getattr(model, "profile", None)
-    documented = profile.get("max_output_tokens") if isinstance(profile, dict) else None
-    return _first_count(
-        getattr(model, "max_tokens", None),
-        getattr(model, "max_completion_tokens", None),
-        getattr(model, "max_output_tokens", None),
-        documented,
+def _meter(data: dict[str, Any], surface: Literal["chat", "embedding"]) -> Meter:
+    return Meter(
+        data.get("budget"),
+        data.get("ledger"),
+        stack=data.get("inner"),
+        name_of=_model_name,
+        documented_cap=documented_output_cap,
+        scope=data.get("scope"),
+        surface=surface,
     )
 
 
@@ -131,10 +96,6 @@ def _asks_stream_usage(model: BaseChatModel) -> bool:
     )
 
 
-def _prompt(messages: list[BaseMessage]) -> list[tuple[str, str]]:
-    return [(message.type, message.text) for message in messages]
-
-
 #: A stand-in prompt of one message: whether a provider's counts are a report depends
 #: only on whether the prompt is empty (:func:`~llm_resilience.usage.reported_usage`).
 _SOME_PROMPT = (("", ""),)
@@ -147,15 +108,11 @@ def _token_count(metadata: Any) -> dict[str, int] | None:
     found = metadata.get("token_count") if isinstance(metadata, dict) else None
     if not isinstance(found, dict):
         return None
-    counts: dict[str, int] = {}
-    for key in ("input_tokens", "output_tokens"):
-        value = found.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None
-        if not float(value).is_integer() or value < 0:
-            return None
-        counts[key] = int(value)
-    return counts
+    counts = {key: token_count(found.get(key), whole_float=True) for key in _COUNT_KEYS}
+    return None if None in counts.values() else counts  # type: ignore[return-value]
+
+
+_COUNT_KEYS = ("input_tokens", "output_tokens")
 
 
 def _reported(messages: list[BaseMessage], usage: Any) -> Usage | None:
@@ -196,8 +153,8 @@ reasoning_tokens=None)
     out = usage.get("output_token_details")
     into = into if isinstance(into, dict) else {}
     out = out if isinstance(out, dict) else {}
-    five_minutes = _count(into.get("ephemeral_5m_input_tokens"))
-    one_hour = _count(into.get("ephemeral_1h_input_tokens"))
+    five_minutes = token_count(into.get("ephemeral_5m_input_tokens"))
+    one_hour = token_count(into.get("ephemeral_1h_input_tokens"))
     written = _first(into, "cache_creation")
     by_lifetime = (five_minutes or 0) + (one_hour or 0)
     if by_lifetime > 0:
@@ -212,16 +169,10 @@ reasoning_tokens=None)
 
 def _first(details: dict[str, Any], key: str) -> int | None:
     for tier in _TIERS:
-        count = _count(details.get(f"{tier}{key}"))
+        count = token_count(details.get(f"{tier}{key}"))
         if count is not None:
             return count
     return None
-
-
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
 
 
 class CostTrackedChatModel(DelegatingChatModel):
@@ -250,8 +201,9 @@ class CostTrackedChatModel(DelegatingChatModel):
     Under a hedged ``FallbackChatModel`` (``hedge_after``) the attempt that lost is
     recorded too, as its own entry of kind ``"hedge"``, when its provider reported usage.
     In strict mode the hold covers every model below that may serve, each up to its own
-    output cap (the call's ``max_tokens``, else the model's ``max_tokens`` or
-    ``max_completion_tokens``, else its profile's ``max_output_tokens``).
+    output cap (:func:`~llm_resilience.usage.output_cap`: the call's ``max_tokens``,
+    ``max_completion_tokens`` or ``max_output_tokens``, else the model's own field of
+    those names, else its profile's ``max_output_tokens``).
     ``scope=`` (or ``budget_scope=`` per call) gives a tenant its own windows.
     Without ``ledger`` spend is kept in memory (a warning names ``SqlCostLedger``).
     ``model_dump()`` and ``model_dump_json()`` give the budget's prices and limits as exact
@@ -265,11 +217,8 @@ class CostTrackedChatModel(DelegatingChatModel):
     scope: str | None = None
     """Budget scope of every call (overridable per call with ``budget_scope=``)."""
 
-    _gate: BudgetGate = PrivateAttr()
+    _meter: Meter = PrivateAttr()
     _stream_usage: bool = PrivateAttr(default=False)
-    _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
-    _inner_model: str | None = PrivateAttr(default=None)
-    _hedged: bool = PrivateAttr(default=False)
 
     @field_serializer("budget")
     def _dump_budget(self, budget: CostBudget) -> object:
@@ -278,23 +227,13 @@ class CostTrackedChatModel(DelegatingChatModel):
         return _plain(budget)
 
     def __init__(self, **data: Any) -> None:
-        checks.scope("scope", data.get("scope"))
-        gate = _build_gate(data.get("budget"), data.get("ledger"))
+        meter = _meter(data, "chat")
         if data.get("ledger") is None:
-            data["ledger"] = gate.ledger
+            data["ledger"] = meter.gate.ledger
         super().__init__(**data)
-        self._gate = gate
+        # Read once: pydantic's attribute probing costs ~10 µs a call on a hot path.
+        self._meter = meter
         self._stream_usage = _asks_stream_usage(self.inner)
-        # Read once: pydantic's attribute probing costs ~10 µs a call on a hot path. Only a
-        # lone provider names the call in advance: a chain forwards attribute reads to its
-        # primary, which may not be the member that answers.
-        providers = leaves(self.inner)
-        self._inner_model = _model_name(providers[0]) if len(providers) == 1 else None
-        self._hedged = hedges_below(self.inner)
-        # Strict holds cover every model that may answer (any fallback leg) up to its cap.
-        self._may_serve = tuple(
-            ServingModel(_model_name(leaf), _output_cap(leaf)) for leaf in leaves(self.inner)
-        )
 
     @property
     def _llm_type(self) -> str:
@@ -303,8 +242,8 @@ class CostTrackedChatModel(DelegatingChatModel):
     @property
     def gate(self) -> BudgetGate:
         """The budget gate this wrapper consults and records through."""
-        gate: BudgetGate = private_state(self)["_gate"]
-        return gate
+        meter: Meter = private_state(self)["_meter"]
+        return meter.gate
 
     def _stream_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         call_kwargs = super()._stream_kwargs(kwargs)
@@ -312,32 +251,16 @@ class CostTrackedChatModel(DelegatingChatModel):
             call_kwargs.setdefault("stream_usage", True)
         return call_kwargs
 
-    def _ticket_args(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
-        scope = checks.scope(SCOPE_KWARG, kwargs.pop(SCOPE_KWARG, self.scope))
-        # The call's own cap reaches every model below; each model's own is in _may_serve.
-        max_tokens = _first_count(kwargs.get("max_tokens"), kwargs.get("max_completion_tokens"))
-        state = private_state(self)
-        return {
-            "scope": scope,
-            # Only a strict hold counts the prompt's tokens: the gate reads nothing else.
-            "prompt": _prompt(messages) if state["_gate"].budget.strict else None,
-            "max_output_tokens": max_tokens,
-            "model": state["_inner_model"],
-            "may_serve": state["_may_serve"],
-        }
+    def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> MeteredCall:
+        meter: Meter = private_state(self)["_meter"]
+        return meter.begin(kwargs, prompt=lambda: prompt_pairs(messages))
 
-    def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:
-        ticket = self.gate.begin("chat", **self._ticket_args(messages, kwargs))
-        bind_hedge_ticket(ticket)
-        return ticket
-
-    async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> BudgetTicket:
-        ticket = await self.gate.abegin("chat", **self._ticket_args(messages, kwargs))
-        bind_hedge_ticket(ticket)
-        return ticket
+    async def _abegin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> MeteredCall:
+        meter: Meter = private_state(self)["_meter"]
+        return await meter.abegin(kwargs, prompt=lambda: prompt_pairs(messages))
 
     # A hedged fallback chain below reports the attempt that lost to the inbox each call
-    # opens here; its ticket records it as a "hedge" entry (see llm_resilience.fallback).
+    # opens here; its ticket records it as a "hedge" entry (see llm_resilience.metering).
     @signature_precomputed
     def _generate(
         self,
@@ -346,9 +269,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if not private_state(self)["_hedged"]:
-            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-        with hedge_inbox():
+        with private_state(self)["_meter"].inbox():
             return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
     @signature_precomputed
@@ -359,9 +280,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if not private_state(self)["_hedged"]:
-            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
-        with hedge_inbox():
+        with private_state(self)["_meter"].inbox():
             return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
     def _stream(
@@ -372,7 +291,8 @@ class CostTrackedChatModel(DelegatingChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         stream = super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
-        return hedge_inbox_stream(stream) if private_state(self)["_hedged"] else stream
+        meter: Meter = private_state(self)["_meter"]
+        return meter.stream(stream)
 
     def _astream(
         self,
@@ -382,9 +302,12 @@ class CostTrackedChatModel(DelegatingChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         stream = super()._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
-        return ahedge_inbox_stream(stream) if private_state(self)["_hedged"] else stream
+        meter: Meter = private_state(self)["_meter"]
+        return meter.astream(stream)
 
-    def _usage(self, messages: list[BaseMessage], message: BaseMessage) -> tuple[Any, str | None]:
+    # -- what a call used ---------------------------------------------------------------
+
+    def _usage(self, call: MeteredCall, messages: list[BaseMessage], message: BaseMessage) -> Usage:
         reported = getattr(message, "usage_metadata", None)
         usage = _reported(messages, reported)
         if usage is None:  # estimated: only now are the prompt and the answer's text read
@@ -392,16 +315,16 @@ class CostTrackedChatModel(DelegatingChatModel):
             usage = chat_usage(
                 counts.get("input_tokens"),
                 counts.get("output_tokens"),
-                prompt=_prompt(messages),
+                prompt=call.prompt,
                 response_text=message.text,
                 details=token_details(counts),
             )
-        return usage, self._served(message)
+        return usage
 
     def _streamed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
-    ) -> tuple[Usage, str | None] | None:
-        """What a completed stream used and who served, read from its chunks as
+    ) -> tuple[Usage, dict[str, Any]] | None:
+        """What a completed stream used and its merged metadata, read from its chunks as
         :meth:`_usage` reads their merged message; None when the merge is needed (no
         reported usage, so the answer's text is estimated; chunks of another kind)."""
         parts = merged_usage_and_metadata(chunks)
@@ -409,14 +332,7 @@ class CostTrackedChatModel(DelegatingChatModel):
             return None
         reported, metadata = parts
         usage = _reported(messages, reported or _token_count(metadata))
-        if usage is None:
-            return None
-        named = served_model(metadata.get("model_name"), metadata.get("model"))
-        if named is not None:
-            return usage, named
-        return usage, served_model(
-            self._member_named(metadata), private_state(self)["_inner_model"]
-        )
+        return None if usage is None else (usage, metadata)
 
     def _end_stream(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -425,8 +341,8 @@ class CostTrackedChatModel(DelegatingChatModel):
         if read is None:
             super()._end_stream(context, messages, chunks)
             return
-        ticket: BudgetTicket = context
-        ticket.finish(read[0], model=read[1])
+        call: MeteredCall = context
+        call.settle(read[0], named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
 
     async def _aend_stream(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -435,90 +351,56 @@ class CostTrackedChatModel(DelegatingChatModel):
         if read is None:
             await super()._aend_stream(context, messages, chunks)
             return
-        ticket: BudgetTicket = context
-        await ticket.afinish(read[0], model=read[1])
+        call: MeteredCall = context
+        await call.asettle(read[0], named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
 
-    def _served(self, message: BaseMessage | None) -> str | None:
-        """The model the answer names, else the fallback member's that answered, else
-        the inner model's name."""
-        named = _named_model(message)
-        if named is not None:  # the usual case: no chain to look the member up in
-            return named
-        member = self._member_named(message.response_metadata if message is not None else {})
-        return served_model(member, private_state(self)["_inner_model"])
-
-    def _member_named(self, metadata: Any) -> str | None:
-        """The name of the fallback member that answered (by the index a
-        ``FallbackChatModel`` marks its answer with), if marked: for providers whose
-        answers name no model (Cohere's)."""
-        from langchain_llm_resilience.fallback import SERVED_BY_KEY, FallbackChatModel
-
-        index = metadata.get(SERVED_BY_KEY) if isinstance(metadata, dict) else None
-        chain = find_layer(self.inner, FallbackChatModel)
-        if chain is None or isinstance(index, bool) or not isinstance(index, int):
-            return None
-        return _model_name(chain.models[index]) if 0 <= index < len(chain.models) else None
-
-    def _consumed(
-        self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
-    ) -> tuple[Usage | None, str | None]:
-        """What a stream closed early consumed (None: nothing to record), and who served."""
+    def _consumed(self, call: MeteredCall, chunks: list[ChatGenerationChunk]) -> tuple[Any, Any]:
+        """What a stream closed early consumed (None: nothing to record), and its metadata."""
         merged = merge_chat_generation_chunks(chunks)
         message = merged.message if merged is not None else None
         reported = getattr(message, "usage_metadata", None) or {}
         usage = partial_stream_usage(
             reported.get("input_tokens"),
             reported.get("output_tokens"),
-            prompt=_prompt(messages),
+            prompt=call.prompt,
             deltas=[chunk.message.text for chunk in chunks],
             details=token_details(reported),
         )
-        # Providers name the model in a stream's last chunks: a chain closed before them
-        # has not said which member answered, so the dearest that may have is recorded.
-        served = _named_model(message)
-        if served is None and usage is not None:
-            served = dearest_model(self.budget, usage, self._may_serve)
-        return usage, served
+        return usage, message.response_metadata if message is not None else {}
 
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
-        ticket: BudgetTicket = context
+        call: MeteredCall = context
         if message is None:
-            ticket.abandon()
+            call.abandon()
             return
-        usage, served = self._usage(messages, message)
-        ticket.finish(usage, model=served)
+        metadata = message.response_metadata
+        usage = self._usage(call, messages, message)
+        call.settle(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
     async def _aend(
         self, context: Any, messages: list[BaseMessage], message: BaseMessage | None
     ) -> None:
-        ticket: BudgetTicket = context
+        call: MeteredCall = context
         if message is None:
-            await ticket.aabandon()
+            await call.aabandon()
             return
-        usage, served = self._usage(messages, message)
-        await ticket.afinish(usage, model=served)
+        metadata = message.response_metadata
+        usage = self._usage(call, messages, message)
+        await call.asettle(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
     def _end_early(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
     ) -> None:
-        ticket: BudgetTicket = context
-        usage, served = self._consumed(messages, chunks)
-        if usage is None:
-            ticket.abandon()
-        else:
-            ticket.finish(usage, model=served)
+        call: MeteredCall = context
+        usage, metadata = self._consumed(call, chunks)
+        call.end_early(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
     async def _aend_early(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
     ) -> None:
-        # Runs in the stream's ``finally``, often while its task is being cancelled: the
-        # ticket's async writes are shielded, so the entry is kept even if cancelled again.
-        ticket: BudgetTicket = context
-        usage, served = self._consumed(messages, chunks)
-        if usage is None:
-            await ticket.aabandon()
-        else:
-            await ticket.afinish(usage, model=served)
+        call: MeteredCall = context
+        usage, metadata = self._consumed(call, chunks)
+        await call.aend_early(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
 
 class CostTrackedEmbeddings(Embeddings):
@@ -545,11 +427,13 @@ class CostTrackedEmbeddings(Embeddings):
             raise TypeError(f"inner must be a LangChain Embeddings; got {type(inner).__name__}")
         #: The wrapped embeddings model.
         self.inner = inner
+        self._meter = _meter(
+            {"budget": budget, "ledger": ledger, "scope": scope, "inner": inner}, "embedding"
+        )
         #: Budget scope of every call.
-        self.scope = checks.scope("scope", scope)
+        self.scope = self._meter.scope
         #: The budget gate this wrapper consults and records through.
-        self.gate = _build_gate(budget, ledger)
-        self._model = _model_name(inner)
+        self.gate = self._meter.gate
 
     def layers_below(self) -> tuple[Any, ...]:
         """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
@@ -559,27 +443,24 @@ class CostTrackedEmbeddings(Embeddings):
         """The first layer of type ``cls`` in the stack below (itself included), or None."""
         return find_layer(self, cls)
 
-    def _ticket_args(self, texts: Sequence[str]) -> dict[str, Any]:
-        return {"scope": self.scope, "texts": texts, "model": self._model}
-
     def _embed(self, texts: list[str], call: Any) -> Any:
-        ticket = self.gate.begin("embedding", **self._ticket_args(texts))
+        metered = self._meter.begin(texts=texts)
         try:
             vectors = call()
         except BaseException:
-            ticket.abandon()
+            metered.abandon()
             raise
-        ticket.finish(embedding_usage(texts), model=self._model)
+        metered.settle(embedding_usage(texts))
         return vectors
 
     async def _aembed(self, texts: list[str], call: Any) -> Any:
-        ticket = await self.gate.abegin("embedding", **self._ticket_args(texts))
+        metered = await self._meter.abegin(texts=texts)
         try:
             vectors = await call()
         except BaseException:
-            await ticket.aabandon()
+            await metered.aabandon()
             raise
-        await ticket.afinish(embedding_usage(texts), model=self._model)
+        await metered.asettle(embedding_usage(texts))
         return vectors
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

@@ -41,6 +41,7 @@ from llm_resilience.budget import CostBudget, ModelPrice
 from llm_resilience.cli import Command
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ratelimit import TokenBucketRateLimiter
+from llm_resilience.served import served_path
 from llm_resilience.spend import SpendReport, spend_report
 from llm_resilience.testing import Fault, FaultInjectingServer
 
@@ -123,9 +124,9 @@ class _RestartListener(BaseCallbackHandler):
 
 
 def _served(message: AIMessage | AIMessageChunk) -> str:
-    index = message.response_metadata.get(SERVED_BY_KEY)
+    path = served_path(message.response_metadata.get(SERVED_BY_KEY))
     name = message.response_metadata.get("model_name", "?")
-    role = {0: "primary", 1: "secondary"}.get(index, "?") if isinstance(index, int) else "?"
+    role = {0: "primary", 1: "secondary"}.get(path[0], "?") if path else "?"
     return f"{role} ({name})"
 
 

@@ -64,13 +64,10 @@ from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.served import SERVED_BY_KEY, served_mark, served_path
 from llm_resilience.usage import Usage, reported_usage
 
-__all__ = ["STREAM_RESTART_EVENT", "FallbackChatModel"]
-
-
-#: ``response_metadata`` key naming the index of the member that served a response.
-SERVED_BY_KEY = "fallback_client"
+__all__ = ["SERVED_BY_KEY", "STREAM_RESTART_EVENT", "FallbackChatModel"]
 
 
 class FallbackChatModel(BaseChatModel):
@@ -93,7 +90,9 @@ class FallbackChatModel(BaseChatModel):
     stream's content has started, so a stalled stream restarts on the next model.
     One call is one LLM run in callbacks and traces; its
     ``usage_metadata`` and ``response_metadata["model_name"]`` are those of the model
-    that served, and ``response_metadata["fallback_client"]`` is its index. A member's
+    that served, and ``response_metadata["fallback_served_by"]`` is its index path
+    (:data:`~llm_resilience.served.SERVED_BY_KEY`: ``[1]``, or ``[1, 0]`` through a
+    chain of chains). A member's
     own ``rate_limiter`` and cache apply to its attempt. A stream that restarts on the
     next model sends the custom callback event :data:`STREAM_RESTART_EVENT`; with
     ``mid_stream="raise"`` a stream that fails after it delivered content raises
@@ -662,7 +661,10 @@ def _served_by_chunk(index: int, metadata: dict[str, Any]) -> ChatGenerationChun
     return ChatGenerationChunk(
         message=AIMessageChunk(
             content="",
-            response_metadata={**metadata, SERVED_BY_KEY: index},
+            response_metadata={
+                **metadata,
+                SERVED_BY_KEY: served_mark(index, metadata.get(SERVED_BY_KEY)),
+            },
             chunk_position="last",
         )
     )
@@ -709,16 +711,15 @@ class _HeldMetadata:
 
 def _tagged(result: ChatResult, index: int) -> ChatResult:
     for generation in result.generations:
-        generation.message.response_metadata = {
-            **generation.message.response_metadata,
-            SERVED_BY_KEY: index,
-        }
+        metadata = generation.message.response_metadata
+        mark = served_mark(index, metadata.get(SERVED_BY_KEY))
+        generation.message.response_metadata = {**metadata, SERVED_BY_KEY: mark}
     return result
 
 
 def _served_by(message: BaseMessage) -> int:
-    index = message.response_metadata.get(SERVED_BY_KEY, 0)
-    return index if isinstance(index, int) else 0
+    path = served_path(message.response_metadata.get(SERVED_BY_KEY))
+    return path[0] if path else 0
 
 
 def _has_content(chunk: ChatGenerationChunk) -> bool:

@@ -15,7 +15,13 @@ from langchain_core.messages import BaseMessage
 from langchain_core.rate_limiters import BaseRateLimiter
 from pydantic import Field, PrivateAttr
 
-from langchain_llm_resilience._delegate import DelegatingChatModel, private_state
+from langchain_llm_resilience._delegate import (
+    DelegatingChatModel,
+    documented_output_cap,
+    private_state,
+    prompt_pairs,
+)
+from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
@@ -24,15 +30,12 @@ from llm_resilience.ratelimit import (
     request_weight,
     weighs_tokens,
 )
+from llm_resilience.usage import output_cap
 
 __all__ = ["RateLimitedChatModel", "RateLimitedEmbeddings"]
 
 BaseRateLimiter.register(TokenBucketRateLimiter)
 BaseRateLimiter.register(RedisTokenBucketRateLimiter)
-
-
-def _prompt(messages: list[BaseMessage]) -> list[tuple[str, str]]:
-    return [(message.type, message.text) for message in messages]
 
 
 class RateLimitedChatModel(DelegatingChatModel):
@@ -45,8 +48,9 @@ class RateLimitedChatModel(DelegatingChatModel):
     first iteration and holds nothing while streaming). Over budget, callers wait, first
     come first served; with ``max_queued_requests`` a caller finding the queue full gets
     ``RateLimitQueueFullError`` at once and the inner model is never called. With
-    ``tokens_per_minute`` a call also needs its estimated prompt tokens plus its
-    ``max_tokens`` in token permits (:func:`~llm_resilience.ratelimit.request_weight`),
+    ``tokens_per_minute`` a call also needs its estimated prompt tokens plus its output
+    cap in token permits (:func:`~llm_resilience.ratelimit.request_weight`; the cap is
+    :func:`~llm_resilience.usage.output_cap`'s, as a strict budget's hold reads it),
     settled with the usage the provider reports afterwards by the core's rule
     (:func:`~llm_resilience.ratelimit.reconcile_with_usage`: only a real report
     settles; a limiter that cannot settle logs a warning, the call still succeeds).
@@ -67,6 +71,7 @@ class RateLimitedChatModel(DelegatingChatModel):
     """A shared limiter instead of the three numbers above."""
 
     _limiter: Any = PrivateAttr()
+    _caps: tuple[int | None, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
         limiter = limiter_for(
@@ -77,6 +82,7 @@ class RateLimitedChatModel(DelegatingChatModel):
         )
         super().__init__(**data)
         self._limiter = limiter
+        self._caps = stack_output_caps(self.inner, documented_output_cap)
 
     @property
     def _llm_type(self) -> str:
@@ -90,11 +96,10 @@ class RateLimitedChatModel(DelegatingChatModel):
     def _weight(self, limiter: Any, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
         if not weighs_tokens(limiter):
             return 0  # no token budget: nothing to tokenize
-        max_tokens = kwargs.get("max_tokens", getattr(self.inner, "max_tokens", None))
         return request_weight(
             limiter,
-            prompt=_prompt(messages),
-            max_output_tokens=max_tokens if isinstance(max_tokens, int) else None,
+            prompt=prompt_pairs(messages),
+            max_output_tokens=output_cap(kwargs, private_state(self)["_caps"]),
         )
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> int:
@@ -121,7 +126,7 @@ class RateLimitedChatModel(DelegatingChatModel):
             context,
             usage.get("input_tokens"),
             usage.get("output_tokens"),
-            prompt=_prompt(messages),
+            prompt=prompt_pairs(messages),
         )
 
 

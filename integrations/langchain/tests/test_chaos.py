@@ -179,10 +179,16 @@ async def test_two_thousand_chaotic_calls_end_complete_or_documented_record_once
             try:
                 if kind == "invoke":
                     message = await asyncio.to_thread(model.invoke, prompt)
-                    answers[words] = (_text(message), message.response_metadata["fallback_client"])
+                    answers[words] = (
+                        _text(message),
+                        message.response_metadata["fallback_served_by"][0],
+                    )
                 elif kind == "ainvoke":
                     message = await model.ainvoke(prompt)
-                    answers[words] = (_text(message), message.response_metadata["fallback_client"])
+                    answers[words] = (
+                        _text(message),
+                        message.response_metadata["fallback_served_by"][0],
+                    )
                 else:
                     if kind == "stream":
                         chunks = await asyncio.to_thread(lambda: list(model.stream(prompt)))
@@ -195,9 +201,9 @@ async def test_two_thousand_chaotic_calls_end_complete_or_documented_record_once
                     ]
                     text = "".join(_text(chunk) for chunk in chunks)
                     served = [
-                        chunk.response_metadata["fallback_client"]
+                        chunk.response_metadata["fallback_served_by"][0]
                         for chunk in chunks
-                        if "fallback_client" in chunk.response_metadata
+                        if "fallback_served_by" in chunk.response_metadata
                     ]
                     answers[words] = (text, served[-1] if len(served) == 1 else served)
             except Exception as error:

@@ -144,7 +144,7 @@ def test_usage_and_model_name_are_those_of_the_member_that_served(call: str) -> 
         for chunk in chunks[1:]:
             message = message + chunk
     assert message.response_metadata["model_name"] == "served-by-secondary"
-    assert message.response_metadata["fallback_client"] == 1
+    assert message.response_metadata["fallback_served_by"] == [1]
     assert message.usage_metadata["output_tokens"] > 0
 
 
@@ -207,7 +207,7 @@ def test_langchains_typed_errors_are_classified_by_status_not_is_retryable() -> 
     answer = FallbackChatModel(
         models=[FailingChatModel(error=ModelRateLimitError("slow down")), secondary]
     ).invoke("x")
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
 
 
 def test_the_server_error_preset_widens_what_fails_over() -> None:
@@ -219,7 +219,7 @@ def test_the_server_error_preset_widens_what_fails_over() -> None:
         models=[FailingChatModel(error=error), ScriptedChatModel()],
         classifier=TransientClassifier.with_server_errors(),
     ).invoke("x")
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
 
 
 def test_every_member_failing_raises_the_last_members_own_error() -> None:
@@ -343,7 +343,7 @@ async def test_structured_output_parses_with_the_member_that_answered(method: st
     raw = model.with_structured_output(schema, method=method, include_raw=True).invoke(prompt)
     assert raw["parsed"] == result
     assert raw["parsing_error"] is None
-    assert raw["raw"].response_metadata["fallback_client"] == 1
+    assert raw["raw"].response_metadata["fallback_served_by"] == [1]
 
 
 def test_profile_is_what_every_member_supports() -> None:

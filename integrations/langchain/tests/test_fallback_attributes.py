@@ -140,5 +140,5 @@ async def test_reads_through_the_chain_change_nothing_about_which_member_serves(
     answer = await chain.ainvoke("hello")
 
     assert answer.text == "from the secondary"
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert primary.calls == 1

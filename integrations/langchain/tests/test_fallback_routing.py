@@ -106,7 +106,7 @@ async def test_too_long_for_openai_goes_to_the_larger_anthropic_skipping_an_equa
     answer = await call(shape, model)
 
     assert answer.content == "member 2 answered"
-    assert answer.response_metadata["fallback_client"] == 2
+    assert answer.response_metadata["fallback_served_by"] == [2]
     assert asked(servers) == [1, 0, 1]
 
 
@@ -189,7 +189,7 @@ async def test_bound_tools_skip_a_member_whose_profile_has_no_tool_calling(
     answer = await call(shape, model, "What is the weather in Paris?")
 
     assert answer.tool_calls[0]["name"] == "get_weather"  # type: ignore[union-attr]
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert asked(servers) == [0, 1, 0]
 
 
@@ -204,7 +204,7 @@ async def test_a_request_without_tools_still_uses_a_member_without_tool_calling(
 
     answer = await call(shape, model)
 
-    assert answer.response_metadata["fallback_client"] == 0
+    assert answer.response_metadata["fallback_served_by"] == [0]
     assert asked(servers) == [1, 0, 0]
 
 

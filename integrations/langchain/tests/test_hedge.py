@@ -214,7 +214,7 @@ def _served_by(chunks: list[AIMessageChunk]) -> Any:
     merged = chunks[0]
     for chunk in chunks[1:]:
         merged = merged + chunk
-    return merged.response_metadata["fallback_client"]
+    return merged.response_metadata["fallback_served_by"]
 
 
 def test_invoke_is_answered_by_the_hedge_and_the_late_primary_is_recorded_as_a_hedge(
@@ -225,7 +225,7 @@ def test_invoke_is_answered_by_the_hedge_and_the_late_primary_is_recorded_as_a_h
     primary.script(Fault.slow_first_token(SLOW_SECONDS))
     answer = model.invoke("Capital of France?")
     assert answer.content == SECONDARY_REPLY
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert [(r.stream, r.model) for r in secondary.requests] == [(False, "claude-sonnet-4-5")]
     _winner_only(ledger)
     # A sync call's loser cannot be interrupted: it runs to its end in its worker, and
@@ -275,7 +275,7 @@ async def test_ainvoke_cancels_the_slow_primarys_request_when_the_hedge_answers(
     primary.script(Fault.slow_first_token(SLOW_SECONDS * 10))
     answer = await model.ainvoke("Capital of France?")
     assert answer.content == SECONDARY_REPLY
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert log.events == ["started", "cancelled"]
     _winner_only(ledger)
     assert await _no_task_left()
@@ -289,7 +289,7 @@ def test_stream_delivers_only_the_hedges_answer_and_closes_the_primary(
     primary.script(Fault.slow_first_token(SLOW_SECONDS))
     chunks = list(model.stream("Capital of France?"))
     assert _text(chunks) == SECONDARY_REPLY
-    assert _served_by(chunks) == 1
+    assert _served_by(chunks) == [1]
     _winner_only(ledger)
     # The loser's worker is blocked in its read until a byte arrives: it then closes
     # the response at once instead of reading the answer.
@@ -310,7 +310,7 @@ async def test_astream_delivers_only_the_hedges_answer_and_closes_the_primary_at
             assert log.ended()  # closed before the first word of the answer arrived
         chunks.append(chunk)
     assert _text(chunks) == SECONDARY_REPLY
-    assert _served_by(chunks) == 1
+    assert _served_by(chunks) == [1]
     assert log.events == ["started", "closed"]
     _winner_only(ledger)
     assert await _no_task_left()

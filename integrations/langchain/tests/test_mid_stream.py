@@ -368,5 +368,5 @@ async def test_a_filtered_completion_ends_the_stream_as_the_provider_ended_it(
     assert merged is not None
     assert merged.text == "one two"
     assert merged.response_metadata["finish_reason"] == "content_filter"
-    assert merged.response_metadata["fallback_client"] == 0
+    assert merged.response_metadata["fallback_served_by"] == [0]
     assert secondary.requests == []

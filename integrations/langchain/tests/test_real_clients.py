@@ -113,7 +113,7 @@ def test_invoke_is_served_by_the_secondary_when_the_real_primary_fails(
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
         answer = chain(fault).invoke("What is the capital of France?")
     assert answer.content == SECONDARY_REPLY
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert answer.usage_metadata is not None
     assert answer.usage_metadata["output_tokens"] > 0
     assert _fallback_warnings(caplog) == [_expected_warning(fault, streaming=False)]
@@ -133,7 +133,7 @@ async def test_ainvoke_is_served_by_the_secondary_when_the_real_primary_fails(
     with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
         answer = await chain(fault).ainvoke("What is the capital of France?")
     assert answer.content == SECONDARY_REPLY
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert _fallback_warnings(caplog) == [_expected_warning(fault, streaming=False)]
     assert len(secondary.requests) == 1
 
@@ -158,7 +158,7 @@ def _assert_streamed(fault: str, chunks: list[AIMessageChunk], restarts: Restart
     merged = chunks[0]
     for chunk in chunks[1:]:
         merged = merged + chunk
-    assert merged.response_metadata["fallback_client"] == 1
+    assert merged.response_metadata["fallback_served_by"] == [1]
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

@@ -109,7 +109,7 @@ def test_a_malformed_event_mid_stream_restarts_the_stream_on_the_next_member(
         }
     ]
     answer = merged(chunks)
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert answer.response_metadata["model_name"] == MODEL[OTHER[provider]]
     assert answer.response_metadata["model_provider"] == OTHER[provider]
     # The process is fine: the next call is served by the (now healthy) primary.
@@ -129,7 +129,7 @@ async def test_a_malformed_event_mid_astream_restarts_the_stream_on_the_next_mem
     chunks = [c async for c in model.astream("Capital of France?", {"callbacks": [restarts]})]
     assert after_restart(chunks, "one two") == SECONDARY_REPLY
     assert [event["error_type"] for event in restarts.events] == ["JSONDecodeError"]
-    assert merged(chunks).response_metadata["fallback_client"] == 1
+    assert merged(chunks).response_metadata["fallback_served_by"] == [1]
     again = "".join([c.text async for c in model.astream("Capital of France?")])
     assert again == PRIMARY_REPLY
 
@@ -160,7 +160,7 @@ def test_a_stream_without_its_end_marker_completes_at_once_with_its_usage(
     assert time.monotonic() - started < 2.0
     answer = merged(chunks)
     assert answer.text == PRIMARY_REPLY
-    assert answer.response_metadata["fallback_client"] == 0
+    assert answer.response_metadata["fallback_served_by"] == [0]
     assert answer.usage_metadata is not None
     assert answer.usage_metadata["output_tokens"] == len(PRIMARY_REPLY.split())
     assert answer.usage_metadata["input_tokens"] > 0

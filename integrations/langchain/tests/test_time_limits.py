@@ -150,7 +150,7 @@ def test_invoke_moves_to_the_secondary_within_the_first_token_timeout(
     answer = model.invoke("What is the capital of France?")
     _assert_failed_over_in_time(began)
     assert answer.content == SECONDARY_REPLY
-    assert answer.response_metadata["fallback_client"] == 1
+    assert answer.response_metadata["fallback_served_by"] == [1]
     assert len(secondary.requests) == 1
 
 
@@ -190,7 +190,7 @@ def _assert_restarted(fault: str, chunks: list[AIMessageChunk], restarts: Restar
     merged = chunks[0]
     for chunk in chunks[1:]:
         merged = merged + chunk
-    assert merged.response_metadata["fallback_client"] == 1
+    assert merged.response_metadata["fallback_served_by"] == [1]
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

@@ -24,7 +24,7 @@ that outlive a cancelled caller, the warnings of a ledger failure). Import from
 ``llm_resilience.budget``.
 """
 
-from llm_resilience.budget._gate import HEDGE_KIND, BudgetGate, BudgetTicket
+from llm_resilience.budget._gate import HEDGE_KIND, BudgetGate, BudgetTicket, Surface
 from llm_resilience.budget._models import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     ServingModel,
@@ -41,6 +41,7 @@ __all__ = [
     "CostBudget",
     "ModelPrice",
     "ServingModel",
+    "Surface",
     "dearest_model",
     "served_model",
 ]

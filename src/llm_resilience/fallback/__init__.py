@@ -43,26 +43,16 @@ which member may take a request, where a prompt too long goes), ``_continuation`
 ``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
 (``member_retry=``: short waits on the same member), ``_hedge`` and ``_hedge_stream``
 (``hedge_after=``: a slow first token also starts the request on the next member) and
-``_hedge_inbox`` (how a loser's reported usage reaches the cost layer: a
-:class:`HedgeInbox`). Import from ``llm_resilience.fallback``. What retries by itself
-(a member that would delay failover) is :mod:`llm_resilience.self_retry`'s, shared with
-the retry wrappers.
+``_hedge_inbox`` (how a loser's reported usage reaches the cost layer, which
+:class:`~llm_resilience.metering.Meter` opens). Import from ``llm_resilience.fallback``.
+What retries by itself (a member that would delay failover) is
+:mod:`llm_resilience.self_retry`'s, shared with the retry wrappers.
 """
 
 from llm_resilience.fallback._breaker import MemberHealth
 from llm_resilience.fallback._continuation import is_prefill_rejection
 from llm_resilience.fallback._engine import FallbackChain
 from llm_resilience.fallback._hedge import LoserUsage
-from llm_resilience.fallback._hedge_inbox import (
-    HedgeInbox,
-    HedgeLoser,
-    ahedge_inbox_stream,
-    bind_hedge_ticket,
-    current_hedge_inbox,
-    hedge_inbox,
-    hedge_inbox_stream,
-    hedges_below,
-)
 from llm_resilience.fallback._options import Classifier as Classifier
 from llm_resilience.fallback._options import Cooldown, StreamRestart
 from llm_resilience.fallback._options import RestartHook as RestartHook
@@ -77,19 +67,11 @@ from llm_resilience.fallback._routing import (
 __all__ = [
     "Cooldown",
     "FallbackChain",
-    "HedgeInbox",
-    "HedgeLoser",
     "LoserUsage",
     "MemberProfile",
     "MemberHealth",
     "RequestNeeds",
     "StreamRestart",
-    "ahedge_inbox_stream",
-    "bind_hedge_ticket",
-    "current_hedge_inbox",
-    "hedge_inbox",
-    "hedge_inbox_stream",
-    "hedges_below",
     "context_limit_of",
     "is_context_overflow",
     "is_prefill_rejection",

@@ -17,13 +17,14 @@ Example::
 from __future__ import annotations
 
 from llama_index.resilience.builder import ResilienceBuilder
-from llama_index.resilience.cost import CostTrackedEmbedding, CostTrackedLLM
+from llama_index.resilience.cost import BUDGET_SCOPE_KWARG, CostTrackedEmbedding, CostTrackedLLM
 from llama_index.resilience.events import FallbackStreamRestartEvent
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 from llama_index.resilience.ratelimit import RateLimitedEmbedding, RateLimitedLLM
 from llama_index.resilience.retry import RetryingEmbedding, RetryingVectorStore
 
 __all__ = [
+    "BUDGET_SCOPE_KWARG",
     "CostTrackedEmbedding",
     "CostTrackedLLM",
     "FallbackLLM",

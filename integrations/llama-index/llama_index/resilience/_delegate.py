@@ -18,7 +18,6 @@ wrap one object (``inner``); subclasses say what happens around each call throug
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import (
@@ -52,6 +51,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 
 from llm_resilience.layers import find_layer
+from llm_resilience.metering import AsyncStreamSettler, StreamSettler
 from llm_resilience.redact import redacted_fields
 
 if TYPE_CHECKING:
@@ -75,8 +75,6 @@ Request: TypeAlias = Sequence[ChatMessage] | str
 AnyResponse: TypeAlias = ChatResponse | CompletionResponse
 
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
-#: How a stream ended: read to its end, closed or cancelled by its consumer, or failed.
-_Outcome: TypeAlias = Literal["completed", "closed", "failed"]
 
 # Fields of ``LLM`` that shape prompts in ``predict``/``stream``/``structured_predict``: a
 # layer takes the inner LLM's unless told otherwise, so those behave as on the inner LLM.
@@ -300,8 +298,11 @@ class DelegatingLLM(FunctionCallingLLM):
         # A generator: nothing happens until the caller asks for the first chunk.
         context = self._begin(kind, request, kwargs)
         last: AnyResponse | None = None
-        outcome: _Outcome = "failed"
-        try:
+        with StreamSettler(
+            answer=lambda: self._end(context, last or _empty(kind)),
+            consumed=lambda: self._end_early(context, last),
+            nothing=lambda: self._end(context, None),
+        ):
             stream = invoke()
             try:
                 for chunk in stream:
@@ -312,18 +313,6 @@ class DelegatingLLM(FunctionCallingLLM):
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
-            outcome = "completed"
-        except GeneratorExit:
-            # The consumer stopped reading: ``break``, ``close()`` or garbage collection.
-            outcome = "closed"
-            raise
-        finally:
-            if outcome == "completed":
-                self._end(context, last or _empty(kind))
-            elif outcome == "closed":
-                self._end_early(context, last)
-            else:
-                self._end(context, None)
 
     async def _astream(
         self,
@@ -334,8 +323,11 @@ class DelegatingLLM(FunctionCallingLLM):
     ) -> AsyncGenerator[_ResponseT, None]:
         context = await self._abegin(kind, request, kwargs)
         last: AnyResponse | None = None
-        outcome: _Outcome = "failed"
-        try:
+        async with AsyncStreamSettler(
+            answer=lambda: self._aend(context, last or _empty(kind)),
+            consumed=lambda: self._aend_early(context, last),
+            nothing=lambda: self._aend(context, None),
+        ):
             opened = invoke()
             stream = await opened if inspect.isawaitable(opened) else opened
             try:
@@ -347,19 +339,6 @@ class DelegatingLLM(FunctionCallingLLM):
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
                     await aclose()
-            outcome = "completed"
-        except (GeneratorExit, asyncio.CancelledError):
-            # ``aclose()``, garbage collection (asyncio then closes the stream in a task of
-            # its own), or the consumer's task cancelled while waiting for a chunk.
-            outcome = "closed"
-            raise
-        finally:
-            if outcome == "completed":
-                await self._aend(context, last or _empty(kind))
-            elif outcome == "closed":
-                await self._aend_early(context, last)
-            else:
-                await self._aend(context, None)
 
     # -- function calling -----------------------------------------------------------------------
 

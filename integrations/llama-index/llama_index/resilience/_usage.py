@@ -52,16 +52,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
-from llama_index.core.llms.llm import LLM
-from llama_index.resilience.fallback import SERVED_BY_KEY
 
-from llm_resilience.usage import StreamUsage, TokenDetails
+from llm_resilience.served import SERVED_BY_KEY
+from llm_resilience.usage import StreamUsage, TokenDetails, token_count
 
 __all__ = [
     "StreamTally",
-    "asked_output_tokens",
-    "max_output_tokens",
-    "output_cap",
+    "llm_name",
+    "num_output",
     "prompt_pairs",
     "raw_model",
     "reported_details",
@@ -143,8 +141,8 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
     gemini = _field(response.raw, "usage_metadata")
     if _gemini_counts(gemini) is not None:
         return TokenDetails(
-            cache_read_tokens=_count(_field(gemini, "cached_content_token_count")),
-            reasoning_tokens=_count(_field(gemini, "thoughts_token_count")),
+            cache_read_tokens=token_count(_field(gemini, "cached_content_token_count")),
+            reasoning_tokens=token_count(_field(gemini, "thoughts_token_count")),
         )
     places: list[Any] = [
         _field(response.raw, "usage"),
@@ -179,31 +177,14 @@ def _event_data(raw: Any) -> Any:
     return getattr(raw, "data", None)
 
 
-def max_output_tokens(llm: LLM, kwargs: Mapping[str, Any]) -> int | None:
-    """A call's output cap: its ``max_tokens`` kwarg, else the LLM's ``num_output`` if > 0."""
-    asked = _count(kwargs.get("max_tokens"))
-    if asked is not None:
-        return asked
-    reserved = llm.metadata.num_output
-    return reserved if isinstance(reserved, int) and reserved > 0 else None
+def llm_name(llm: object) -> object:
+    """The name a LlamaIndex LLM gives itself (``metadata.model_name``), if it has one."""
+    return getattr(getattr(llm, "metadata", None), "model_name", None)
 
 
-def asked_output_tokens(kwargs: Mapping[str, Any]) -> int | None:
-    """The call's own output cap: its ``max_tokens`` keyword, if a count."""
-    return _count(kwargs.get("max_tokens"))
-
-
-def output_cap(llm: LLM) -> int | None:
-    """The most output tokens ``llm`` writes per call, as LlamaIndex states it.
-
-    Its ``max_tokens`` field (``OpenAI``, ``Anthropic``), else ``metadata.num_output``
-    (the output LlamaIndex reserves for it) when > 0, else None (unknown).
-    """
-    own = _count(getattr(llm, "max_tokens", None))
-    if own is not None:
-        return own
-    reserved = llm.metadata.num_output
-    return reserved if isinstance(reserved, int) and reserved > 0 else None
+def num_output(llm: object) -> object:
+    """The output LlamaIndex reserves for ``llm`` (``metadata.num_output``; -1: unknown)."""
+    return getattr(getattr(llm, "metadata", None), "num_output", None)
 
 
 class StreamTally:
@@ -279,20 +260,14 @@ def _field(container: Any, key: str) -> Any:
     return getattr(container, key, None)
 
 
-def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
-
-
 def _counts(place: Any) -> tuple[int | None, int | None] | None:
     if place is None:
         return None
     found_in = next(
-        (c for c in (_count(_field(place, k)) for k in _INPUT_KEYS) if c is not None), None
+        (c for c in (token_count(_field(place, k)) for k in _INPUT_KEYS) if c is not None), None
     )
     found_out = next(
-        (c for c in (_count(_field(place, k)) for k in _OUTPUT_KEYS) if c is not None), None
+        (c for c in (token_count(_field(place, k)) for k in _OUTPUT_KEYS) if c is not None), None
     )
     if found_in is None and found_out is None:
         return None
@@ -311,9 +286,9 @@ def _gemini_counts(place: Any) -> tuple[int | None, int | None] | None:
     """Gemini's ``(input, output)``: the prompt, and the candidates plus the thoughts."""
     if place is None:
         return None
-    prompt = _count(_field(place, "prompt_token_count"))
-    candidates = _count(_field(place, "candidates_token_count"))
-    thoughts = _count(_field(place, "thoughts_token_count"))
+    prompt = token_count(_field(place, "prompt_token_count"))
+    candidates = token_count(_field(place, "candidates_token_count"))
+    thoughts = token_count(_field(place, "thoughts_token_count"))
     if prompt is None and candidates is None:
         return None
     output = (
@@ -328,12 +303,13 @@ def _cohere_counts(response: ChatResponse | CompletionResponse) -> tuple[int, in
     raw = response.raw
     for meta in (_field(raw, "meta"), _field(_field(raw, "response"), "meta")):
         billed = _field(meta, "billed_units")
-        counts = [_field(billed, key) for key in ("input_tokens", "output_tokens")]
         # The SDK declares them floats: whole numbers only.
-        if all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts):
-            found_in, found_out = (float(c) for c in counts)
-            if found_in.is_integer() and found_out.is_integer() and min(found_in, found_out) >= 0:
-                return int(found_in), int(found_out)
+        found_in, found_out = (
+            token_count(_field(billed, key), whole_float=True)
+            for key in ("input_tokens", "output_tokens")
+        )
+        if found_in is not None and found_out is not None:
+            return found_in, found_out
     return None
 
 
@@ -344,7 +320,7 @@ def _bedrock_usage(response: ChatResponse | CompletionResponse) -> Any:
     for usage in (_field(raw, "usage"), _field(_field(raw, "metadata"), "usage")):
         if not isinstance(usage, Mapping):
             continue
-        counts = (_count(usage.get("inputTokens")), _count(usage.get("outputTokens")))
+        counts = (token_count(usage.get("inputTokens")), token_count(usage.get("outputTokens")))
         if counts != (None, None):
             return usage
     return None
@@ -353,20 +329,20 @@ def _bedrock_usage(response: ChatResponse | CompletionResponse) -> Any:
 def _bedrock_counts(usage: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """Bedrock's ``(input, output)``: ``inputTokens`` with the cache reads and writes
     added back, and ``outputTokens``."""
-    found_in = _count(usage.get("inputTokens"))
+    found_in = token_count(usage.get("inputTokens"))
     if found_in is not None:
         details = _bedrock_details(usage)
         found_in += (details.cache_read_tokens or 0) + (details.cache_write_tokens or 0)
-    return found_in, _count(usage.get("outputTokens"))
+    return found_in, token_count(usage.get("outputTokens"))
 
 
 def _bedrock_details(usage: Mapping[str, Any]) -> TokenDetails:
-    written = _count(usage.get("cacheWriteInputTokens"))
+    written = token_count(usage.get("cacheWriteInputTokens"))
     lifetimes = usage.get("cacheDetails")
     one_hour: int | None = None
     if isinstance(lifetimes, list) and lifetimes:
         counts = [
-            (item.get("ttl"), _count(item.get("inputTokens")) or 0)
+            (item.get("ttl"), token_count(item.get("inputTokens")) or 0)
             for item in lifetimes
             if isinstance(item, Mapping)
         ]
@@ -375,7 +351,7 @@ def _bedrock_details(usage: Mapping[str, Any]) -> TokenDetails:
             written = by_lifetime
             one_hour = sum(count for ttl, count in counts if ttl == "1h")
     return TokenDetails(
-        cache_read_tokens=_count(usage.get("cacheReadInputTokens")),
+        cache_read_tokens=token_count(usage.get("cacheReadInputTokens")),
         cache_write_tokens=written,
         cache_write_1h_tokens=one_hour,
     )
@@ -391,27 +367,29 @@ def _details(place: Any) -> TokenDetails:
     into = _field(place, "prompt_tokens_details") or _field(place, "input_tokens_details")
     out = _field(place, "completion_tokens_details") or _field(place, "output_tokens_details")
     return TokenDetails(
-        cache_read_tokens=_count(_field(into, "cached_tokens")),
-        cache_write_tokens=_count(_field(into, "cache_write_tokens")),
-        reasoning_tokens=_count(_field(out, "reasoning_tokens")),
+        cache_read_tokens=token_count(_field(into, "cached_tokens")),
+        cache_write_tokens=token_count(_field(into, "cache_write_tokens")),
+        reasoning_tokens=token_count(_field(out, "reasoning_tokens")),
     )
 
 
 def _anthropic_details(place: Any) -> TokenDetails | None:
     """Anthropic's cache and thinking counts, or None when ``place`` is not shaped so."""
-    read = _count(_field(place, "cache_read_input_tokens"))
-    created = _count(_field(place, "cache_creation_input_tokens"))
+    read = token_count(_field(place, "cache_read_input_tokens"))
+    created = token_count(_field(place, "cache_creation_input_tokens"))
     lifetimes = _field(place, "cache_creation")
     if read is None and created is None and lifetimes is None:
         return None
-    five_minutes = _count(_field(lifetimes, "ephemeral_5m_input_tokens"))
-    one_hour = _count(_field(lifetimes, "ephemeral_1h_input_tokens"))
+    five_minutes = token_count(_field(lifetimes, "ephemeral_5m_input_tokens"))
+    one_hour = token_count(_field(lifetimes, "ephemeral_1h_input_tokens"))
     by_lifetime = (five_minutes or 0) + (one_hour or 0)
     return TokenDetails(
         cache_read_tokens=read,
         cache_write_tokens=by_lifetime if by_lifetime > 0 else created,
         cache_write_1h_tokens=one_hour if by_lifetime > 0 else None,
-        reasoning_tokens=_count(_field(_field(place, "output_tokens_details"), "thinking_tokens")),
+        reasoning_tokens=token_count(
+            _field(_field(place, "output_tokens_details"), "thinking_tokens")
+        ),
     )
 
 

@@ -34,7 +34,6 @@ records nothing.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from llama_index.core.base.llms.types import ChatResponse, CompletionResponse
@@ -51,42 +50,24 @@ from llama_index.resilience._delegate import (
 )
 from llama_index.resilience._usage import (
     StreamTally,
-    asked_output_tokens,
-    output_cap,
+    llm_name,
+    num_output,
     prompt_pairs,
     raw_model,
     reported_details,
     reported_tokens,
     response_text,
 )
-from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 
-from llm_resilience import checks
-from llm_resilience.budget import (
-    BudgetGate,
-    BudgetTicket,
-    CostBudget,
-    ServingModel,
-    dearest_model,
-    served_model,
-)
-from llm_resilience.fallback import (
-    ahedge_inbox_stream,
-    bind_hedge_ticket,
-    hedge_inbox,
-    hedge_inbox_stream,
-    hedges_below,
-)
-from llm_resilience.layers import find_layer, leaves
+from llm_resilience.budget import BudgetGate, CostBudget
 from llm_resilience.ledger import CostLedger
+from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
+from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
 
 __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
 
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
-
-#: Per-call keyword that overrides a :class:`CostTrackedLLM`'s ``scope`` (never sent on).
-BUDGET_SCOPE_KWARG = "budget_scope"
 
 
 class CostTrackedLLM(DelegatingLLM):
@@ -116,8 +97,9 @@ class CostTrackedLLM(DelegatingLLM):
     every call; a call's ``budget_scope=`` keyword overrides it and is never passed to
     the inner LLM. Windows are UTC days and months; money is exact ``Decimal``. In strict
     mode the hold covers every LLM below that may serve, each up to its own output cap
-    (the call's ``max_tokens``, else the LLM's ``max_tokens``, else its
-    ``metadata.num_output``, else 4,096), at its own price.
+    (:func:`~llm_resilience.usage.output_cap`: the call's ``max_tokens``,
+    ``max_completion_tokens`` or ``max_output_tokens``, else the LLM's own field of those
+    names, else its ``metadata.num_output``, else 4,096), at its own price.
 
     Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
     non-text ``scope``, or an ``inner`` that is not an ``LLM``; calls raise
@@ -131,9 +113,7 @@ class CostTrackedLLM(DelegatingLLM):
     scope: str | None = Field(default=None, description="Budget scope of every call.")
 
     _call_options = (BUDGET_SCOPE_KWARG,)
-    _gate: BudgetGate = PrivateAttr()
-    _may_serve: tuple[ServingModel, ...] = PrivateAttr(default=())
-    _hedged: bool = PrivateAttr(default=False)
+    _meter: Meter = PrivateAttr()
 
     def __init__(
         self,
@@ -144,16 +124,18 @@ class CostTrackedLLM(DelegatingLLM):
         scope: str | None = None,
         **kwargs: Any,
     ) -> None:
-        gate = _gate(budget, ledger, scope)
-        super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
-        self._gate = gate
-        self._hedged = hedges_below(inner)
-        # Strict holds cover every model that may answer (any fallback leg) up to its cap.
-        self._may_serve = tuple(
-            ServingModel(served_model(leaf.metadata.model_name), output_cap(leaf))
-            for leaf in leaves(inner)
-            if isinstance(leaf, LLM)
+        meter = Meter(
+            budget,
+            ledger,
+            stack=inner,
+            name_of=llm_name,
+            documented_cap=num_output,
+            scope=scope,
         )
+        super().__init__(
+            inner=inner, budget=budget, ledger=meter.gate.ledger, scope=scope, **kwargs
+        )
+        self._meter = meter
 
     @classmethod
     def class_name(cls) -> str:
@@ -162,37 +144,20 @@ class CostTrackedLLM(DelegatingLLM):
     @property
     def gate(self) -> BudgetGate:
         """The budget gate every call of this layer passes."""
-        return self._gate
+        return self._meter.gate
 
     # -- hooks ----------------------------------------------------------------------------
 
-    def _admit(self, request: Request, kwargs: dict[str, Any]) -> tuple[dict[str, Any], _Call]:
-        scope = checks.scope(BUDGET_SCOPE_KWARG, kwargs.pop(BUDGET_SCOPE_KWARG, self.scope))
-        prompt = prompt_pairs(request)
-        gate_kwargs = {
-            "scope": scope,
-            "prompt": prompt,
-            # The call's own cap reaches every model below; each model's own is in _may_serve.
-            "max_output_tokens": asked_output_tokens(kwargs),
-            "model": served_model(self.inner.metadata.model_name),
-            "may_serve": self._may_serve,
-        }
-        return gate_kwargs, _Call(prompt)
-
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
-        gate_kwargs, call = self._admit(request, kwargs)
-        call.ticket = self._gate.begin("chat", **gate_kwargs)
-        bind_hedge_ticket(call.ticket)
-        return call
+        prompt = prompt_pairs(request)
+        return _Call(self._meter.begin(kwargs, prompt=prompt))
 
     async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
-        gate_kwargs, call = self._admit(request, kwargs)
-        call.ticket = await self._gate.abegin("chat", **gate_kwargs)
-        bind_hedge_ticket(call.ticket)
-        return call
+        prompt = prompt_pairs(request)
+        return _Call(await self._meter.abegin(kwargs, prompt=prompt))
 
     # A hedged FallbackLLM below reports the attempt that lost to the inbox each call
-    # opens here; its ticket records it as a "hedge" entry (see llm_resilience.fallback).
+    # opens here; its ticket records it as a "hedge" entry (see llm_resilience.metering).
     def _call(
         self,
         kind: CallKind,
@@ -200,9 +165,7 @@ class CostTrackedLLM(DelegatingLLM):
         kwargs: dict[str, Any],
         invoke: Callable[[], _ResponseT],
     ) -> _ResponseT:
-        if not self._hedged:
-            return super()._call(kind, request, kwargs, invoke)
-        with hedge_inbox():
+        with self._meter.inbox():
             return super()._call(kind, request, kwargs, invoke)
 
     async def _acall(
@@ -212,9 +175,7 @@ class CostTrackedLLM(DelegatingLLM):
         kwargs: dict[str, Any],
         invoke: Callable[[], Awaitable[_ResponseT]],
     ) -> _ResponseT:
-        if not self._hedged:
-            return await super()._acall(kind, request, kwargs, invoke)
-        with hedge_inbox():
+        with self._meter.inbox():
             return await super()._acall(kind, request, kwargs, invoke)
 
     def _stream(
@@ -225,7 +186,7 @@ class CostTrackedLLM(DelegatingLLM):
         invoke: Callable[[], Iterator[_ResponseT]],
     ) -> Generator[_ResponseT, None, None]:
         stream = super()._stream(kind, request, kwargs, invoke)
-        return hedge_inbox_stream(stream) if self._hedged else stream
+        return self._meter.stream(stream)  # type: ignore[return-value]
 
     def _astream(
         self,
@@ -235,7 +196,7 @@ class CostTrackedLLM(DelegatingLLM):
         invoke: Callable[[], Awaitable[AsyncIterator[_ResponseT]] | AsyncIterator[_ResponseT]],
     ) -> AsyncGenerator[_ResponseT, None]:
         stream = super()._astream(kind, request, kwargs, invoke)
-        return ahedge_inbox_stream(stream) if self._hedged else stream
+        return self._meter.astream(stream)  # type: ignore[return-value]
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
         call: _Call = context
@@ -243,63 +204,44 @@ class CostTrackedLLM(DelegatingLLM):
 
     def _end(self, context: Any, response: AnyResponse | None) -> None:
         call: _Call = context
-        assert call.ticket is not None
         if response is None:
-            call.ticket.abandon()
+            call.metered.abandon()
             return
-        usage, model = self._account(call, response)
-        call.ticket.finish(usage, model=model)
+        usage, named = self._account(call, response)
+        call.metered.settle(usage, named=named, mark=_mark(response))
 
     async def _aend(self, context: Any, response: AnyResponse | None) -> None:
         call: _Call = context
-        assert call.ticket is not None
         if response is None:
-            await call.ticket.aabandon()
+            await call.metered.aabandon()
             return
-        usage, model = self._account(call, response)
-        await call.ticket.afinish(usage, model=model)
+        usage, named = self._account(call, response)
+        await call.metered.asettle(usage, named=named, mark=_mark(response))
 
     def _end_early(self, context: Any, last: AnyResponse | None) -> None:
         call: _Call = context
-        assert call.ticket is not None
-        usage, model = self._consumed(call, last)
-        if usage is None:
-            call.ticket.abandon()
-        else:
-            call.ticket.finish(usage, model=model)
+        usage = self._consumed(call, last)
+        call.metered.end_early(usage, named=call.tally.model, mark=_mark(last))
 
     async def _aend_early(self, context: Any, last: AnyResponse | None) -> None:
-        # Runs in the stream's ``finally``, often while its task is being cancelled: the
-        # ticket's async writes are shielded, so the entry is kept even if cancelled again.
         call: _Call = context
-        assert call.ticket is not None
-        usage, model = self._consumed(call, last)
-        if usage is None:
-            await call.ticket.aabandon()
-        else:
-            await call.ticket.afinish(usage, model=model)
+        usage = self._consumed(call, last)
+        await call.metered.aend_early(usage, named=call.tally.model, mark=_mark(last))
 
-    def _consumed(self, call: _Call, last: AnyResponse | None) -> tuple[Usage | None, str | None]:
-        """What a stream closed early consumed (None: nothing to record), and who served."""
+    def _consumed(self, call: _Call, last: AnyResponse | None) -> Usage | None:
+        """What a stream closed early consumed (None: nothing to record)."""
         tally = call.tally
-        usage = partial_stream_usage(
+        return partial_stream_usage(
             tally.input_tokens,
             tally.output_tokens,
-            prompt=call.prompt,
+            prompt=call.metered.prompt,
             deltas=tally.deltas,
             delivered_text=tally.text(last) if last is not None else None,
             details=tally.details,
         )
-        member = self._member_named(last) if last is not None else None
-        served = served_model(tally.model, member)
-        # Closed before the stream named who served: the dearest that may have (the
-        # inner LLM itself when it is the only one), so the entry is never under-priced.
-        if served is None and usage is not None:
-            served = dearest_model(self._gate.budget, usage, self._may_serve)
-        return usage, served
 
     def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str | None]:
-        """The usage to record and the model that served."""
+        """The usage to record, and the model the provider says served."""
         tally = call.tally
         if tally.started:
             reported_in, reported_out = tally.input_tokens, tally.output_tokens
@@ -310,20 +252,13 @@ class CostTrackedLLM(DelegatingLLM):
             details = reported_details(response)
             text, model = response_text(response), raw_model(response)
         usage = chat_usage(
-            reported_in, reported_out, prompt=call.prompt, response_text=text, details=details
+            reported_in,
+            reported_out,
+            prompt=call.metered.prompt,
+            response_text=text,
+            details=details,
         )
-        member = self._member_named(response)
-        return usage, served_model(model, member, self.inner.metadata.model_name)
-
-    def _member_named(self, response: AnyResponse) -> str | None:
-        """The name of the fallback member that answered (by its path mark), if marked."""
-        path = response.additional_kwargs.get(SERVED_BY_KEY)
-        chain = find_layer(self.inner, FallbackLLM)
-        if chain is not None and isinstance(path, list) and path:
-            member = _member_at(chain, path)
-            if member is not None:
-                return member.metadata.model_name
-        return None
+        return usage, model
 
 
 class CostTrackedEmbedding(DelegatingEmbedding):
@@ -349,7 +284,7 @@ class CostTrackedEmbedding(DelegatingEmbedding):
     ledger: Any = Field(exclude=True, description="Where spend is recorded and read back.")
     scope: str | None = Field(default=None, description="Budget scope of every call.")
 
-    _gate: BudgetGate = PrivateAttr()
+    _meter: Meter = PrivateAttr()
 
     def __init__(
         self,
@@ -360,9 +295,18 @@ class CostTrackedEmbedding(DelegatingEmbedding):
         scope: str | None = None,
         **kwargs: Any,
     ) -> None:
-        gate = _gate(budget, ledger, scope)
-        super().__init__(inner=inner, budget=budget, ledger=gate.ledger, scope=scope, **kwargs)
-        self._gate = gate
+        meter = Meter(
+            budget,
+            ledger,
+            stack=inner,
+            name_of=lambda model: getattr(model, "model_name", None),
+            scope=scope,
+            surface="embedding",
+        )
+        super().__init__(
+            inner=inner, budget=budget, ledger=meter.gate.ledger, scope=scope, **kwargs
+        )
+        self._meter = meter
 
     @classmethod
     def class_name(cls) -> str:
@@ -371,68 +315,39 @@ class CostTrackedEmbedding(DelegatingEmbedding):
     @property
     def gate(self) -> BudgetGate:
         """The budget gate every call of this layer passes."""
-        return self._gate
+        return self._meter.gate
 
-    def _begin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[BudgetTicket, list[str]]:
-        ticket = self._gate.begin(
-            "embedding",
-            scope=self.scope,
-            texts=texts,
-            model=served_model(self.inner.model_name),
-        )
-        return ticket, texts
+    def _begin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[MeteredCall, list[str]]:
+        return self._meter.begin(texts=texts), texts
 
-    async def _abegin(
-        self, kind: EmbeddingKind, texts: list[str]
-    ) -> tuple[BudgetTicket, list[str]]:
-        ticket = await self._gate.abegin(
-            "embedding",
-            scope=self.scope,
-            texts=texts,
-            model=served_model(self.inner.model_name),
-        )
-        return ticket, texts
+    async def _abegin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[MeteredCall, list[str]]:
+        return await self._meter.abegin(texts=texts), texts
 
     def _end(self, context: Any, embeddings: list[list[float]] | None) -> None:
-        ticket, texts = context
+        call, texts = context
         if embeddings is None:
-            ticket.abandon()
+            call.abandon()
         else:
-            ticket.finish(embedding_usage(texts), model=served_model(self.inner.model_name))
+            call.settle(embedding_usage(texts))
 
     async def _aend(self, context: Any, embeddings: list[list[float]] | None) -> None:
-        ticket, texts = context
+        call, texts = context
         if embeddings is None:
-            await ticket.aabandon()
+            await call.aabandon()
         else:
-            await ticket.afinish(embedding_usage(texts), model=served_model(self.inner.model_name))
+            await call.asettle(embedding_usage(texts))
 
 
-@dataclass(slots=True)
 class _Call:
-    """One admitted chat or completion call: its prompt, ticket and stream tally."""
+    """One admitted chat or completion call: its metered call and stream tally."""
 
-    prompt: list[tuple[str, str]]
-    ticket: BudgetTicket | None = None
-    tally: StreamTally = field(default_factory=StreamTally)
+    __slots__ = ("metered", "tally")
 
-
-def _gate(budget: object, ledger: CostLedger | None, scope: object) -> BudgetGate:
-    if not isinstance(budget, CostBudget):
-        raise TypeError(f"budget must be a CostBudget(...); got {type(budget).__name__}")
-    checks.scope("scope", scope)
-    return BudgetGate(budget, ledger)
+    def __init__(self, metered: MeteredCall) -> None:
+        self.metered = metered
+        self.tally = StreamTally()
 
 
-def _member_at(chain: FallbackLLM, path: list[Any]) -> LLM | None:
-    """The member ``path`` names (``[1, 0]``: ``llms[1]``, then that chain's ``llms[0]``)."""
-    current: FallbackLLM | None = chain
-    member: LLM | None = None
-    for index in path:
-        if current is None or isinstance(index, bool) or not isinstance(index, int):
-            return None
-        if not 0 <= index < len(current.llms):
-            return None
-        member = current.llms[index]
-        current = find_layer(member, FallbackLLM)
-    return member
+def _mark(response: AnyResponse | None) -> object:
+    """The path mark a ``FallbackLLM`` below put on ``response``, if any."""
+    return response.additional_kwargs.get(SERVED_BY_KEY) if response is not None else None

@@ -90,6 +90,7 @@ from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.served import SERVED_BY_KEY, served_mark
 from llm_resilience.usage import StreamUsage, Usage, reported_usage
 
 if TYPE_CHECKING:
@@ -98,9 +99,6 @@ if TYPE_CHECKING:
 __all__ = ["SERVED_BY_KEY", "FallbackLLM"]
 
 dispatcher = get_dispatcher(__name__)
-
-#: ``response.additional_kwargs`` key holding the index path of the member that served.
-SERVED_BY_KEY = "fallback_served_by"
 
 # The chat kwarg that carries a tool request from ``_prepare_chat_with_tools`` to the
 # attempts, where each member prepares the tools its own way.
@@ -711,10 +709,7 @@ def _chat_kwargs(
 
 def _served(response: _ResponseT, index: int) -> _ResponseT:
     """A copy of ``response`` that records the member path that served it."""
-    below = response.additional_kwargs.get(SERVED_BY_KEY)
-    path: list[Any] = [index]
-    if isinstance(below, list):
-        path.extend(below)
+    path = served_mark(index, response.additional_kwargs.get(SERVED_BY_KEY))
     return response.model_copy(
         update={"additional_kwargs": {**response.additional_kwargs, SERVED_BY_KEY: path}}
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms.llm import LLM
 from llama_index.core.rate_limiter import BaseRateLimiter
@@ -26,13 +26,9 @@ from llama_index.resilience._delegate import (
     EmbeddingKind,
     Request,
 )
-from llama_index.resilience._usage import (
-    StreamTally,
-    max_output_tokens,
-    prompt_pairs,
-    reported_tokens,
-)
+from llama_index.resilience._usage import StreamTally, num_output, prompt_pairs, reported_tokens
 
+from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
@@ -41,6 +37,7 @@ from llm_resilience.ratelimit import (
     request_weight,
     weighs_tokens,
 )
+from llm_resilience.usage import output_cap
 
 __all__ = ["RateLimitedEmbedding", "RateLimitedLLM"]
 
@@ -70,8 +67,10 @@ class RateLimitedLLM(DelegatingLLM):
     waiting first come first served; a stream takes it on first iteration.
 
     When the limiter has ``tokens_per_minute``, a call also weighs its estimated prompt
-    tokens plus its output cap (the call's ``max_tokens``, else the LLM's
-    ``metadata.num_output``), and the weight is settled with the usage the provider
+    tokens plus its output cap (:func:`~llm_resilience.usage.output_cap`: the call's
+    ``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``, else the largest
+    cap an LLM below states, its own field or its ``metadata.num_output``: the cap a
+    strict budget holds), and the weight is settled with the usage the provider
     reports afterwards by the core's rule
     (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
 
@@ -83,6 +82,8 @@ class RateLimitedLLM(DelegatingLLM):
     """
 
     limiter: Any = Field(exclude=True, description="The rate limiter every call waits on.")
+
+    _caps: tuple[int | None, ...] = PrivateAttr(default=())
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class RateLimitedLLM(DelegatingLLM):
             limiter=limiter,
         )
         super().__init__(inner=inner, limiter=chosen, **kwargs)
+        self._caps = stack_output_caps(inner, num_output)
 
     @classmethod
     def class_name(cls) -> str:
@@ -110,7 +112,7 @@ class RateLimitedLLM(DelegatingLLM):
         if not weighs_tokens(self.limiter):
             return _Permit(0, None)  # no token budget: nothing to tokenize or reconcile
         prompt = prompt_pairs(request)
-        cap = max_output_tokens(self.inner, kwargs)
+        cap = output_cap(kwargs, self._caps)
         return _Permit(request_weight(self.limiter, prompt=prompt, max_output_tokens=cap), prompt)
 
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Permit:

@@ -36,8 +36,11 @@ Rules, in short (``docs/fallback.md`` has the long form):
   each client's circuit (:class:`MemberHealth`).
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
-``_breaker`` (the cooldown breaker), ``_routing`` (``MemberProfile``, ``RequestNeeds``:
-which member may take a request, where a prompt too long goes), ``_continuation``
+``_breaker`` (the cooldown breaker), ``_capabilities`` (what a member, and so the chain,
+can do: :func:`member_profile`, :func:`merge_capabilities`), ``_attributes`` (a chain's
+unknown attributes read from its first member: :func:`read_from_primary`), ``_routing``
+(``MemberProfile``, ``RequestNeeds``: which member may take a request, where a prompt
+too long goes), ``_continuation``
 (``mid_stream="continue"``: prefill, whitespace, a rejected prefill), ``_engine``
 (``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
 ``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
@@ -47,7 +50,9 @@ starts the request on the next member) and ``_hedge_inbox`` (how a loser's repor
 usage reaches the cost layer: a :class:`HedgeInbox`). Import from ``llm_resilience.fallback``.
 """
 
+from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.fallback._breaker import MemberHealth
+from llm_resilience.fallback._capabilities import member_profile, merge_capabilities
 from llm_resilience.fallback._continuation import is_prefill_rejection
 from llm_resilience.fallback._engine import FallbackChain
 from llm_resilience.fallback._hedge import LoserUsage
@@ -69,7 +74,6 @@ from llm_resilience.fallback._routing import (
     RequestNeeds,
     context_limit_of,
     is_context_overflow,
-    resolve_member_profiles,
 )
 from llm_resilience.fallback._self_retry import self_retry_setting, warn_if_self_retrying
 
@@ -92,7 +96,9 @@ __all__ = [
     "context_limit_of",
     "is_context_overflow",
     "is_prefill_rejection",
-    "resolve_member_profiles",
+    "member_profile",
+    "merge_capabilities",
+    "read_from_primary",
     "self_retry_setting",
     "warn_if_self_retrying",
 ]

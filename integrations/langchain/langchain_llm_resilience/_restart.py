@@ -93,16 +93,8 @@ def restart_hook(
         if sink is not None:
             sink.emit(restart.payload())
         elif run_manager is not None and run_manager.handlers:
-            handle_event(
-                run_manager.handlers,
-                "on_custom_event",
-                "ignore_custom_event",
-                STREAM_RESTART_EVENT,
-                restart.payload(),
-                run_id=run_manager.run_id,
-                tags=run_manager.tags,
-                metadata=run_manager.metadata,
-            )
+            args, options = _run_event(run_manager, restart)
+            handle_event(*args, **options)
 
     return restarted
 
@@ -117,15 +109,20 @@ def arestart_hook(
         if sink is not None:
             await sink.aemit(restart.payload())
         elif run_manager is not None and run_manager.handlers:
-            await ahandle_event(
-                run_manager.handlers,
-                "on_custom_event",
-                "ignore_custom_event",
-                STREAM_RESTART_EVENT,
-                restart.payload(),
-                run_id=run_manager.run_id,
-                tags=run_manager.tags,
-                metadata=run_manager.metadata,
-            )
+            args, options = _run_event(run_manager, restart)
+            await ahandle_event(*args, **options)
 
     return restarted
+
+
+def _run_event(
+    run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun, restart: StreamRestart
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of LangChain's ``(a)handle_event`` for the event on the run's handlers."""
+    args = (run_manager.handlers, "on_custom_event", "ignore_custom_event")
+    options = {
+        "run_id": run_manager.run_id,
+        "tags": run_manager.tags,
+        "metadata": run_manager.metadata,
+    }
+    return (*args, STREAM_RESTART_EVENT, restart.payload()), options

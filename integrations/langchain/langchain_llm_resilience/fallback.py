@@ -113,9 +113,11 @@ class FallbackChatModel(BaseChatModel):
     ``bind_tools`` and ``with_structured_output`` bind every member (each in its own
     provider's format), so a fallback keeps the tools. Attributes the chain does not have
     are read from the first member, as ``with_fallbacks`` reads them
-    (``model.model_name``, ``model.temperature``); writes stay on the chain. Members
-    should be built with ``max_retries=0``: a model that retries by itself delays
-    failover by its whole retry schedule (a warning says so once).
+    (``model.model_name``, ``model.temperature``); writes stay on the chain, whose
+    options are fixed at construction (setting one raises pydantic's frozen-field
+    ``ValidationError``, a ``ValueError``). Members should be built with
+    ``max_retries=0``: a model that retries by itself delays failover by its whole retry
+    schedule (a warning says so once).
 
     A prompt too long for a member (LangChain's ``ContextOverflowError``) goes to the
     next member whose context window is larger, and propagates when there is none; a
@@ -134,35 +136,39 @@ class FallbackChatModel(BaseChatModel):
     restarts_streams: ClassVar[bool] = True
     """Sends the restart event to a sink an outer layer's ``stream`` passes down."""
 
-    models: list[BaseChatModel]
+    models: list[BaseChatModel] = Field(frozen=True)
     """The members, in the order they are tried (at least 2)."""
-    per_client_timeout: float | None = None
+    per_client_timeout: float | None = Field(default=None, frozen=True)
     """Upper bound on each attempt (given as seconds or a ``timedelta``, read back as
     seconds as float); None is unbounded."""
-    first_token_timeout: float | None = None
+    first_token_timeout: float | None = Field(default=None, frozen=True)
     """Longest wait for a stream's first content (an ``invoke``'s whole reply), seconds as
     float; None: off."""
-    idle_timeout: float | None = None
+    idle_timeout: float | None = Field(default=None, frozen=True)
     """Longest silence between chunks once a stream's content started, seconds as float;
     None: off."""
-    cooldown: Cooldown | None = None
+    cooldown: Cooldown | None = Field(default=None, frozen=True)
     """Opt-in circuit breaker: skip a member for a while after repeated failures."""
-    mid_stream: str = "restart"
+    mid_stream: str = Field(default="restart", frozen=True)
     """A stream that fails after content: ``"restart"`` on the next member (with the
     event), ``"continue"`` from the delivered text on a member that takes an assistant
     prefill (``ChatAnthropic``; else restart with the event) or ``"raise"``
     ``StreamInterruptedError``."""
-    classifier: Callable[[BaseException], bool] | None = Field(default=None, exclude=True)
+    classifier: Callable[[BaseException], bool] | None = Field(
+        default=None, exclude=True, frozen=True
+    )
     """Replaces the default transient rule, e.g. ``TransientClassifier.with_server_errors()``."""
-    member_profiles: list[MemberProfile | None] | None = Field(default=None, exclude=True)
+    member_profiles: list[MemberProfile | None] | None = Field(
+        default=None, exclude=True, frozen=True
+    )
     """Per member, what the chain should know beyond (or instead of) its LangChain model
     profile: e.g. ``MemberProfile(context_window=128_000)``; declared fields win."""
-    hedge_after: float | None = None
+    hedge_after: float | None = Field(default=None, frozen=True)
     """Hedged requests (default None: off): a member that has sent no content within
     this many seconds (given as a number or a ``timedelta``, read back as seconds as
     float) is joined by the next member on the same request; the first to produce content
     wins and the other is cancelled. Up to 2x requests; see ``docs/fallback.md``."""
-    member_retry: RetryPolicy | None = Field(default=None, exclude=True)
+    member_retry: RetryPolicy | None = Field(default=None, exclude=True, frozen=True)
     """Retry a member that answered 429 (``Retry-After`` within the policy's
     ``max_delay``) or a 5xx before moving on; None (the default): each member once."""
     member_kwargs: list[dict[str, Any]] | None = Field(default=None, exclude=True)

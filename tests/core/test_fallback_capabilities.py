@@ -68,6 +68,20 @@ def test_what_a_member_does_not_state_neither_raises_nor_lowers_the_chain(
     assert merge_capabilities(members) == expected
 
 
+def test_the_declared_member_profiles_win_under_the_framework_s_own_keys() -> None:
+    merged = merge_capabilities(
+        [{"max_input_tokens": 1_000_000, "tool_calling": True}, None],
+        [
+            MemberProfile(context_window=32_000, assistant_prefill=True),
+            MemberProfile(tool_calling=True),
+        ],
+        {"context_window": "max_input_tokens", "tool_calling": "tool_calling"},
+    )
+
+    # A deployment capped at 32k bounds the chain; assistant_prefill has no key here.
+    assert merged == {"max_input_tokens": 32_000, "tool_calling": True}
+
+
 # -- what one member can do ------------------------------------------------------------
 
 

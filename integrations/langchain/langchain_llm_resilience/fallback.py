@@ -254,7 +254,8 @@ class FallbackChatModel(BaseChatModel):
             return read_from_primary(self, name, self.__dict__.get("models"), missing)
 
     def _resolve_model_profile(self) -> ModelProfile | None:
-        merged = merge_capabilities([model.profile for model in self.models])
+        profiles = [model.profile for model in self.models]
+        merged = merge_capabilities(profiles, self.member_profiles, _PROFILE_KEYS)
         return ModelProfile(**merged) if merged else None  # type: ignore[typeddict-item]
 
     # -- calls ---------------------------------------------------------------------
@@ -564,17 +565,20 @@ class FallbackChatModel(BaseChatModel):
 _PREFILL_CLASSES = (("langchain_anthropic", "ChatAnthropic"),)
 
 
+#: Each ``MemberProfile`` field's key in a LangChain model profile.
+_PROFILE_KEYS = {
+    "context_window": "max_input_tokens",
+    "tool_calling": "tool_calling",
+    "image_inputs": "image_inputs",
+    "structured_output": "structured_output",
+}
+
+
 def _known_profile(model: BaseChatModel) -> MemberProfile | None:
     """What a member's LangChain model profile says, in the core's terms."""
     profile = getattr(model, "profile", None) or {}
-    return member_profile(
-        model,
-        context_window=profile.get("max_input_tokens"),
-        tool_calling=profile.get("tool_calling"),
-        image_inputs=profile.get("image_inputs"),
-        structured_output=profile.get("structured_output"),
-        prefill_classes=_PREFILL_CLASSES,
-    )
+    facts = {field: profile.get(key) for field, key in _PROFILE_KEYS.items()}
+    return member_profile(model, **facts, prefill_classes=_PREFILL_CLASSES)
 
 
 #: The call arguments :func:`_request_needs` reads: a request without any of them (and

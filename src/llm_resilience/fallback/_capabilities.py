@@ -98,11 +98,19 @@ structured_output=None, assistant_prefill=None)
     return None if profile == MemberProfile() else profile
 
 
-def merge_capabilities(members: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+def merge_capabilities(
+    members: Sequence[Mapping[str, Any] | None],
+    declared: Sequence[MemberProfile | None] | None = None,
+    names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """What a chain can do, from what each member can do (a mapping per member, or None).
 
     Keys are the framework's own (``max_input_tokens``, ``num_output``,
-    ``tool_calling``, ...); a key a member lacks, or a None member, is unknown there:
+    ``tool_calling``, ...). ``declared`` (the chain's ``member_profiles``, one
+    :class:`MemberProfile` or None per member) wins over a member's mapping, each field
+    under the framework key ``names`` gives it (``{"context_window": "max_input_tokens"}``;
+    a field ``names`` leaves out has no key in that framework). A key a member lacks, or
+    a None member, is unknown there:
 
     * a limit (an ``int``): the smallest positive value any member states; a member that
       states none, or 0 or less ("unknown", as LlamaIndex's ``num_output=-1``), sets no
@@ -114,6 +122,10 @@ def merge_capabilities(members: Sequence[Mapping[str, Any] | None]) -> dict[str,
     >>> merge_capabilities([{"num_output": -1, "pdf_inputs": True}, {"num_output": 512}])
     {'num_output': 512}
     """
+    if declared is not None:
+        members = [
+            _over(member, mine, names or {}) for member, mine in zip(members, declared, strict=True)
+        ]
     keys = sorted({key for member in members if member for key in member})
     merged: dict[str, Any] = {}
     for key in keys:
@@ -131,6 +143,20 @@ def merge_capabilities(members: Sequence[Mapping[str, Any] | None]) -> dict[str,
         elif len(stated) == len(values) and all(value == stated[0] for value in stated):
             merged[key] = stated[0]
     return merged
+
+
+def _over(
+    member: Mapping[str, Any] | None, declared: MemberProfile | None, names: Mapping[str, str]
+) -> Mapping[str, Any] | None:
+    """``member``'s capabilities with the fields ``declared`` states put over them."""
+    if declared is None:
+        return member
+    stated = {
+        key: value
+        for field, key in names.items()
+        if (value := getattr(declared, field)) is not None
+    }
+    return {**(member or {}), **stated}
 
 
 def _is_count(value: object) -> TypeGuard[int]:

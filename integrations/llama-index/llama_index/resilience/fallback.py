@@ -282,12 +282,17 @@ class FallbackLLM(FunctionCallingLLM):
 
         ``context_window`` and ``num_output``: the smallest positive value among the
         members (non-positive values mean "unknown", as OpenAI's ``num_output=-1``; -1
-        when no member states one). ``is_chat_model``/``is_function_calling_model``: true
-        only if true for every member. ``model_name``: ``"fallback(a,b)"``.
-        ``system_role``: the first member's.
+        when no member states one), a ``member_profiles`` declaration winning over a
+        member's own ``context_window`` and ``is_function_calling_model``.
+        ``is_chat_model``/``is_function_calling_model``: true only if true for every
+        member. ``model_name``: ``"fallback(a,b)"``. ``system_role``: the first member's.
         """
         members = [member.metadata for member in self.llms]
-        merged = merge_capabilities([dict(m.model_dump(include=_MERGED_METADATA)) for m in members])
+        merged = merge_capabilities(
+            [m.model_dump(include=_MERGED_METADATA) for m in members],
+            self.member_profiles,
+            {"context_window": "context_window", "tool_calling": "is_function_calling_model"},
+        )
         return LLMMetadata(
             context_window=merged.get("context_window", -1),
             num_output=merged.get("num_output", -1),

@@ -4,23 +4,36 @@ LangChain's ``stream``/``astream`` do not hand ``_stream`` its run manager, so t
 outermost layer of a stack names the run itself and passes a :class:`RestartSink` down
 through the call's keyword arguments (under :data:`SINK_KWARG`, which every layer keeps
 out of traced parameters and out of what a provider receives). The
-``FallbackChatModel`` below sends :data:`STREAM_RESTART_EVENT` through it.
+``FallbackChatModel`` below sends :data:`STREAM_RESTART_EVENT` through it (or, with no
+sink, to its own run's handlers): :func:`restart_hook` and :func:`arestart_hook` are the
+chain's ``on_restart`` hooks. The event's data is the core's
+:meth:`~llm_resilience.fallback.StreamRestart.payload`, wrapped and nothing more.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from uuid import UUID, uuid4
 
-from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
+from langchain_core.callbacks import (
+    AsyncCallbackManager,
+    AsyncCallbackManagerForLLMRun,
+    CallbackManager,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.callbacks.manager import ahandle_event, handle_event
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig, ensure_config
 
-__all__ = ["SINK_KWARG", "STREAM_RESTART_EVENT", "RestartSink"]
+from llm_resilience.fallback import StreamRestart
+
+__all__ = ["SINK_KWARG", "STREAM_RESTART_EVENT", "RestartSink", "arestart_hook", "restart_hook"]
 
 #: Name of the custom callback event sent when a stream restarts on the next model.
 #: Its data is ``{"failed_client": int, "next_client": int, "chunks": int,
-#: "error_type": str}``; a consumer should drop what it accumulated so far.
+#: "error_type": str, "continued": bool}``; unless ``continued``, a consumer should drop
+#: what it accumulated so far.
 STREAM_RESTART_EVENT = "llm_resilience.stream_restart"
 
 
@@ -61,10 +74,55 @@ class RestartSink:
             model.metadata,
         )
 
-    def emit(self, data: dict[str, Any]) -> None:
+    def emit(self, data: Mapping[str, Any]) -> None:
         manager = self._configure(CallbackManager)
         manager.on_custom_event(STREAM_RESTART_EVENT, data, run_id=self._run_id)
 
-    async def aemit(self, data: dict[str, Any]) -> None:
+    async def aemit(self, data: Mapping[str, Any]) -> None:
         manager = self._configure(AsyncCallbackManager)
         await manager.on_custom_event(STREAM_RESTART_EVENT, data, run_id=self._run_id)
+
+
+def restart_hook(
+    kwargs: Mapping[str, Any], run_manager: CallbackManagerForLLMRun | None
+) -> Callable[[StreamRestart], None]:
+    """A sync stream's ``on_restart``: the event to the sink in ``kwargs``, else to the run."""
+    sink: RestartSink | None = kwargs.get(SINK_KWARG)
+
+    def restarted(restart: StreamRestart) -> None:
+        if sink is not None:
+            sink.emit(restart.payload())
+        elif run_manager is not None and run_manager.handlers:
+            args, options = _run_event(run_manager, restart)
+            handle_event(*args, **options)
+
+    return restarted
+
+
+def arestart_hook(
+    kwargs: Mapping[str, Any], run_manager: AsyncCallbackManagerForLLMRun | None
+) -> Callable[[StreamRestart], Awaitable[None]]:
+    """An async stream's ``on_restart``, as :func:`restart_hook`."""
+    sink: RestartSink | None = kwargs.get(SINK_KWARG)
+
+    async def restarted(restart: StreamRestart) -> None:
+        if sink is not None:
+            await sink.aemit(restart.payload())
+        elif run_manager is not None and run_manager.handlers:
+            args, options = _run_event(run_manager, restart)
+            await ahandle_event(*args, **options)
+
+    return restarted
+
+
+def _run_event(
+    run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun, restart: StreamRestart
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of LangChain's ``(a)handle_event`` for the event on the run's handlers."""
+    args = (run_manager.handlers, "on_custom_event", "ignore_custom_event")
+    options = {
+        "run_id": run_manager.run_id,
+        "tags": run_manager.tags,
+        "metadata": run_manager.metadata,
+    }
+    return (*args, STREAM_RESTART_EVENT, restart.payload()), options

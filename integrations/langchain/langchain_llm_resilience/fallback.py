@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from datetime import timedelta
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -18,7 +17,6 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
-from langchain_core.callbacks.manager import ahandle_event, handle_event
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -47,7 +45,13 @@ from langchain_llm_resilience._delegate import (
     unbind,
     without_tracing,
 )
-from langchain_llm_resilience._restart import SINK_KWARG, STREAM_RESTART_EVENT, RestartSink
+from langchain_llm_resilience._restart import (
+    SINK_KWARG,
+    STREAM_RESTART_EVENT,
+    RestartSink,
+    arestart_hook,
+    restart_hook,
+)
 from langchain_llm_resilience.cost import token_details
 from llm_resilience.budget import served_model
 from llm_resilience.fallback import (
@@ -57,10 +61,10 @@ from llm_resilience.fallback import (
     MemberHealth,
     MemberProfile,
     RequestNeeds,
-    StreamRestart,
-    resolve_member_profiles,
+    member_profile,
+    merge_capabilities,
+    read_from_primary,
 )
-from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
@@ -83,8 +87,9 @@ class FallbackChatModel(BaseChatModel):
 
     A 429, a 503, a dropped connection or a timeout on one model sends the same request
     to the next one at once; any other error propagates. Three time limits (seconds or
-    ``timedelta``, each default None = off) count only time spent waiting on a member,
-    never time your code holds a chunk: ``per_client_timeout`` bounds each attempt's
+    ``timedelta``, read back as seconds as float; each default None = off) count only
+    time spent waiting on a member, never time your code holds a chunk:
+    ``per_client_timeout`` bounds each attempt's
     waits together; ``first_token_timeout`` bounds the wait for a stream's first content
     (and an ``invoke``'s whole response); ``idle_timeout`` bounds each silence once a
     stream's content has started, so a stalled stream restarts on the next model.
@@ -107,9 +112,11 @@ class FallbackChatModel(BaseChatModel):
     ``bind_tools`` and ``with_structured_output`` bind every member (each in its own
     provider's format), so a fallback keeps the tools. Attributes the chain does not have
     are read from the first member, as ``with_fallbacks`` reads them
-    (``model.model_name``, ``model.temperature``); writes stay on the chain. Members
-    should be built with ``max_retries=0``: a model that retries by itself delays
-    failover by its whole retry schedule (a warning says so once).
+    (``model.model_name``, ``model.temperature``); writes stay on the chain, whose
+    options are fixed at construction (setting one raises pydantic's frozen-field
+    ``ValidationError``, a ``ValueError``). Members should be built with
+    ``max_retries=0``: a model that retries by itself delays failover by its whole retry
+    schedule (a warning says so once).
 
     A prompt too long for a member (LangChain's ``ContextOverflowError``) goes to the
     next member whose context window is larger, and propagates when there is none; a
@@ -128,32 +135,39 @@ class FallbackChatModel(BaseChatModel):
     restarts_streams: ClassVar[bool] = True
     """Sends the restart event to a sink an outer layer's ``stream`` passes down."""
 
-    models: list[BaseChatModel]
+    models: list[BaseChatModel] = Field(frozen=True)
     """The members, in the order they are tried (at least 2)."""
-    per_client_timeout: float | timedelta | None = None
-    """Upper bound on each attempt, in seconds or a ``timedelta``; None is unbounded."""
-    first_token_timeout: float | timedelta | None = None
-    """Longest wait for a stream's first content (an ``invoke``'s whole reply); None: off."""
-    idle_timeout: float | timedelta | None = None
-    """Longest silence between chunks once a stream's content started; None: off."""
-    cooldown: Cooldown | None = None
+    per_client_timeout: float | None = Field(default=None, frozen=True)
+    """Upper bound on each attempt (given as seconds or a ``timedelta``, read back as
+    seconds as float); None is unbounded."""
+    first_token_timeout: float | None = Field(default=None, frozen=True)
+    """Longest wait for a stream's first content (an ``invoke``'s whole reply), seconds as
+    float; None: off."""
+    idle_timeout: float | None = Field(default=None, frozen=True)
+    """Longest silence between chunks once a stream's content started, seconds as float;
+    None: off."""
+    cooldown: Cooldown | None = Field(default=None, frozen=True)
     """Opt-in circuit breaker: skip a member for a while after repeated failures."""
-    mid_stream: str = "restart"
+    mid_stream: str = Field(default="restart", frozen=True)
     """A stream that fails after content: ``"restart"`` on the next member (with the
     event), ``"continue"`` from the delivered text on a member that takes an assistant
     prefill (``ChatAnthropic``; else restart with the event) or ``"raise"``
     ``StreamInterruptedError``."""
-    classifier: Callable[[BaseException], bool] | None = Field(default=None, exclude=True)
+    classifier: Callable[[BaseException], bool] | None = Field(
+        default=None, exclude=True, frozen=True
+    )
     """Replaces the default transient rule, e.g. ``TransientClassifier.with_server_errors()``."""
-    member_profiles: list[MemberProfile | None] | None = Field(default=None, exclude=True)
+    member_profiles: list[MemberProfile | None] | None = Field(
+        default=None, exclude=True, frozen=True
+    )
     """Per member, what the chain should know beyond (or instead of) its LangChain model
     profile: e.g. ``MemberProfile(context_window=128_000)``; declared fields win."""
-    hedge_after: float | timedelta | None = None
+    hedge_after: float | None = Field(default=None, frozen=True)
     """Hedged requests (default None: off): a member that has sent no content within
-    this many seconds is joined by the next member on the same request; the first to
-    produce content wins and the other is cancelled. Up to 2x requests; see
-    ``docs/fallback.md``."""
-    member_retry: RetryPolicy | None = Field(default=None, exclude=True)
+    this many seconds (given as a number or a ``timedelta``, read back as seconds as
+    float) is joined by the next member on the same request; the first to produce content
+    wins and the other is cancelled. Up to 2x requests; see ``docs/fallback.md``."""
+    member_retry: RetryPolicy | None = Field(default=None, exclude=True, frozen=True)
     """Retry a member that answered 429 (``Retry-After`` within the policy's
     ``max_delay``) or a 5xx before moving on; None (the default): each member once."""
     member_kwargs: list[dict[str, Any]] | None = Field(default=None, exclude=True)
@@ -178,10 +192,8 @@ class FallbackChatModel(BaseChatModel):
             hedge_after=data.get("hedge_after"),
             mid_stream=data.get("mid_stream", "restart"),
             clients_option="models",
-            member_profiles=resolve_member_profiles(
-                data.get("member_profiles"),
-                [_known_profile(model) for model in models],  # type: ignore[union-attr]
-            ),
+            member_profiles=data.get("member_profiles"),
+            profile_of=_known_profile,
         )
         member_kwargs = data.get("member_kwargs")
         if member_kwargs is not None and len(member_kwargs) != len(chain.clients):
@@ -189,7 +201,8 @@ class FallbackChatModel(BaseChatModel):
                 f"member_kwargs must hold one dict per model ({len(chain.clients)}); "
                 f"got {len(member_kwargs)}"
             )
-        super().__init__(**data)
+        # Every duration reads back as the chain's seconds as float, whatever its spelling.
+        super().__init__(**{**data, **chain.durations})
         self._chain = chain
 
     # -- identity ------------------------------------------------------------------
@@ -204,7 +217,7 @@ class FallbackChatModel(BaseChatModel):
             "models": [
                 {"type": model._llm_type, **model._identifying_params} for model in self.models
             ],
-            "per_client_timeout": str(self.per_client_timeout),
+            "per_client_timeout": self.per_client_timeout,
         }
 
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
@@ -240,7 +253,9 @@ class FallbackChatModel(BaseChatModel):
             return read_from_primary(self, name, self.__dict__.get("models"), missing)
 
     def _resolve_model_profile(self) -> ModelProfile | None:
-        return _merge_profiles([model.profile for model in self.models])
+        profiles = [model.profile for model in self.models]
+        merged = merge_capabilities(profiles, self.member_profiles, _PROFILE_KEYS)
+        return ModelProfile(**merged) if merged else None  # type: ignore[typeddict-item]
 
     # -- calls ---------------------------------------------------------------------
 
@@ -372,28 +387,11 @@ class FallbackChatModel(BaseChatModel):
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
-        sink: RestartSink | None = kwargs.get(SINK_KWARG)
-
-        def restarted(restart: StreamRestart) -> None:
-            if sink is not None:
-                sink.emit(_restart_data(restart))
-            elif run_manager is not None and run_manager.handlers:
-                handle_event(
-                    run_manager.handlers,
-                    "on_custom_event",
-                    "ignore_custom_event",
-                    STREAM_RESTART_EVENT,
-                    _restart_data(restart),
-                    run_id=run_manager.run_id,
-                    tags=run_manager.tags,
-                    metadata=run_manager.metadata,
-                )
-
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         yield from chain.stream(
             attempt,
             is_content=_has_content,
-            on_restart=restarted,
+            on_restart=restart_hook(kwargs, run_manager),
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
@@ -426,28 +424,11 @@ class FallbackChatModel(BaseChatModel):
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
-        sink: RestartSink | None = kwargs.get(SINK_KWARG)
-
-        async def restarted(restart: StreamRestart) -> None:
-            if sink is not None:
-                await sink.aemit(_restart_data(restart))
-            elif run_manager is not None and run_manager.handlers:
-                await ahandle_event(
-                    run_manager.handlers,
-                    "on_custom_event",
-                    "ignore_custom_event",
-                    STREAM_RESTART_EVENT,
-                    _restart_data(restart),
-                    run_id=run_manager.run_id,
-                    tags=run_manager.tags,
-                    metadata=run_manager.metadata,
-                )
-
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         async for chunk in chain.astream(
             attempt,
             is_content=_has_content,
-            on_restart=restarted,
+            on_restart=arestart_hook(kwargs, run_manager),
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
@@ -578,31 +559,25 @@ class FallbackChatModel(BaseChatModel):
 # -- helpers -------------------------------------------------------------------------
 
 
+#: The LangChain classes known to take an assistant prefill: Anthropic's Messages API does
+#: (LangChain profiles say nothing of it).
+_PREFILL_CLASSES = (("langchain_anthropic", "ChatAnthropic"),)
+
+
+#: Each ``MemberProfile`` field's key in a LangChain model profile.
+_PROFILE_KEYS = {
+    "context_window": "max_input_tokens",
+    "tool_calling": "tool_calling",
+    "image_inputs": "image_inputs",
+    "structured_output": "structured_output",
+}
+
+
 def _known_profile(model: BaseChatModel) -> MemberProfile | None:
-    """What a member's LangChain model profile says, as the core's description of it.
-
-    LangChain profiles say nothing of assistant prefill; Anthropic's Messages API takes
-    one, so a ``ChatAnthropic`` (or a subclass) is known to.
-    """
-    prefill = True if _is_anthropic(model) else None
-    profile = getattr(model, "profile", None)
-    if not profile:
-        return MemberProfile(assistant_prefill=True) if prefill else None
-    window = profile.get("max_input_tokens")
-    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 10**9:
-        window = None
-    flags = {
-        name: value if isinstance(value := profile.get(name), bool) else None
-        for name in ("tool_calling", "image_inputs", "structured_output")
-    }
-    return MemberProfile(context_window=window, assistant_prefill=prefill, **flags)
-
-
-def _is_anthropic(model: BaseChatModel) -> bool:
-    return any(
-        klass.__name__ == "ChatAnthropic" and klass.__module__.startswith("langchain_anthropic")
-        for klass in type(model).__mro__
-    )
+    """What a member's LangChain model profile says, in the core's terms."""
+    profile = getattr(model, "profile", None) or {}
+    facts = {field: profile.get(key) for field, key in _PROFILE_KEYS.items()}
+    return member_profile(model, **facts, prefill_classes=_PREFILL_CLASSES)
 
 
 #: The call arguments :func:`_request_needs` reads: a request without any of them (and
@@ -760,31 +735,3 @@ def _drop_text(chunk: ChatGenerationChunk, count: int) -> ChatGenerationChunk:
         content = blocks
     trimmed = message.model_copy(update={"content": content})
     return ChatGenerationChunk(message=trimmed, generation_info=chunk.generation_info)
-
-
-def _restart_data(restart: StreamRestart) -> dict[str, Any]:
-    return {
-        "failed_client": restart.failed_client,
-        "next_client": restart.next_client,
-        "chunks": restart.chunks,
-        "error_type": type(restart.error).__name__,
-        "continued": restart.continued,
-    }
-
-
-def _merge_profiles(profiles: list[ModelProfile | None]) -> ModelProfile | None:
-    """What every member can do: limits are the minimum, flags hold only if all agree."""
-    known = [profile for profile in profiles if profile]
-    if len(known) != len(profiles) or not known:
-        return None
-    merged: dict[str, Any] = {}
-    common = set(known[0]).intersection(*known[1:])
-    for key in sorted(common):
-        values = [profile[key] for profile in known]  # type: ignore[literal-required]
-        if all(isinstance(value, bool) for value in values):
-            merged[key] = all(values)
-        elif all(isinstance(value, int) for value in values):
-            merged[key] = min(values)
-        elif all(value == values[0] for value in values):
-            merged[key] = values[0]
-    return ModelProfile(**merged)  # type: ignore[typeddict-item,no-any-return]

@@ -23,7 +23,7 @@ from langchain_llm_resilience.testing import (
     ScriptedChatModel,
     service_unavailable_error,
 )
-from llm_resilience import Cooldown, PerClientTimeoutError, TransientClassifier
+from llm_resilience import Cooldown, MemberProfile, PerClientTimeoutError, TransientClassifier
 
 
 class RunRecorder(BaseCallbackHandler):
@@ -367,6 +367,17 @@ def test_profile_is_what_every_member_supports() -> None:
         "tool_calling": True,
         "image_inputs": False,
     }
+
+
+def test_profile_takes_the_declared_member_profiles_over_the_members_own() -> None:
+    model = FallbackChatModel(
+        models=[
+            ScriptedChatModel(profile={"max_input_tokens": 1_000_000, "tool_calling": True}),
+            ScriptedChatModel(),
+        ],
+        member_profiles=[MemberProfile(context_window=32_000), MemberProfile(tool_calling=True)],
+    )
+    assert model.profile == {"max_input_tokens": 32_000, "tool_calling": True}
 
 
 # -- construction ---------------------------------------------------------------------------

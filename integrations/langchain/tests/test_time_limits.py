@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -280,6 +281,21 @@ def test_the_time_limits_are_validated_and_read_back_on_the_model() -> None:
     builder: Callable[..., Any] = FallbackChatModel
     with pytest.raises(ValueError, match="first_token_timeout must be None, a number"):
         builder(models=_fake_members(), first_token_timeout="soon")
+
+
+@pytest.mark.parametrize("spelling", [30, 30.0, timedelta(seconds=30)], ids=["int", "float", "td"])
+def test_a_duration_reads_back_and_keys_the_cache_as_seconds_as_float_whatever_its_spelling(
+    spelling: float | timedelta,
+) -> None:
+    model = FallbackChatModel(
+        models=_fake_members(), per_client_timeout=spelling, hedge_after=spelling / 10
+    )
+    reference = FallbackChatModel(models=_fake_members(), per_client_timeout=30.0, hedge_after=3.0)
+
+    assert (model.per_client_timeout, model.hedge_after) == (30.0, 3.0)
+    assert type(model.per_client_timeout) is float
+    assert model._identifying_params == reference._identifying_params
+    assert model._identifying_params["per_client_timeout"] == 30.0
 
 
 def test_the_builder_passes_the_time_limits_to_the_fallback_chain() -> None:

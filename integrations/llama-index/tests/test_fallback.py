@@ -25,7 +25,7 @@ from llama_index.resilience.testing import (
     rate_limit_error,
 )
 
-from llm_resilience import Cooldown, PerClientTimeoutError
+from llm_resilience import Cooldown, MemberProfile, PerClientTimeoutError
 from llm_resilience.errors import NoCapableMemberError
 
 CHAT = ["chat", "achat", "stream_chat", "astream_chat"]
@@ -525,6 +525,19 @@ def test_metadata_is_the_conservative_merge_of_the_members() -> None:
     assert metadata.is_chat_model is True
     assert metadata.is_function_calling_model is False
     assert metadata.model_name == "fallback(big,small)"
+
+
+def test_metadata_takes_the_declared_member_profiles_over_the_members_own() -> None:
+    big = FakeFunctionCallingLLM(model_name="big", context_window=200_000)
+    small = FakeFunctionCallingLLM(
+        model_name="small", context_window=8_000, is_function_calling_model=False
+    )
+    profiles = [MemberProfile(context_window=4_000), MemberProfile(tool_calling=True)]
+
+    metadata = FallbackLLM(llms=[big, small], member_profiles=profiles).metadata
+
+    assert metadata.context_window == 4_000
+    assert metadata.is_function_calling_model is True
 
 
 def test_find_layer_looks_at_itself_then_at_each_member_in_order() -> None:

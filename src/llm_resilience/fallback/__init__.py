@@ -36,8 +36,11 @@ Rules, in short (``docs/fallback.md`` has the long form):
   each client's circuit (:class:`MemberHealth`).
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
-``_breaker`` (the cooldown breaker), ``_routing`` (``MemberProfile``, ``RequestNeeds``:
-which member may take a request, where a prompt too long goes), ``_continuation``
+``_breaker`` (the cooldown breaker), ``_capabilities`` (what a member, and so the chain,
+can do: :func:`member_profile`, :func:`merge_capabilities`), ``_attributes`` (a chain's
+unknown attributes read from its first member: :func:`read_from_primary`), ``_routing``
+(``MemberProfile``, ``RequestNeeds``: which member may take a request, where a prompt
+too long goes), ``_continuation``
 (``mid_stream="continue"``: prefill, whitespace, a rejected prefill), ``_engine``
 (``FallbackChain``), ``_deadlines`` (the time limits of one attempt), ``_sources`` and
 ``_workers`` (sync attempts under a deadline, on reused threads), ``_member_retry``
@@ -49,7 +52,9 @@ What retries by itself (a member that would delay failover) is
 :mod:`llm_resilience.self_retry`'s, shared with the retry wrappers.
 """
 
+from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.fallback._breaker import MemberHealth
+from llm_resilience.fallback._capabilities import member_profile, merge_capabilities
 from llm_resilience.fallback._continuation import is_prefill_rejection
 from llm_resilience.fallback._engine import FallbackChain
 from llm_resilience.fallback._hedge import LoserUsage
@@ -61,7 +66,6 @@ from llm_resilience.fallback._routing import (
     RequestNeeds,
     context_limit_of,
     is_context_overflow,
-    resolve_member_profiles,
 )
 
 __all__ = [
@@ -75,5 +79,7 @@ __all__ = [
     "context_limit_of",
     "is_context_overflow",
     "is_prefill_rejection",
-    "resolve_member_profiles",
+    "member_profile",
+    "merge_capabilities",
+    "read_from_primary",
 ]

@@ -51,6 +51,7 @@ from llm_resilience.fallback._routing import (
     RequestNeeds,
     _Routing,
     is_context_overflow,
+    resolve_member_profiles,
 )
 from llm_resilience.fallback._sources import (
     _aclose,
@@ -105,7 +106,10 @@ class FallbackChain(Generic[ClientT]):
     knows of each client: a prompt too long for one client goes on to the next client
     whose ``context_window`` is larger (never back, never to one not known to be larger),
     and a call's ``needs=`` (a :class:`RequestNeeds`, or one per client) skips the clients
-    known not to support it; see :mod:`llm_resilience.fallback._routing`.
+    known not to support it; see :mod:`llm_resilience.fallback._routing`. ``profile_of``
+    (an adapter's reader, e.g. of a framework's model profile; see
+    :func:`~llm_resilience.fallback.member_profile`) says what is known of a client
+    otherwise; the fields ``member_profiles`` declares win over it.
 
     ``member_retry`` (a :class:`~llm_resilience.RetryPolicy`; default None: each client
     once) retries a client that answered 429 or a 5xx before moving on: a
@@ -154,6 +158,7 @@ class FallbackChain(Generic[ClientT]):
         on_restart: RestartHook | None = None,
         mid_stream: str = "restart",
         member_profiles: Sequence[MemberProfile | None] | None = None,
+        profile_of: Callable[[ClientT], MemberProfile | None] | None = None,
         member_retry: RetryPolicy | None = None,
         hedge_after: float | timedelta | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -205,6 +210,10 @@ class FallbackChain(Generic[ClientT]):
         self._classifier: Classifier = classifier if classifier is not None else is_transient
         self._breaker = _Breaker(cooldown, len(self.clients), clock) if cooldown else None
         self._on_restart = on_restart
+        if profile_of is not None:
+            member_profiles = resolve_member_profiles(
+                member_profiles, [profile_of(client) for client in self.clients]
+            )
         self._routing = _Routing(member_profiles, len(self.clients), option="member_profiles")
         policy = member_retry_option(member_retry)
         #: The policy a failing client is retried under before the chain moves on, or None.
@@ -218,6 +227,24 @@ class FallbackChain(Generic[ClientT]):
     def layers_below(self) -> tuple[ClientT, ...]:
         """The clients, in the order they are tried (the core's layer contract)."""
         return self.clients
+
+    @property
+    def durations(self) -> dict[str, float | None]:
+        """Every duration option of the chain, read back as seconds as ``float`` (None: off).
+
+        The one read-back form, whatever spelling built the chain (``30``, ``30.0`` or
+        ``timedelta(seconds=30)``), so an adapter shows and keys on the same value.
+
+        >>> FallbackChain(["a", "b"], per_client_timeout=timedelta(seconds=30)).durations
+        {'per_client_timeout': 30.0, 'first_token_timeout': None, 'idle_timeout': None, \
+'hedge_after': None}
+        """
+        return {
+            "per_client_timeout": self.per_client_timeout,
+            "first_token_timeout": self.first_token_timeout,
+            "idle_timeout": self.idle_timeout,
+            "hedge_after": self.hedge_after,
+        }
 
     def health(self) -> tuple[MemberHealth, ...]:
         """Each client's circuit, in client order: state, failures in window, open until.

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from llm_resilience.checks import OptionTypeError, seconds, whole
 
-__all__ = ["MID_STREAM_POLICIES", "Classifier", "Cooldown", "RestartHook", "StreamRestart"]
+__all__ = [
+    "MID_STREAM_POLICIES",
+    "Classifier",
+    "Cooldown",
+    "RestartHook",
+    "RestartPayload",
+    "StreamRestart",
+]
 
 Classifier = Callable[[BaseException], bool]
 
@@ -71,6 +79,17 @@ class Cooldown:
             )
 
 
+class RestartPayload(TypedDict):
+    """What a restart event carries (:meth:`StreamRestart.payload`): no text, ever."""
+
+    failed_client: int
+    next_client: int
+    chunks: int
+    #: The failure's class name, never its message (which may quote provider output).
+    error_type: str
+    continued: bool
+
+
 @dataclass(frozen=True, slots=True)
 class StreamRestart:
     """What an ``on_restart`` hook is told when a stream goes on after a failure mid-way.
@@ -93,6 +112,22 @@ class StreamRestart:
     error: BaseException
     #: True when the next client continues from the delivered text; False on a restart.
     continued: bool = False
+
+    def payload(self) -> RestartPayload:
+        """The fields a restart event carries to a consumer: indexes, counts and the
+        failure's class name, never its message (which may quote provider output).
+
+        >>> StreamRestart(0, 1, chunks=3, error=TimeoutError("slow")).payload()
+        {'failed_client': 0, 'next_client': 1, 'chunks': 3, 'error_type': 'TimeoutError', \
+'continued': False}
+        """
+        return {
+            "failed_client": self.failed_client,
+            "next_client": self.next_client,
+            "chunks": self.chunks,
+            "error_type": type(self.error).__name__,
+            "continued": self.continued,
+        }
 
 
 RestartHook = Callable[[StreamRestart], object]

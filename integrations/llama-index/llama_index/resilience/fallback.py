@@ -19,19 +19,14 @@ Three translation rules are worth knowing:
 * **Tools are prepared per member.** ``chat_with_tools`` and its async and streaming
   siblings hand each attempt's member the original tools and messages, and the member
   builds its own request with its own ``_prepare_chat_with_tools`` (OpenAI and Anthropic
-  tool schemas differ). Each member gets its own copy of the chat history.
+  tool schemas differ). Each member gets its own copy of the chat history
+  (:mod:`llama_index.resilience._tool_request`).
 * **One event pair per call.** The wrapper's public methods carry LlamaIndex's
   ``llm_chat_callback``/``llm_completion_callback`` and the dispatcher's span, so one user
   call emits one ``CBEventType.LLM`` start/end pair and one ``LLMChatStartEvent`` /
   ``LLMChatEndEvent`` (or completion) pair. Members are called *below* their own
-  decorators: the undecorated method is recovered from the dispatcher's ``wrapt`` proxy
-  (``__wrapped__``) and from the callback decorator's closure (which does not keep a
-  ``__wrapped__`` reference). A member's ``rate_limiter``, which that decorator would
-  have applied, is acquired by the adapter instead. A member whose method does not
-  carry those decorators is called as it is. Swapping a member's ``callback_manager``
-  would not do: instrumentation events go to global dispatchers, not to the callback
-  manager, and mutating a shared member is not thread-safe. (This machinery is
-  :func:`llama_index.resilience._delegate.undecorated_call`, shared by every layer.)
+  decorators, their ``rate_limiter`` still applied
+  (:func:`llama_index.resilience._delegate.undecorated_call`, shared by every layer).
 """
 
 from __future__ import annotations
@@ -62,17 +57,15 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 from llama_index.core.bridge.pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
-    field_serializer,
 )
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 from llama_index.resilience._delegate import undecorated_call
+from llama_index.resilience._tool_request import TOOL_REQUEST_KEY, ToolRequest, function_calling
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
 from llm_resilience.budget import served_model
@@ -84,9 +77,10 @@ from llm_resilience.fallback import (
     MemberProfile,
     RequestNeeds,
     StreamRestart,
-    resolve_member_profiles,
+    member_profile,
+    merge_capabilities,
+    read_from_primary,
 )
-from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.layers import find_layer
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
@@ -100,12 +94,14 @@ __all__ = ["SERVED_BY_KEY", "FallbackLLM"]
 
 dispatcher = get_dispatcher(__name__)
 
-# The chat kwarg that carries a tool request from ``_prepare_chat_with_tools`` to the
-# attempts, where each member prepares the tools its own way.
-_TOOL_REQUEST_KEY = "fallback_tool_request"
 
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
 _LayerT = TypeVar("_LayerT")
+
+
+def _option(description: str, exclude: bool = False) -> Any:
+    """A constructor option: None by default, fixed once the chain is built."""
+    return Field(default=None, frozen=True, exclude=exclude, description=description)
 
 
 class FallbackLLM(FunctionCallingLLM):
@@ -124,100 +120,60 @@ class FallbackLLM(FunctionCallingLLM):
         )  # query engines, agents and structured_predict now fail over
 
     ``llms`` needs at least 2 LlamaIndex ``LLM`` objects, tried in that order, each once
-    per call. A transient failure (429, 503, connection errors, timeouts; see
-    :func:`llm_resilience.is_transient`) moves on at once; any other error propagates
-    and the rest are not tried; when all fail, the last LLM's own exception is raised.
-    ``per_client_timeout`` is None (the default: unbounded) or seconds > 0 as a float or
-    ``timedelta``; a sync call that times out abandons the attempt on its worker thread,
-    which keeps running until the provider returns. ``first_token_timeout`` bounds the
-    wait for a stream's first content (and a ``chat``/``complete``'s whole response);
-    ``idle_timeout`` bounds each silence once a stream's content has started. All three
-    (None: off) count only time spent waiting on a member, never time the consumer holds
-    a chunk. A stream that fails after chunks restarts on the next LLM from the
-    beginning: chunks already yielded stay yielded, a WARNING is logged and a
-    :class:`~llama_index.resilience.events.FallbackStreamRestartEvent` is dispatched.
-    With ``mid_stream="raise"`` (default ``"restart"``) such a stream raises
-    :class:`~llm_resilience.errors.StreamInterruptedError` instead (its
-    ``delivered_text`` is the text streamed so far); a failure before any content
-    still falls through quietly. With ``mid_stream="continue"`` a ``stream_chat`` goes
-    on from the text delivered on the next LLM declared to take an assistant prefill
-    (``member_profiles=[..., MemberProfile(assistant_prefill=True)]``; LlamaIndex's
-    ``Anthropic`` is known to), sent as a last assistant ``ChatMessage``: the deltas
-    join into one answer and the event says ``continued=True``. Other LLMs, and
-    ``stream_complete``, restart with the event.
-    ``cooldown`` (a :class:`llm_resilience.Cooldown`) skips an LLM that keeps failing;
-    ``classifier`` replaces the transient rule. Options are fixed at construction.
+    per call, under the rules of :class:`llm_resilience.FallbackChain` (what is
+    transient, the time limits, restarts, cooldown, routing: ``docs/fallback.md``). Every
+    option defaults to None (off) but ``mid_stream`` (``"restart"``):
+
+    * ``per_client_timeout``, ``first_token_timeout``, ``idle_timeout``, ``hedge_after``:
+      seconds > 0 as a number or a ``timedelta``, read back as seconds as float. A sync
+      call that times out abandons its attempt on a worker thread, which runs on until
+      the provider returns (as does a sync ``chat``'s hedged loser);
+    * ``mid_stream``: a stream that fails after chunks restarts on the next LLM from the
+      beginning (chunks already yielded stay yielded; a
+      :class:`~llama_index.resilience.events.FallbackStreamRestartEvent` is dispatched);
+      ``"raise"`` raises :class:`~llm_resilience.errors.StreamInterruptedError` instead;
+      ``"continue"`` has a ``stream_chat`` go on from the text delivered, sent as a last
+      assistant ``ChatMessage`` to the next LLM that takes an assistant prefill
+      (LlamaIndex's ``Anthropic``, or one declared ``MemberProfile(assistant_prefill=True)``);
+    * ``cooldown`` (:class:`llm_resilience.Cooldown`), ``classifier`` (replaces the
+      transient rule), ``member_retry`` (:class:`llm_resilience.RetryPolicy`: retry an LLM
+      that answered 429 or a 5xx before moving on);
+    * ``member_profiles=[MemberProfile(...), None]`` declares or overrides what is known
+      per LLM beyond its ``metadata`` (``context_window``; ``is_function_calling_model``
+      of a ``FunctionCallingLLM``): a prompt too long goes to the next LLM known to be
+      larger, a ``chat_with_tools`` call (or images) skips the LLMs known not to take them.
+
     Attributes the chain does not have are read from the first LLM (``llm.model``,
-    ``llm.temperature``); writes stay on the chain.
-
-    Members that retry by themselves (LlamaIndex's ``OpenAI`` defaults to
-    ``max_retries=3``) are warned about once: their retries delay every failover.
-    ``member_retry=RetryPolicy(...)`` (default None: each LLM once) retries an LLM that
-    answered 429 (``Retry-After`` within the policy's ``max_delay``) or a 5xx before moving
-    on, a stream only before its first chunk; see ``docs/fallback.md``.
-    ``hedge_after`` (seconds or ``timedelta``; default None: off) hedges a slow first
-    token: an LLM that has produced no content within it is joined by the next LLM on the
-    same request, the first to produce content wins and the other is cancelled (up to 2x
-    requests; a sync ``chat``'s loser runs to its end on its worker thread).
-
-    A prompt too long for a member (OpenAI's ``context_length_exceeded``, Anthropic's
-    "prompt is too long") goes to the next LLM whose ``metadata.context_window`` is
-    larger, and propagates when there is none; a ``chat_with_tools`` call (or images in
-    the messages) skips the LLMs known not to take them (not a ``FunctionCallingLLM``, or
-    ``is_function_calling_model`` false). ``member_profiles=[MemberProfile(...), None]``
-    declares or overrides what is known per LLM (see :mod:`llm_resilience.fallback`).
+    ``llm.temperature``); writes stay on the chain. Members that retry by themselves
+    (LlamaIndex's ``OpenAI`` defaults to ``max_retries=3``) are warned about once.
 
     Raises ``ValueError``/``TypeError`` naming the option: fewer than 2 ``llms``, a
     member that is not an ``LLM``, a bad time limit, ``cooldown`` or ``classifier``.
     """
 
     llms: tuple[LLM, ...] = Field(frozen=True, description="The LLMs, in the order they are tried.")
-    per_client_timeout: float | None = Field(
-        default=None,
-        frozen=True,
-        description="Seconds each attempt may take (None: unbounded).",
+    per_client_timeout: float | None = _option(
+        "Seconds each attempt may take, as float (None: unbounded)."
     )
-    first_token_timeout: float | None = Field(
-        default=None,
-        frozen=True,
-        description="Seconds to wait for a stream's first content, or a call's reply (None: off).",
+    first_token_timeout: float | None = _option(
+        "Seconds to wait for a stream's first content, or a call's reply, as float (None: off)."
     )
-    idle_timeout: float | None = Field(
-        default=None,
-        frozen=True,
-        description="Seconds a stream may stay silent once content started (None: off).",
+    idle_timeout: float | None = _option(
+        "Seconds a stream may stay silent once content started, as float (None: off)."
     )
-    cooldown: Any | None = Field(
-        default=None,
-        frozen=True,
-        exclude=True,
-        description="llm_resilience.Cooldown circuit breaker, or None.",
+    cooldown: Any | None = _option("llm_resilience.Cooldown circuit breaker, or None.", True)
+    classifier: Any | None = _option(
+        "Transient-error predicate replacing llm_resilience.is_transient.", True
     )
-    classifier: Any | None = Field(
-        default=None,
-        frozen=True,
-        exclude=True,
-        description="Transient-error predicate replacing llm_resilience.is_transient.",
+    member_retry: Any | None = _option(
+        "llm_resilience.RetryPolicy retrying a member on 429/5xx first, or None.", True
     )
-    member_retry: Any | None = Field(
-        default=None,
-        frozen=True,
-        exclude=True,
-        description="llm_resilience.RetryPolicy retrying a member on 429/5xx first, or None.",
+    member_profiles: Any | None = _option(
+        "Per LLM, a MemberProfile (or None) overriding what its metadata says.", True
     )
-    member_profiles: Any | None = Field(
-        default=None,
-        frozen=True,
-        exclude=True,
-        description="Per LLM, a MemberProfile (or None) overriding what its metadata says.",
-    )
-    hedge_after: float | None = Field(
-        default=None,
-        frozen=True,
-        description=(
-            "Seconds without a first token before the next LLM also gets the request; "
-            "the first to produce content wins (None: off)."
-        ),
+    hedge_after: float | None = _option(
+        "Seconds, as float, without a first token before the next LLM also gets the request; "
+        "the first to produce content wins (None: off)."
     )
     mid_stream: str = Field(
         default="restart",
@@ -258,7 +214,8 @@ class FallbackLLM(FunctionCallingLLM):
             on_restart=_announce_restart,
             mid_stream=mid_stream,
             clients_option="llms",
-            member_profiles=_resolved_profiles(member_profiles, llms),
+            member_profiles=member_profiles,
+            profile_of=_known_profile,
             member_retry=member_retry,
             hedge_after=hedge_after,
         )
@@ -270,15 +227,12 @@ class FallbackLLM(FunctionCallingLLM):
                 )
         super().__init__(
             llms=chain.clients,
-            per_client_timeout=chain.per_client_timeout,
-            first_token_timeout=chain.first_token_timeout,
-            idle_timeout=chain.idle_timeout,
             cooldown=cooldown,
             classifier=classifier,
             member_profiles=member_profiles,
             member_retry=member_retry,
             mid_stream=chain.mid_stream,
-            hedge_after=chain.hedge_after,
+            **chain.durations,
             **kwargs,
         )
         self._chain = chain
@@ -323,19 +277,26 @@ class FallbackLLM(FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """A conservative merge of the members' metadata.
+        """What every member can do (:func:`llm_resilience.fallback.merge_capabilities`).
 
         ``context_window`` and ``num_output``: the smallest positive value among the
-        members (non-positive values mean "unknown", as OpenAI's ``num_output=-1``).
+        members (non-positive values mean "unknown", as OpenAI's ``num_output=-1``; -1
+        when no member states one), a ``member_profiles`` declaration winning over a
+        member's own ``context_window`` and ``is_function_calling_model``.
         ``is_chat_model``/``is_function_calling_model``: true only if true for every
         member. ``model_name``: ``"fallback(a,b)"``. ``system_role``: the first member's.
         """
         members = [member.metadata for member in self.llms]
+        merged = merge_capabilities(
+            [m.model_dump(include=_MERGED_METADATA) for m in members],
+            self.member_profiles,
+            {"context_window": "context_window", "tool_calling": "is_function_calling_model"},
+        )
         return LLMMetadata(
-            context_window=_smallest_known(m.context_window for m in members),
-            num_output=_smallest_known(m.num_output for m in members),
-            is_chat_model=all(m.is_chat_model for m in members),
-            is_function_calling_model=all(m.is_function_calling_model for m in members),
+            context_window=merged.get("context_window", -1),
+            num_output=merged.get("num_output", -1),
+            is_chat_model=merged.get("is_chat_model", False),
+            is_function_calling_model=merged.get("is_function_calling_model", False),
             model_name=f"fallback({','.join(m.model_name for m in members)})",
             system_role=members[0].system_role,
         )
@@ -344,7 +305,7 @@ class FallbackLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+        tool_request = kwargs.pop(TOOL_REQUEST_KEY, None)
 
         def attempt(index: int, member: LLM) -> ChatResponse:
             call = undecorated_call(member, "chat", is_async=False)
@@ -358,7 +319,7 @@ class FallbackLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+        tool_request = kwargs.pop(TOOL_REQUEST_KEY, None)
 
         async def attempt(index: int, member: LLM) -> ChatResponse:
             call = undecorated_call(member, "achat", is_async=True)
@@ -374,7 +335,7 @@ class FallbackLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+        tool_request = kwargs.pop(TOOL_REQUEST_KEY, None)
 
         def attempt(index: int, member: LLM, prefill: str | None = None) -> Iterator[ChatResponse]:
             call = undecorated_call(member, "stream_chat", is_async=False)
@@ -403,7 +364,7 @@ class FallbackLLM(FunctionCallingLLM):
     async def astream_chat(
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
-        tool_request = kwargs.pop(_TOOL_REQUEST_KEY, None)
+        tool_request = kwargs.pop(TOOL_REQUEST_KEY, None)
 
         def attempt(
             index: int, member: LLM, prefill: str | None = None
@@ -500,25 +461,15 @@ class FallbackLLM(FunctionCallingLLM):
         ``chat``/``achat``/``stream_chat``/``astream_chat`` hand to each member's
         ``_prepare_chat_with_tools``.
         """
-        history = list(chat_history or [])
-        message = (
-            ChatMessage(role=MessageRole.USER, content=user_msg)
-            if isinstance(user_msg, str)
-            else user_msg
-        )
-        request = _ToolRequest(
-            tools=tuple(tools),
+        return ToolRequest.deferred(
+            tools,
             user_msg=user_msg,
-            chat_history=tuple(history),
+            chat_history=chat_history,
             verbose=verbose,
             allow_parallel_tool_calls=allow_parallel_tool_calls,
             tool_required=tool_required,
-            kwargs=kwargs,
+            **kwargs,
         )
-        return {
-            "messages": [*history, message] if message is not None else history,
-            _TOOL_REQUEST_KEY: request,
-        }
 
     def _validate_chat_with_tools_response(
         self,
@@ -558,7 +509,7 @@ class FallbackLLM(FunctionCallingLLM):
         routed = self._route(response)
         if routed is not None:
             index, member, own = routed
-            return _function_calling(member, index).get_tool_calls_from_response(
+            return function_calling(member, index).get_tool_calls_from_response(
                 own, error_on_no_tool_call=error_on_no_tool_call, **kwargs
             )
         for member in self.llms:
@@ -596,79 +547,36 @@ class FallbackLLM(FunctionCallingLLM):
 # -- helpers ------------------------------------------------------------------------
 
 
-class _ToolRequest(BaseModel):
-    """A ``chat_with_tools`` call, kept whole until a member prepares it its own way.
+#: The metadata fields merged over the members (the rest is named below).
+_MERGED_METADATA = {"context_window", "num_output", "is_chat_model", "is_function_calling_model"}
 
-    It travels in the wrapper's chat kwargs, so it shows in the wrapper's event payloads;
-    as a pydantic model it serialises there (tools by name).
-    """
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    tools: tuple[Any, ...]
-    user_msg: str | ChatMessage | None
-    chat_history: tuple[ChatMessage, ...]
-    verbose: bool
-    allow_parallel_tool_calls: bool
-    tool_required: bool
-    kwargs: dict[str, Any]
-
-    @field_serializer("tools")
-    def _tool_names(self, tools: tuple[BaseTool, ...]) -> list[str | None]:
-        return [tool.metadata.name for tool in tools]
-
-    def prepare(self, member: LLM, index: int) -> dict[str, Any]:
-        # A fresh history list per member: some integrations append user_msg in place.
-        return _function_calling(member, index)._prepare_chat_with_tools_compat(
-            list(self.tools),
-            user_msg=self.user_msg,
-            chat_history=list(self.chat_history),
-            verbose=self.verbose,
-            allow_parallel_tool_calls=self.allow_parallel_tool_calls,
-            tool_required=self.tool_required,
-            **self.kwargs,
-        )
-
-    def __repr__(self) -> str:
-        # Shown in event payloads; names and counts only, never message text.
-        names = [tool.metadata.name for tool in self.tools]
-        return f"_ToolRequest(tools={names}, messages={len(self.chat_history)})"
-
-
-def _resolved_profiles(
-    declared: Sequence[MemberProfile | None] | None, llms: object
-) -> tuple[MemberProfile | None, ...] | None:
-    if isinstance(llms, (str, bytes)) or not isinstance(llms, Sequence):
-        return None  # the engine names the problem with ``llms``
-    return resolve_member_profiles(declared, [_known_profile(member) for member in llms])
+#: The LlamaIndex classes known to take an assistant prefill: ``Anthropic`` speaks the
+#: Messages API, which does.
+_PREFILL_CLASSES = (("llama_index.llms.anthropic", "Anthropic"),)
 
 
 def _known_profile(member: object) -> MemberProfile | None:
-    """What a member's LlamaIndex metadata says, as the core's description of it."""
+    """What a member's LlamaIndex metadata says, in the core's terms."""
     if not isinstance(member, LLM):
-        return None
-    prefill = True if _is_anthropic(member) else None
+        return None  # FallbackLLM names the problem
     try:
-        metadata = member.metadata
+        metadata: LLMMetadata | None = member.metadata
     except Exception:
-        # Some integrations raise for a model name they do not know.
-        return MemberProfile(assistant_prefill=True) if prefill else None
-    window = metadata.context_window
-    known_window = window if isinstance(window, int) and 1 <= window <= 10**9 else None
-    tools = isinstance(member, FunctionCallingLLM) and metadata.is_function_calling_model
-    return MemberProfile(context_window=known_window, tool_calling=tools, assistant_prefill=prefill)
-
-
-def _is_anthropic(member: LLM) -> bool:
-    # LlamaIndex's Anthropic LLM speaks the Messages API, which takes an assistant prefill.
-    return any(
-        klass.__name__ == "Anthropic" and klass.__module__.startswith("llama_index.llms.anthropic")
-        for klass in type(member).__mro__
+        metadata = None  # some integrations raise for a model name they do not know
+    return member_profile(
+        member,
+        context_window=metadata.context_window if metadata else None,
+        tool_calling=(
+            isinstance(member, FunctionCallingLLM) and metadata.is_function_calling_model
+            if metadata
+            else None
+        ),
+        prefill_classes=_PREFILL_CLASSES,
     )
 
 
 def _needs(
-    messages: Sequence[ChatMessage], tool_request: _ToolRequest | None, kwargs: dict[str, Any]
+    messages: Sequence[ChatMessage], tool_request: ToolRequest | None, kwargs: dict[str, Any]
 ) -> RequestNeeds:
     images = any(
         getattr(block, "block_type", None) == "image"
@@ -679,21 +587,12 @@ def _needs(
     return RequestNeeds(tool_calling=tools or bool(kwargs.get("tools")), image_inputs=images)
 
 
-def _function_calling(member: LLM, index: int) -> FunctionCallingLLM:
-    if not isinstance(member, FunctionCallingLLM):
-        raise TypeError(
-            f"llms[{index}] ({type(member).__name__}) is not a FunctionCallingLLM and "
-            "cannot take tools"
-        )
-    return member
-
-
 def _chat_kwargs(
     member: LLM,
     index: int,
     messages: Sequence[ChatMessage],
     kwargs: dict[str, Any],
-    tool_request: _ToolRequest | None,
+    tool_request: ToolRequest | None,
     prefill: str | None = None,
 ) -> dict[str, Any]:
     if tool_request is None:
@@ -789,12 +688,6 @@ def _drop_text(chunk: ChatResponse, count: int) -> ChatResponse:
     return chunk.model_copy(update={"delta": (chunk.delta or "")[count:]})
 
 
-def _smallest_known(values: Iterable[int]) -> int:
-    numbers = list(values)
-    known = [n for n in numbers if n > 0]
-    return min(known) if known else min(numbers)
-
-
 def _loser_usage(llm: FallbackLLM, request: Sequence[ChatMessage] | str) -> LoserUsage:
     """Reads a hedged attempt that lost: the usage its provider reported, if any."""
     # ``_usage`` reads this module's SERVED_BY_KEY, so it is imported when first needed.
@@ -827,12 +720,4 @@ def _loser_usage(llm: FallbackLLM, request: Sequence[ChatMessage] | str) -> Lose
 
 
 def _announce_restart(restart: StreamRestart) -> None:
-    dispatcher.event(
-        FallbackStreamRestartEvent(
-            failed_client=restart.failed_client,
-            next_client=restart.next_client,
-            chunks=restart.chunks,
-            error_type=type(restart.error).__name__,
-            continued=restart.continued,
-        )
-    )
+    dispatcher.event(FallbackStreamRestartEvent(**restart.payload()))

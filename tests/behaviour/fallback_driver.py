@@ -87,6 +87,8 @@ class LangChainFallback:
     members_option: ClassVar[str] = "models"
     #: How a construction error names the type a member must have.
     member_type: ClassVar[str] = "LangChain chat model (BaseChatModel)"
+    #: A field of the framework's base model a user may set on a chain, and a value.
+    own_field: ClassVar[tuple[str, Any]] = ("verbose", True)
     #: The attribute a provider client names its model by.
     model_attribute: ClassVar[str] = "model_name"
 
@@ -285,6 +287,7 @@ class LlamaIndexFallback:
 
     members_option: ClassVar[str] = "llms"
     member_type: ClassVar[str] = "LlamaIndex LLM (llama_index.core.llms.LLM)"
+    own_field: ClassVar[tuple[str, Any]] = ("system_prompt", "Answer in French.")
     model_attribute: ClassVar[str] = "model"
 
     @property

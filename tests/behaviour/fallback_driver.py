@@ -120,6 +120,13 @@ class LangChainFallback:
         usage = self._merged(reply).usage_metadata
         return int(usage["output_tokens"]) if usage else 0
 
+    def whole_text(self, reply: Reply) -> str:
+        """The answer as the framework assembles it (a stream's chunks merged)."""
+        return str(self._merged(reply).text)
+
+    def finish_reason_of(self, reply: Reply) -> str | None:
+        return self._merged(reply).response_metadata.get("finish_reason")
+
     def identifying_params(self, chain: Any) -> dict[str, Any] | None:
         """What LangChain keys its cache on (LlamaIndex has no such thing: None)."""
         return dict(chain._identifying_params)
@@ -263,6 +270,16 @@ class LangChainFallback:
 
     # -- streams not yet read -------------------------------------------------------------
 
+    async def read_stream(self, model: Any, mode: Mode, received: list[str]) -> None:
+        """Stream ``model`` as a plain consumer, each chunk's text into ``received`` as it
+        arrives (so what was read before an error is kept)."""
+        if mode == "stream":
+            for chunk in model.stream(PROMPT):
+                received.append(chunk.text)
+        else:
+            async for chunk in model.astream(PROMPT):
+                received.append(chunk.text)
+
     async def opened(self, model: Any, mode: Mode) -> Any:
         """A stream opened but not read (``stream``/``astream``)."""
         if mode == "stream":
@@ -315,6 +332,17 @@ class LlamaIndexFallback:
             if "completion_tokens" in response.additional_kwargs:
                 return int(response.additional_kwargs["completion_tokens"])
         return 0
+
+    def whole_text(self, reply: Reply) -> str:
+        """The answer as LlamaIndex assembles it: the last response's message."""
+        return str(reply.responses[-1].message.content or "")
+
+    def finish_reason_of(self, reply: Reply) -> str | None:
+        for response in reversed(reply.responses):
+            for choice in getattr(response.raw, "choices", None) or ():
+                if choice.finish_reason is not None:
+                    return str(choice.finish_reason)
+        return None
 
     def identifying_params(self, chain: Any) -> dict[str, Any] | None:
         return None
@@ -451,6 +479,15 @@ class LlamaIndexFallback:
         return reply, [call.tool_name for call in calls]
 
     # -- streams not yet read -------------------------------------------------------------
+
+    async def read_stream(self, model: Any, mode: Mode, received: list[str]) -> None:
+        stream = await self.opened(model, mode)
+        if mode == "stream":
+            for response in stream:
+                received.append(response.delta or "")
+        else:
+            async for response in stream:
+                received.append(response.delta or "")
 
     async def opened(self, model: Any, mode: Mode) -> Any:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole

@@ -120,6 +120,10 @@ class LangChainFallback:
         usage = self._merged(reply).usage_metadata
         return int(usage["output_tokens"]) if usage else 0
 
+    def input_tokens_of(self, reply: Reply) -> int:
+        usage = self._merged(reply).usage_metadata
+        return int(usage["input_tokens"]) if usage else 0
+
     def whole_text(self, reply: Reply) -> str:
         """The answer as the framework assembles it (a stream's chunks merged)."""
         return str(self._merged(reply).text)
@@ -327,11 +331,21 @@ class LlamaIndexFallback:
         raw = reply.responses[-1].raw
         return str(raw["model"] if isinstance(raw, dict) else raw.model)
 
-    def output_tokens_of(self, reply: Reply) -> int:
+    def _usage(self, reply: Reply, fake_key: str, sdk_field: str) -> int:
+        # The shipped fake puts its usage in additional_kwargs; the OpenAI SDK's in raw.
         for response in reversed(reply.responses):
-            if "completion_tokens" in response.additional_kwargs:
-                return int(response.additional_kwargs["completion_tokens"])
+            if fake_key in response.additional_kwargs:
+                return int(response.additional_kwargs[fake_key])
+            usage = getattr(response.raw, "usage", None)
+            if usage is not None:
+                return int(getattr(usage, sdk_field))
         return 0
+
+    def output_tokens_of(self, reply: Reply) -> int:
+        return self._usage(reply, "completion_tokens", "completion_tokens")
+
+    def input_tokens_of(self, reply: Reply) -> int:
+        return self._usage(reply, "prompt_tokens", "prompt_tokens")
 
     def whole_text(self, reply: Reply) -> str:
         """The answer as LlamaIndex assembles it: the last response's message."""

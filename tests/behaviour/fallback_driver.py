@@ -256,6 +256,14 @@ class LangChainFallback:
         """One sync call, so the SDK client is built before a time limit is measured."""
         member.invoke("warm up")
 
+    def built_chain(self, members: Sequence[Any], **options: Any) -> Any:
+        """The fallback chain ``ResilienceBuilder().use_fallback_chain(members, **options)``
+        builds (a builder error is raised as is)."""
+        from langchain_llm_resilience import ResilienceBuilder
+
+        stack = ResilienceBuilder().use_fallback_chain(list(members), **options).build()
+        return stack.chat.find_layer(self.fallback_type)
+
     # -- tools ----------------------------------------------------------------------------
 
     async def run_with_tool(self, chain: Any, mode: Mode, prompt: str) -> tuple[Reply, list[str]]:
@@ -273,6 +281,10 @@ class LangChainFallback:
         return reply, [call["name"] for call in calls]
 
     # -- streams not yet read -------------------------------------------------------------
+
+    def text_of(self, chunk: Any) -> str:
+        """The text one streamed chunk carries."""
+        return str(chunk.text)
 
     async def read_stream(self, model: Any, mode: Mode, received: list[str]) -> None:
         """Stream ``model`` as a plain consumer, each chunk's text into ``received`` as it
@@ -469,6 +481,12 @@ class LlamaIndexFallback:
 
         member.chat([ChatMessage(role=MessageRole.USER, content="warm up")])
 
+    def built_chain(self, members: Sequence[Any], **options: Any) -> Any:
+        from llama_index.resilience import ResilienceBuilder
+
+        stack = ResilienceBuilder().use_fallback_chain(list(members), **options).build()
+        return stack.chat.find_layer(self.fallback_type)
+
     # -- tools ----------------------------------------------------------------------------
 
     async def run_with_tool(self, chain: Any, mode: Mode, prompt: str) -> tuple[Reply, list[str]]:
@@ -493,6 +511,9 @@ class LlamaIndexFallback:
         return reply, [call.tool_name for call in calls]
 
     # -- streams not yet read -------------------------------------------------------------
+
+    def text_of(self, chunk: Any) -> str:
+        return str(chunk.delta or "")
 
     async def read_stream(self, model: Any, mode: Mode, received: list[str]) -> None:
         stream = await self.opened(model, mode)

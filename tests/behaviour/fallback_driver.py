@@ -157,6 +157,20 @@ class LangChainFallback:
         )
         yield model.with_config(callbacks=[handler]), log
 
+    @contextmanager
+    def reported_answers(self, model: Any) -> Iterator[tuple[Any, list[str]]]:
+        """``model`` as it must be called to be watched, and the answer text of each
+        model run the framework reports as ended (LangChain's ``on_llm_end``)."""
+        from langchain_core.callbacks import BaseCallbackHandler
+
+        answers: list[str] = []
+
+        class Ends(BaseCallbackHandler):
+            def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+                answers.append(response.generations[0][0].text)
+
+        yield model.with_config(callbacks=[Ends()]), answers
+
     # -- members --------------------------------------------------------------------------
 
     def cut_stream(self, text: str, *, after: int, model: str = "cut-model", **options: Any) -> Any:
@@ -245,6 +259,20 @@ class LangChainFallback:
             timeout=WAIT,
             stop=None,
         )
+
+    def other_wire_member(self, server: FaultInjectingServer) -> tuple[Any, str]:
+        """A real client of a second provider (``ChatAnthropic``) and its model name."""
+        from langchain_anthropic import ChatAnthropic
+
+        member = ChatAnthropic(  # type: ignore[call-arg]
+            model_name="claude-sonnet-4-5",
+            base_url=server.anthropic_base_url,
+            api_key="sk-FAKE-test",  # type: ignore[arg-type]
+            max_retries=0,
+            default_request_timeout=15.0,
+            stop=None,
+        )
+        return member, "claude-sonnet-4-5"
 
     def member(self, provider: str, server: FaultInjectingServer, **options: Any) -> Any:
         """A real ``provider`` (``"openai"`` or ``"anthropic"``) client on ``server``."""
@@ -390,6 +418,33 @@ class LlamaIndexFallback:
                 ),
             )
 
+    @contextmanager
+    def reported_answers(self, model: Any) -> Iterator[tuple[Any, list[str]]]:
+        """(LlamaIndex's ``LLMChatEndEvent`` on the root dispatcher.)"""
+        from llama_index.core.instrumentation import get_dispatcher
+        from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+        from llama_index.core.instrumentation.events import BaseEvent
+        from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
+
+        answers: list[str] = []
+
+        class Ends(BaseEventHandler):
+            @classmethod
+            def class_name(cls) -> str:
+                return "Ends"
+
+            def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+                if isinstance(event, LLMChatEndEvent) and event.response is not None:
+                    answers.append(str(event.response.message.content))
+
+        handler = Ends()
+        dispatcher = get_dispatcher()
+        dispatcher.add_event_handler(handler)
+        try:
+            yield model, answers
+        finally:
+            dispatcher.event_handlers.remove(handler)
+
     # -- members --------------------------------------------------------------------------
 
     def cut_stream(self, text: str, *, after: int, model: str = "cut-model", **options: Any) -> Any:
@@ -470,6 +525,10 @@ class LlamaIndexFallback:
             "LlamaIndex's Anthropic does not run against the installed anthropic SDK "
             "(see test_real_anthropic.py)"
         )
+
+    def other_wire_member(self, server: FaultInjectingServer) -> tuple[Any, str]:
+        """LlamaIndex's Anthropic cannot run here: a second OpenAI model stands in."""
+        return self.openai_member(server, "gpt-4o", timeout=15.0), "gpt-4o"
 
     def member(self, provider: str, server: FaultInjectingServer, **options: Any) -> Any:
         if provider == "openai":

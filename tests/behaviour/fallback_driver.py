@@ -327,8 +327,12 @@ class LangChainFallback:
     async def opened(self, model: Any, mode: Mode) -> Any:
         """A stream opened but not read (``stream``/``astream``)."""
         if mode == "stream":
-            return model.stream(PROMPT)
+            return self.sync_stream(model)
         return model.astream(PROMPT)
+
+    def sync_stream(self, model: Any, prompt: str = PROMPT) -> Any:
+        """A sync stream opened but not read, for a thread of its own."""
+        return model.stream(prompt)
 
 
 class LangChainFooModel(FakeListChatModel):
@@ -586,10 +590,14 @@ class LlamaIndexFallback:
     async def opened(self, model: Any, mode: Mode) -> Any:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
-        messages = [ChatMessage(role=MessageRole.USER, content=PROMPT)]
         if mode == "stream":
-            return model.stream_chat(messages)
-        return await model.astream_chat(messages)
+            return self.sync_stream(model)
+        return await model.astream_chat([ChatMessage(role=MessageRole.USER, content=PROMPT)])
+
+    def sync_stream(self, model: Any, prompt: str = PROMPT) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return model.stream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
 
 
 def clones(chain: Any) -> Sequence[Any]:

@@ -23,6 +23,29 @@ from llm_resilience.testing import FaultInjectingServer
 WAIT = 10.0
 
 
+Servers = tuple[FaultInjectingServer, FaultInjectingServer]
+#: Which wire format a primary fails in and which one its secondary answers in. LlamaIndex's
+#: Anthropic does not run against the installed SDK: it runs the first pair only.
+PAIRS = ("openai-openai", "openai-anthropic", "anthropic-openai")
+
+
+@contextmanager
+def serving(primary_reply: str, secondary_reply: str) -> Iterator[Servers]:
+    """A fault server for a primary and one for its secondary, fresh for each test (the
+    provider packages cache async HTTP clients per base URL)."""
+    with (
+        FaultInjectingServer(reply=primary_reply, name="primary") as primary,
+        FaultInjectingServer(reply=secondary_reply, name="secondary") as secondary,
+    ):
+        yield primary, secondary
+
+
+def wire_pair(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """A ``PAIRS`` parameter as ``(primary's wire, secondary's wire)``."""
+    first, second = str(request.param).split("-")
+    return first, second
+
+
 class Restart(NamedTuple):
     """One stream restart a chain reported, in either framework's event."""
 
@@ -219,31 +242,23 @@ class LangChainFallback:
         server: FaultInjectingServer,
         model: str = "gpt-4o-mini",
         *,
-        max_retries: int = 0,
-        temperature: float | None = None,
         stream_usage: bool = False,
-        http_client: Any = None,
-        http_async_client: Any = None,
-        timeout: float = WAIT,
+        http_clients: tuple[Any, Any] | None = None,
+        **options: Any,
     ) -> Any:
+        """A real OpenAI client on ``server`` (no retries of its own, a 10 s timeout unless
+        ``options`` say otherwise), asking for a stream's usage if ``stream_usage``, over
+        the ``(sync, async)`` httpx clients ``http_clients`` if given."""
         from langchain_openai import ChatOpenAI
 
-        options: dict[str, Any] = {}
-        if temperature is not None:
-            options["temperature"] = temperature
-        if http_client is not None:
-            options["http_client"] = http_client
-        if http_async_client is not None:
-            options["http_async_client"] = http_async_client
-        if stream_usage:
-            options["stream_usage"] = True
+        if http_clients is not None:
+            options["http_client"], options["http_async_client"] = http_clients
         return ChatOpenAI(
             model=model,
             base_url=server.openai_base_url,
             api_key="sk-FAKE-test",  # type: ignore[arg-type]
-            max_retries=max_retries,
-            timeout=timeout,
-            **options,
+            **({"stream_usage": True} if stream_usage else {}),
+            **{"max_retries": 0, "timeout": WAIT, **options},
         )
 
     def anthropic_member(
@@ -495,31 +510,21 @@ class LlamaIndexFallback:
         server: FaultInjectingServer,
         model: str = "gpt-4o-mini",
         *,
-        max_retries: int = 0,
-        temperature: float | None = None,
         stream_usage: bool = False,
-        http_client: Any = None,
-        http_async_client: Any = None,
-        timeout: float = WAIT,
+        http_clients: tuple[Any, Any] | None = None,
+        **options: Any,
     ) -> Any:
         from llama_index.llms.openai import OpenAI
 
-        options: dict[str, Any] = {}
-        if temperature is not None:
-            options["temperature"] = temperature
-        if http_client is not None:
-            options["http_client"] = http_client
-        if http_async_client is not None:
-            options["async_http_client"] = http_async_client
+        if http_clients is not None:
+            options["http_client"], options["async_http_client"] = http_clients
         if stream_usage:
             options["additional_kwargs"] = {"stream_options": {"include_usage": True}}
         return OpenAI(
             model=model,
             api_base=server.openai_base_url,
             api_key="sk-FAKE-test",
-            max_retries=max_retries,
-            timeout=timeout,
-            **options,
+            **{"max_retries": 0, "timeout": WAIT, **options},
         )
 
     def anthropic_member(

@@ -35,6 +35,17 @@ def servers() -> Iterator[list[FaultInjectingServer]]:
         server.stop()
 
 
+def chain(driver: Any, servers: list[FaultInjectingServer], *models: str, **options: Any) -> Any:
+    """A chain of real OpenAI clients, the n-th of model ``models[n]`` on ``servers[n]``."""
+    return driver.fallback(
+        [
+            driver.openai_member(server, model)
+            for server, model in zip(servers, models, strict=False)
+        ],
+        **options,
+    )
+
+
 def asked(servers: list[FaultInjectingServer]) -> list[int]:
     return [len(server.requests) for server in servers]
 
@@ -42,17 +53,10 @@ def asked(servers: list[FaultInjectingServer]) -> list[int]:
 async def test_too_long_for_a_small_member_goes_to_a_larger_one_skipping_an_equal_one(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
-    small, equal, large = servers
-    small.script(Fault.context_length_exceeded("openai", tokens=150_000, maximum=128_000))
-    chain = driver.fallback(
-        [
-            driver.openai_member(small, "gpt-4o-mini"),
-            driver.openai_member(equal, "gpt-4o"),
-            driver.openai_member(large, "gpt-4.1-mini"),
-        ]
-    )
+    servers[0].script(Fault.context_length_exceeded("openai", tokens=150_000, maximum=128_000))
+    model = chain(driver, servers, "gpt-4o-mini", "gpt-4o", "gpt-4.1-mini")
 
-    reply = await driver.run(chain, mode, PROMPT)
+    reply = await driver.run(model, mode, PROMPT)
 
     assert reply.text == "member 2 answered"
     assert driver.served_by(reply) == 2
@@ -62,14 +66,11 @@ async def test_too_long_for_a_small_member_goes_to_a_larger_one_skipping_an_equa
 async def test_too_long_for_the_largest_member_propagates_when_no_member_is_larger(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
-    large, smaller, _ = servers
-    large.script(Fault.context_length_exceeded("openai", tokens=1_100_000, maximum=1_047_576))
-    chain = driver.fallback(
-        [driver.openai_member(large, "gpt-4.1-mini"), driver.openai_member(smaller, "gpt-4o-mini")]
-    )
+    servers[0].script(Fault.context_length_exceeded("openai", tokens=1_100_000, maximum=1_047_576))
+    model = chain(driver, servers, "gpt-4.1-mini", "gpt-4o-mini")
 
     with pytest.raises(openai.BadRequestError, match="context length is 1047576 tokens"):
-        await driver.run(chain, mode, PROMPT)
+        await driver.run(model, mode, PROMPT)
 
     assert asked(servers) == [1, 0, 0]
 
@@ -78,14 +79,16 @@ async def test_a_declared_context_window_overrides_what_the_framework_knows(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
     # A deployment capped below its model's published window (about 1M).
-    capped, larger, _ = servers
-    capped.script(Fault.context_length_exceeded("openai", tokens=150_000, maximum=100_000))
-    chain = driver.fallback(
-        [driver.openai_member(capped, "gpt-4.1-mini"), driver.openai_member(larger, "gpt-4o-mini")],
+    servers[0].script(Fault.context_length_exceeded("openai", tokens=150_000, maximum=100_000))
+    model = chain(
+        driver,
+        servers,
+        "gpt-4.1-mini",
+        "gpt-4o-mini",
         member_profiles=[MemberProfile(context_window=100_000), None],
     )
 
-    reply = await driver.run(chain, mode, PROMPT)
+    reply = await driver.run(model, mode, PROMPT)
 
     assert reply.text == "member 1 answered"
     assert driver.served_by(reply) == 1
@@ -95,14 +98,11 @@ async def test_a_declared_context_window_overrides_what_the_framework_knows(
 async def test_a_plain_bad_request_still_propagates_at_once(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
-    small, large, _ = servers
-    small.script(Fault.status(400))
-    chain = driver.fallback(
-        [driver.openai_member(small, "gpt-4o-mini"), driver.openai_member(large, "gpt-4.1-mini")]
-    )
+    servers[0].script(Fault.status(400))
+    model = chain(driver, servers, "gpt-4o-mini", "gpt-4.1-mini")
 
     with pytest.raises(openai.BadRequestError, match="Invalid request"):
-        await driver.run(chain, mode, PROMPT)
+        await driver.run(model, mode, PROMPT)
 
     assert asked(servers) == [1, 0, 0]
 
@@ -110,13 +110,9 @@ async def test_a_plain_bad_request_still_propagates_at_once(
 async def test_tools_skip_a_member_declared_without_tool_calling(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
-    no_tools, with_tools, _ = servers
-    chain = driver.fallback(
-        [driver.openai_member(no_tools), driver.openai_member(with_tools, "gpt-4.1-mini")],
-        member_profiles=[NO_TOOLS, None],
-    )
+    model = chain(driver, servers, "gpt-4o-mini", "gpt-4.1-mini", member_profiles=[NO_TOOLS, None])
 
-    reply, tools_called = await driver.run_with_tool(chain, mode, WEATHER)
+    reply, tools_called = await driver.run_with_tool(model, mode, WEATHER)
 
     assert tools_called == ["get_weather"]
     assert driver.served_by(reply) == 1
@@ -126,13 +122,9 @@ async def test_tools_skip_a_member_declared_without_tool_calling(
 async def test_a_request_without_tools_still_uses_a_member_without_tool_calling(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
-    no_tools, with_tools, _ = servers
-    chain = driver.fallback(
-        [driver.openai_member(no_tools), driver.openai_member(with_tools, "gpt-4.1-mini")],
-        member_profiles=[NO_TOOLS, None],
-    )
+    model = chain(driver, servers, "gpt-4o-mini", "gpt-4.1-mini", member_profiles=[NO_TOOLS, None])
 
-    reply = await driver.run(chain, mode, PROMPT)
+    reply = await driver.run(model, mode, PROMPT)
 
     assert driver.served_by(reply) == 0
     assert asked(servers) == [1, 0, 0]
@@ -141,14 +133,12 @@ async def test_a_request_without_tools_still_uses_a_member_without_tool_calling(
 async def test_tools_with_no_capable_member_raise_before_any_call(
     driver: Any, mode: Mode, servers: list[FaultInjectingServer]
 ) -> None:
-    first, second, _ = servers
-    chain = driver.fallback(
-        [driver.openai_member(first), driver.openai_member(second, "gpt-4.1-mini")],
-        member_profiles=[NO_TOOLS, NO_TOOLS],
+    model = chain(
+        driver, servers, "gpt-4o-mini", "gpt-4.1-mini", member_profiles=[NO_TOOLS, NO_TOOLS]
     )
 
     with pytest.raises(NoCapableMemberError, match="member 1 lacks tool_calling"):
-        await driver.run_with_tool(chain, mode, WEATHER)
+        await driver.run_with_tool(model, mode, WEATHER)
 
     assert asked(servers) == [0, 0, 0]
 

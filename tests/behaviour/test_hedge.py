@@ -23,12 +23,13 @@ from typing import Any
 import httpx
 import pytest
 from driver import Mode
+from fallback_driver import Servers, serving
 
 from llm_resilience import CostBudget, ModelPrice
 from llm_resilience.budget import HEDGE_KIND
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.ledger import InMemoryCostLedger
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import Fault
 
 PRIMARY_REPLY = "the primary answered late"
 SECONDARY_REPLY = "the secondary answered this request"
@@ -37,8 +38,6 @@ HEDGE_AFTER = 0.2
 # sync attempt finishes within the test.
 SLOW_SECONDS = 1.5
 WAIT = 15.0
-
-Servers = tuple[FaultInjectingServer, FaultInjectingServer]
 
 
 class _Log:
@@ -122,11 +121,8 @@ class _AsyncTransport(httpx.AsyncHTTPTransport):
 
 @pytest.fixture
 def servers() -> Iterator[Servers]:
-    with (
-        FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
-        FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
-    ):
-        yield primary, secondary
+    with serving(PRIMARY_REPLY, SECONDARY_REPLY) as started:
+        yield started
 
 
 def _settled() -> bool:
@@ -169,8 +165,10 @@ class Stack:
                 primary,
                 "gpt-4o-mini",
                 timeout=WAIT,
-                http_client=httpx.Client(transport=_Transport(self.log)),
-                http_async_client=httpx.AsyncClient(transport=_AsyncTransport(self.log)),
+                http_clients=(
+                    httpx.Client(transport=_Transport(self.log)),
+                    httpx.AsyncClient(transport=_AsyncTransport(self.log)),
+                ),
             )
         ]
         second, self.winner = driver.other_wire_member(secondary)

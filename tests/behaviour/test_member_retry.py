@@ -15,24 +15,19 @@ from typing import Any
 
 import pytest
 from driver import Mode
+from fallback_driver import Servers, serving
 
 from llm_resilience import RetryPolicy
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import Fault
 
 PRIMARY_REPLY = "the primary answered after its wait"
 SECONDARY_REPLY = "the secondary answered this request"
 
-Servers = tuple[FaultInjectingServer, FaultInjectingServer]
-
 
 @pytest.fixture
 def servers() -> Iterator[Servers]:
-    # Fresh servers per test: the SDKs cache async HTTP clients per base URL.
-    with (
-        FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
-        FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
-    ):
-        yield primary, secondary
+    with serving(PRIMARY_REPLY, SECONDARY_REPLY) as started:
+        yield started
 
 
 def chain(driver: Any, servers: Servers, **options: Any) -> Any:

@@ -19,36 +19,26 @@ from typing import Any
 import openai
 import pytest
 from driver import STREAMS, Mode
-from fallback_driver import Restart
+from fallback_driver import PAIRS, Restart, Servers, serving, wire_pair
 
 from llm_resilience import MemberProfile, StreamInterruptedError, is_transient
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import Fault
 
 PRIMARY_REPLY = "one two three four five six seven eight"
 SECONDARY_REPLY = "the secondary answered this request"
 DELIVERED = "one two three"
-# Which wire format is cut (the primary's) and which one answers (the secondary's);
-# LlamaIndex's Anthropic does not run against the installed SDK, so it runs the first.
-PAIRS = ["openai-openai", "openai-anthropic", "anthropic-openai"]
 PREFILL = MemberProfile(assistant_prefill=True)
-
-Servers = tuple[FaultInjectingServer, FaultInjectingServer]
 
 
 @pytest.fixture
 def servers() -> Iterator[Servers]:
-    # Fresh ports per test: the provider packages cache async HTTP clients per base URL.
-    with (
-        FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
-        FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
-    ):
-        yield primary, secondary
+    with serving(PRIMARY_REPLY, SECONDARY_REPLY) as started:
+        yield started
 
 
 @pytest.fixture(params=PAIRS)
 def pair(request: pytest.FixtureRequest) -> tuple[str, str]:
-    first, second = request.param.split("-")
-    return first, second
+    return wire_pair(request)
 
 
 def chain(driver: Any, servers: Servers, pair: tuple[str, str], **options: Any) -> Any:

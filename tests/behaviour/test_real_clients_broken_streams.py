@@ -14,35 +14,27 @@ from typing import Any
 
 import pytest
 from driver import STREAMS, Mode
+from fallback_driver import PAIRS, Servers, serving, wire_pair
 
 from llm_resilience import Cooldown, CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import Fault
 
 PRIMARY_REPLY = "one two three four five six seven eight"
 SECONDARY_REPLY = "the secondary answered this request"
 # The primary's and the secondary's model, by wire format.
 MODELS = {"openai": ("gpt-4o-mini", "gpt-4.1-mini"), "anthropic": ("claude-haiku-4-5",) * 2}
-# LlamaIndex's Anthropic does not run against the installed SDK: it runs the first pair.
-PAIRS = ["openai-openai", "openai-anthropic", "anthropic-openai"]
-
-Servers = tuple[FaultInjectingServer, FaultInjectingServer]
 
 
 @pytest.fixture
 def servers() -> Iterator[Servers]:
-    # Fresh ports per test: the provider packages cache async HTTP clients per base URL.
-    with (
-        FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
-        FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
-    ):
-        yield primary, secondary
+    with serving(PRIMARY_REPLY, SECONDARY_REPLY) as started:
+        yield started
 
 
 @pytest.fixture(params=PAIRS)
 def pair(request: pytest.FixtureRequest) -> tuple[str, str]:
-    first, second = request.param.split("-")
-    return first, second
+    return wire_pair(request)
 
 
 def members(driver: Any, servers: Servers, pair: tuple[str, str]) -> list[Any]:

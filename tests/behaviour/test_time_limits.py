@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from driver import STREAMS, Mode
+from fallback_driver import PAIRS, Servers, serving, wire_pair
 
 from llm_resilience.fallback._workers import _WORKERS
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import Fault
 
 PRIMARY_REPLY = "one two three four five six seven eight"
 SECONDARY_REPLY = "the secondary answered this request"
@@ -31,11 +32,6 @@ FAULTS = {
     "slow-first-token": Fault.slow_first_token(FAULT_SECONDS),
     "stall": Fault.stall_mid_stream(after_chunks=3, seconds=FAULT_SECONDS),
 }
-# Which wire format fails (the primary's) and which one answers (the secondary's);
-# LlamaIndex's Anthropic does not run against the installed SDK, so it runs the first.
-PAIRS = ["openai-openai", "openai-anthropic", "anthropic-openai"]
-
-Servers = tuple[FaultInjectingServer, FaultInjectingServer]
 
 
 def _assert_no_thread_left(baseline: set[threading.Thread], within: float = 5.0) -> None:
@@ -74,17 +70,14 @@ async def _assert_no_task_left(within: float = 2.0) -> None:
 @pytest.fixture
 def servers() -> Iterator[Servers]:
     baseline = set(threading.enumerate())
-    with (
-        FaultInjectingServer(reply=PRIMARY_REPLY, name="primary") as primary,
-        FaultInjectingServer(reply=SECONDARY_REPLY, name="secondary") as secondary,
-    ):
-        yield primary, secondary
+    with serving(PRIMARY_REPLY, SECONDARY_REPLY) as started:
+        yield started
     _assert_no_thread_left(baseline)
 
 
 @pytest.fixture(params=PAIRS)
 def chain(request: pytest.FixtureRequest, driver: Any, servers: Servers) -> Any:
-    first, second = request.param.split("-")
+    first, second = wire_pair(request)
     members = [
         driver.member(first, servers[0], model="gpt-4o-mini"),
         driver.member(second, servers[1], model="gpt-4o"),

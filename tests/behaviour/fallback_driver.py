@@ -126,33 +126,27 @@ class LangChainFallback:
 
     # -- reading a reply ----------------------------------------------------------------
 
-    def _merged(self, reply: Reply) -> Any:
-        merged = reply.responses[0]
-        for chunk in reply.responses[1:]:
-            merged = merged + chunk
-        return merged
-
     def served_by(self, reply: Reply) -> int:
         """The index, in the outermost chain, of the member that served ``reply``."""
-        return int(self._merged(reply).response_metadata["fallback_client"])
+        return int(self.message_of(reply).response_metadata["fallback_client"])
 
     def model_name_of(self, reply: Reply) -> str:
-        return str(self._merged(reply).response_metadata["model_name"])
+        return str(self.message_of(reply).response_metadata["model_name"])
 
     def output_tokens_of(self, reply: Reply) -> int:
-        usage = self._merged(reply).usage_metadata
+        usage = self.message_of(reply).usage_metadata
         return int(usage["output_tokens"]) if usage else 0
 
     def input_tokens_of(self, reply: Reply) -> int:
-        usage = self._merged(reply).usage_metadata
+        usage = self.message_of(reply).usage_metadata
         return int(usage["input_tokens"]) if usage else 0
 
     def whole_text(self, reply: Reply) -> str:
         """The answer as the framework assembles it (a stream's chunks merged)."""
-        return str(self._merged(reply).text)
+        return str(self.message_of(reply).text)
 
     def finish_reason_of(self, reply: Reply) -> str | None:
-        return self._merged(reply).response_metadata.get("finish_reason")
+        return self.message_of(reply).response_metadata.get("finish_reason")
 
     def identifying_params(self, chain: Any) -> dict[str, Any] | None:
         """What LangChain keys its cache on (LlamaIndex has no such thing: None)."""
@@ -320,7 +314,7 @@ class LangChainFallback:
             return f"sunny in {city}"
 
         reply = await self.run(chain.bind_tools([get_weather]), mode, prompt)  # type: ignore[attr-defined]
-        calls = getattr(self._merged(reply), "tool_calls", [])
+        calls = getattr(self.message_of(reply), "tool_calls", [])
         return reply, [call["name"] for call in calls]
 
     # -- streams not yet read -------------------------------------------------------------

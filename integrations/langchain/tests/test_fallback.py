@@ -1,4 +1,9 @@
-"""FallbackChatModel as a LangChain citizen: runs, usage, tools, limits, validation."""
+"""FallbackChatModel as a LangChain citizen: runs and callbacks, usage, batch, caches,
+LangChain's typed errors, tools, structured output and profiles.
+
+What both adapters share (failover, errors, who served, restarts, per-member time limits,
+options) is proven in ``tests/behaviour/test_fallback.py``.
+"""
 
 from __future__ import annotations
 

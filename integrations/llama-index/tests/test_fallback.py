@@ -1,4 +1,9 @@
-"""FallbackLLM: every LlamaIndex call shape through the core engine, offline and fast."""
+"""FallbackLLM as a LlamaIndex citizen: the ``complete`` shapes, instrumentation events and
+callbacks, function calling, metadata and serialisation, offline and fast.
+
+What both adapters share (failover, errors, who served, restarts, per-member time limits,
+options) is proven in ``tests/behaviour/test_fallback.py``, for the chat shapes.
+"""
 
 from __future__ import annotations
 

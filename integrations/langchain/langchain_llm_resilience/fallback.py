@@ -297,7 +297,7 @@ class FallbackChatModel(BaseChatModel):
         kwargs.pop(SINK_KWARG, None)
         # Traces name the primary, the model every call tries first (a per-call
         # ``model=`` override included); the member that served is in the response's
-        # ``model_name`` and ``fallback_client``.
+        # ``model_name`` and ``fallback_served_by``.
         return self.models[0]._get_ls_params(stop=stop, **kwargs)
 
     def _kwargs_for(self, index: int, kwargs: dict[str, Any]) -> dict[str, Any]:

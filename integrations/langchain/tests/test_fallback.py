@@ -1,8 +1,12 @@
-"""FallbackChatModel as a LangChain citizen: runs, usage, tools, limits, validation."""
+"""FallbackChatModel as a LangChain citizen: runs and callbacks, usage, batch, caches,
+LangChain's typed errors, tools, structured output and profiles.
+
+What both adapters share (failover, errors, who served, restarts, per-member time limits,
+options) is proven in ``tests/behaviour/test_fallback.py``.
+"""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 from uuid import UUID
 
@@ -21,9 +25,8 @@ from langchain_llm_resilience import STREAM_RESTART_EVENT, FallbackChatModel
 from langchain_llm_resilience.testing import (
     FailingChatModel,
     ScriptedChatModel,
-    service_unavailable_error,
 )
-from llm_resilience import Cooldown, MemberProfile, PerClientTimeoutError, TransientClassifier
+from llm_resilience import MemberProfile
 
 
 class RunRecorder(BaseCallbackHandler):
@@ -133,28 +136,10 @@ def test_usage_is_counted_once_while_a_naive_wrapper_counts_it_twice() -> None:
     )
 
 
-@pytest.mark.parametrize("call", ["invoke", "stream"])
-def test_usage_and_model_name_are_those_of_the_member_that_served(call: str) -> None:
+async def test_batch_calls_fail_over() -> None:
     model = chain()
-    if call == "invoke":
-        message: Any = model.invoke("Capital?")
-    else:
-        chunks = list(model.stream("Capital?"))
-        message = chunks[0]
-        for chunk in chunks[1:]:
-            message = message + chunk
-    assert message.response_metadata["model_name"] == "served-by-secondary"
-    assert message.response_metadata["fallback_served_by"] == [1]
-    assert message.usage_metadata["output_tokens"] > 0
-
-
-async def test_async_and_batch_calls_fail_over() -> None:
-    model = chain()
-    assert (await model.ainvoke("Capital?")).content == "Paris."
     assert [m.content for m in model.batch(["a", "b"])] == ["Paris.", "Paris."]
     assert [m.content for m in await model.abatch(["a", "b"])] == ["Paris.", "Paris."]
-    text = "".join([str(c.content) async for c in model.astream("Capital?")])
-    assert text == "Paris."
 
 
 # -- members keep their own limiter and cache --------------------------------------------
@@ -172,17 +157,6 @@ class CountingLimiter(InMemoryRateLimiter):
     async def aacquire(self, *, blocking: bool = True) -> bool:
         self.acquired += 1
         return await super().aacquire(blocking=blocking)
-
-
-async def test_a_members_rate_limiter_applies_to_its_own_attempt() -> None:
-    limiter = CountingLimiter()
-    secondary = ScriptedChatModel(rate_limiter=limiter)
-    model = FallbackChatModel(models=[FailingChatModel(), secondary])
-    model.invoke("a")
-    list(model.stream("b"))
-    await model.ainvoke("c")
-    [c async for c in model.astream("d")]
-    assert limiter.acquired == 4
 
 
 def test_a_members_cache_answers_its_attempt() -> None:
@@ -210,37 +184,6 @@ def test_langchains_typed_errors_are_classified_by_status_not_is_retryable() -> 
     assert answer.response_metadata["fallback_served_by"] == [1]
 
 
-def test_the_server_error_preset_widens_what_fails_over() -> None:
-    error = service_unavailable_error()
-    error.status_code = 500  # type: ignore[attr-defined]
-    with pytest.raises(type(error)):
-        chain(models=[FailingChatModel(error=error), ScriptedChatModel()]).invoke("x")
-    answer = chain(
-        models=[FailingChatModel(error=error), ScriptedChatModel()],
-        classifier=TransientClassifier.with_server_errors(),
-    ).invoke("x")
-    assert answer.response_metadata["fallback_served_by"] == [1]
-
-
-def test_every_member_failing_raises_the_last_members_own_error() -> None:
-    last = FailingChatModel()
-    with pytest.raises(type(last.error)) as raised:
-        FallbackChatModel(models=[FailingChatModel(), last]).invoke("x")
-    assert raised.value is last.last_error
-
-
-def test_a_hung_primary_times_out_and_the_last_timeout_is_a_timeout_error() -> None:
-    hung = FailingChatModel(hang_seconds=5)
-    try:
-        assert chain(models=[hung, ScriptedChatModel()], per_client_timeout=0.1).invoke("x").content
-        with pytest.raises(PerClientTimeoutError):
-            FallbackChatModel(
-                models=[ScriptedChatModel(), hung][::-1][:1] * 2, per_client_timeout=0.1
-            ).invoke("x")
-    finally:
-        hung.release()
-
-
 async def test_astream_restart_reaches_callbacks_and_astream_events() -> None:
     model = chain(
         models=[FailingChatModel(chunks_before_error=2), ScriptedChatModel(responses=["a b c"])]
@@ -264,13 +207,6 @@ async def test_astream_restart_reaches_callbacks_and_astream_events() -> None:
     assert [e["name"] for e in custom] == [STREAM_RESTART_EVENT]
     model_start = next(e for e in events if e["event"] == "on_chat_model_start")
     assert custom[0]["run_id"] == model_start["run_id"]
-
-
-def test_sync_stream_restart_reaches_callbacks() -> None:
-    model = chain(models=[FailingChatModel(chunks_before_error=1), ScriptedChatModel()])
-    recorder = RunRecorder()
-    list(model.stream("x", {"callbacks": [recorder]}))
-    assert [name for name, _, _ in recorder.custom] == [STREAM_RESTART_EVENT]
 
 
 # -- tools and structured output ------------------------------------------------------------
@@ -381,85 +317,3 @@ def test_profile_takes_the_declared_member_profiles_over_the_members_own() -> No
 
 
 # -- construction ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("params", "error", "words"),
-    [
-        ({"models": [ScriptedChatModel()]}, ValueError, ["models", "at least 2"]),
-        ({"models": []}, ValueError, ["models", "at least 2"]),
-        ({"models": "gpt-4o"}, TypeError, ["models", "BaseChatModel"]),
-        (
-            {"models": [ScriptedChatModel(), "gpt-4o"]},
-            TypeError,
-            ["models[1]", "BaseChatModel", "str"],
-        ),
-        ({"per_client_timeout": 0}, ValueError, ["per_client_timeout", "greater than 0"]),
-        ({"per_client_timeout": -1.5}, ValueError, ["per_client_timeout", "greater than 0"]),
-        ({"per_client_timeout": "30s"}, TypeError, ["per_client_timeout", "timedelta"]),
-        ({"cooldown": {"failures": 3}}, TypeError, ["cooldown", "Cooldown"]),
-    ],
-)
-def test_bad_options_fail_at_construction_naming_the_option(
-    params: dict[str, Any], error: type[Exception], words: list[str]
-) -> None:
-    full = {"models": [FailingChatModel(), ScriptedChatModel()], **params}
-    with pytest.raises(error) as raised:
-        FallbackChatModel(**full)
-    for word in words:
-        assert word in str(raised.value)
-
-
-def test_cooldown_fields_are_validated_when_built() -> None:
-    with pytest.raises(ValueError, match=r"Cooldown\.failures"):
-        Cooldown(failures=0)
-    model = chain(cooldown=Cooldown(failures=1, window=60, duration=60))
-    model.invoke("x")
-    primary = model.models[0]
-    assert isinstance(primary, FailingChatModel)
-    model.invoke("y")
-    assert primary.calls == 1  # skipped while cooling down
-
-
-def test_a_member_that_retries_by_itself_is_warned_about_once(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    from langchain_openai import ChatOpenAI
-
-    retrying = ChatOpenAI(model="gpt-4o", api_key="x")  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        FallbackChatModel(models=[retrying, ScriptedChatModel()])
-        FallbackChatModel(models=[retrying, ScriptedChatModel()])
-    warnings = [r.getMessage() for r in caplog.records if "retries by itself" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "ChatOpenAI(gpt-4o)" in warnings[0]
-    assert "max_retries" in warnings[0]
-
-
-def test_a_retrying_provider_under_a_nested_chain_or_limiter_is_warned_about_once_by_name(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    from langchain_openai import ChatOpenAI
-
-    from langchain_llm_resilience import RateLimitedChatModel
-
-    retrying = ChatOpenAI(model="gpt-4o-mini", api_key="x")  # type: ignore[arg-type]
-    inner = FallbackChatModel(models=[retrying, ScriptedChatModel()])
-    assert inner.max_retries == retrying.max_retries  # forwarded: not the chain's own
-    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        FallbackChatModel(models=[inner, ScriptedChatModel()])
-        FallbackChatModel(
-            models=[RateLimitedChatModel(inner=inner, requests_per_minute=60), ScriptedChatModel()]
-        )
-    warnings = [r.getMessage() for r in caplog.records if "retries by itself" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "ChatOpenAI(gpt-4o-mini)" in warnings[0]
-
-
-def test_find_layer_probes_the_stack() -> None:
-    secondary = ScriptedChatModel()
-    model = FallbackChatModel(models=[FailingChatModel(), secondary])
-    assert model.find_layer(FallbackChatModel) is model
-    assert model.find_layer(ScriptedChatModel) is secondary
-    assert model.find_layer(InMemoryCache) is None
-    assert model.inner == tuple(model.models)

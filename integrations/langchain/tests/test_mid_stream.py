@@ -1,14 +1,10 @@
-"""``mid_stream=`` through real ``ChatOpenAI``/``ChatAnthropic`` against the fault server.
+"""``mid_stream=`` with ``ChatAnthropic``, the fallback LangChain knows to take a prefill.
 
-What a plain consumer, one that concatenates ``chunk.content`` and listens for nothing,
-reads when the primary's stream is cut after three words: under ``"restart"`` (the
-default) the failed prefix and then the next member's whole answer, with the restart
-event for consumers that listen; under ``"continue"`` exactly one answer, the
-``ChatAnthropic`` fallback carrying on from the prefix sent as an assistant prefill
-(or, where the fallback rejects prefill, a restart with the event, never the
-rejection); under ``"raise"`` the prefix and then a clean ``StreamInterruptedError``
-carrying it, never a second answer glued on. A content filter is not an outage: it
-propagates (a refused prompt) or ends the answer (a filtered completion), untouched.
+What both adapters share (restart, raise, continue through a fallback declared to take a
+prefill, prefill rejection, content filters) is proven over OpenAI members in
+``tests/behaviour/test_mid_stream.py``. Here: ``"continue"`` through a ``ChatAnthropic``
+fallback with no declaration, a declaration switching that off, Anthropic's rejection of
+a prefill, a ``StrOutputParser`` downstream and ``bind_tools``.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models import BaseChatModel
@@ -27,7 +22,7 @@ from langchain_openai import ChatOpenAI
 
 from langchain_llm_resilience import FallbackChatModel
 from langchain_llm_resilience.testing import RestartEvents
-from llm_resilience import MemberProfile, StreamInterruptedError, is_transient
+from llm_resilience import MemberProfile
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 PRIMARY_REPLY = "one two three four five six seven eight"
@@ -100,108 +95,10 @@ async def aconsume(
     return "".join(received)
 
 
-def test_mid_stream_is_validated_naming_the_option_and_the_values() -> None:
-    with FaultInjectingServer() as server:
-        models = [member("openai", server), member("anthropic", server)]
-        with pytest.raises(
-            ValueError, match=r"mid_stream must be one of 'restart', 'continue', 'raise'"
-        ):
-            FallbackChatModel(models=models, mid_stream="retry")
-        assert FallbackChatModel(models=models).mid_stream == "restart"
-
-
 # -- restart (the default) ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_restart_gives_a_plain_consumer_the_prefix_then_the_next_answer_with_the_event(
-    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, _ = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=3))
-    events = RestartEvents()
-    answer = consume(chain(provider, servers), [], {"callbacks": [events]})
-    # What "restart" promises: the restart is announced, and the text after it is whole.
-    assert answer == DELIVERED + SECONDARY_REPLY
-    assert [(e["failed_client"], e["next_client"], e["chunks"]) for e in events.events] == [
-        (0, 1, 3)
-    ]
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-async def test_restart_gives_an_async_plain_consumer_the_prefix_then_the_next_answer(
-    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, _ = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=3))
-    events = RestartEvents()
-    answer = await aconsume(chain(provider, servers), [], {"callbacks": [events]})
-    assert answer == DELIVERED + SECONDARY_REPLY
-    assert [e["chunks"] for e in events.events] == [3]
-
-
 # -- raise -------------------------------------------------------------------------------
-
-
-def check_interrupted(error: StreamInterruptedError) -> None:
-    assert (error.client_index, error.chunks, error.delivered_text) == (0, 3, DELIVERED)
-    assert DELIVERED not in str(error)
-    assert error.__cause__ is not None
-    assert is_transient(error.__cause__)
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_raise_gives_a_plain_consumer_the_prefix_then_a_clean_error_and_no_second_answer(
-    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, secondary = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=3))
-    events = RestartEvents()
-    received: list[str] = []
-    model = chain(provider, servers, mid_stream="raise")
-    with pytest.raises(StreamInterruptedError) as caught:
-        consume(model, received, {"callbacks": [events]})
-    assert "".join(received) == DELIVERED
-    check_interrupted(caught.value)
-    assert secondary.requests == []
-    assert events.events == []
-    # The chain is fine afterwards: the next stream is served whole by the primary.
-    assert consume(model, []) == PRIMARY_REPLY
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-async def test_raise_gives_an_async_plain_consumer_the_prefix_then_a_clean_error(
-    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, secondary = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=3))
-    received: list[str] = []
-    model = chain(provider, servers, mid_stream="raise")
-    with pytest.raises(StreamInterruptedError) as caught:
-        await aconsume(model, received)
-    assert "".join(received) == DELIVERED
-    check_interrupted(caught.value)
-    assert secondary.requests == []
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_raise_still_falls_back_quietly_when_the_stream_fails_before_any_text(
-    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, _ = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=0))
-    model = chain(provider, servers, mid_stream="raise")
-    assert consume(model, []) == SECONDARY_REPLY
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-async def test_raise_still_falls_back_quietly_on_a_503_before_an_async_stream(
-    provider: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, _ = servers
-    primary.script(Fault.status(503))
-    model = chain(provider, servers, mid_stream="raise")
-    assert await aconsume(model, []) == SECONDARY_REPLY
 
 
 def test_raise_survives_bind_tools(
@@ -281,19 +178,6 @@ def test_continue_feeds_a_str_output_parser_one_coherent_answer(
     assert "".join((model | StrOutputParser()).stream("Capital of France?")) == PRIMARY_REPLY
 
 
-def test_continue_restarts_with_the_event_on_a_fallback_that_takes_no_prefill(
-    servers: tuple[FaultInjectingServer, FaultInjectingServer],
-) -> None:
-    # ChatOpenAI is not known to take a prefill: the request starts over, announced.
-    primary, secondary = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=3))
-    events = RestartEvents()
-    model = chain("anthropic", servers, mid_stream="continue")
-    assert consume(model, [], {"callbacks": [events]}) == DELIVERED + SECONDARY_REPLY
-    assert events_of(events) == [(0, 1, 3, False)]
-    assert [r.prefilled for r in secondary.requests] == [False]
-
-
 def test_a_declared_profile_switches_prefill_off_for_chat_anthropic(
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
 ) -> None:
@@ -325,48 +209,4 @@ def test_a_prefill_rejection_ends_in_a_complete_answer_via_restart_never_the_rej
     assert [r.prefilled for r in secondary.requests] == [True, False, False]
 
 
-async def test_an_async_prefill_rejection_ends_in_a_complete_answer_via_restart(
-    servers: tuple[FaultInjectingServer, FaultInjectingServer],
-) -> None:
-    primary, secondary = servers
-    primary.script(Fault.drop_mid_stream(after_chunks=3))
-    secondary.default_fault = Fault.prefill_rejected()
-    events = RestartEvents()
-    answer = await aconsume(continuing("openai", servers), [], {"callbacks": [events]})
-    assert answer == DELIVERED + PRIMARY_REPLY
-    assert events_of(events) == [(0, 1, 3, True), (1, 1, 3, False)]
-
-
 # -- content filter ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("mid_stream", ["restart", "continue"])
-def test_a_filtered_prompt_propagates_and_is_never_sent_to_the_fallback(
-    mid_stream: str, servers: tuple[FaultInjectingServer, FaultInjectingServer]
-) -> None:
-    primary, secondary = servers
-    model = chain("openai", servers, mid_stream=mid_stream)
-    primary.script(Fault.content_filtered(prompt=True))
-    with pytest.raises(openai.BadRequestError) as caught:
-        model.invoke("Capital of France?")
-    assert caught.value.code == "content_filter"
-    primary.script(Fault.content_filtered(prompt=True))
-    with pytest.raises(openai.BadRequestError):
-        consume(model, [])
-    assert secondary.requests == []
-
-
-async def test_a_filtered_completion_ends_the_stream_as_the_provider_ended_it(
-    servers: tuple[FaultInjectingServer, FaultInjectingServer],
-) -> None:
-    primary, secondary = servers
-    primary.script(Fault.content_filtered(after_chunks=2))
-    model = chain("openai", servers, mid_stream="continue")
-    merged = None
-    async for chunk in model.astream("Capital of France?"):
-        merged = chunk if merged is None else merged + chunk
-    assert merged is not None
-    assert merged.text == "one two"
-    assert merged.response_metadata["finish_reason"] == "content_filter"
-    assert merged.response_metadata["fallback_served_by"] == [0]
-    assert secondary.requests == []

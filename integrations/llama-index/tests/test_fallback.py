@@ -1,11 +1,14 @@
-"""FallbackLLM: every LlamaIndex call shape through the core engine, offline and fast."""
+"""FallbackLLM as a LlamaIndex citizen: the ``complete`` shapes, instrumentation events and
+callbacks, function calling, metadata and serialisation, offline and fast.
+
+What both adapters share (failover, errors, who served, restarts, per-member time limits,
+options) is proven in ``tests/behaviour/test_fallback.py``, for the chat shapes.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -25,7 +28,7 @@ from llama_index.resilience.testing import (
     rate_limit_error,
 )
 
-from llm_resilience import Cooldown, MemberProfile, PerClientTimeoutError
+from llm_resilience import MemberProfile
 from llm_resilience.errors import NoCapableMemberError
 
 CHAT = ["chat", "achat", "stream_chat", "astream_chat"]
@@ -125,7 +128,10 @@ class LLMEventCounter(BaseCallbackHandler):
 # -- failover on every call shape ------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
+# The chat shapes of these are in tests/behaviour/test_fallback.py, for both adapters.
+
+
+@pytest.mark.parametrize("method", COMPLETE)
 async def test_every_call_shape_fails_over_from_a_rate_limited_primary(method: str) -> None:
     primary, secondary = fakes(error=rate_limit_error())
     llm = FallbackLLM(llms=[primary, secondary])
@@ -137,7 +143,7 @@ async def test_every_call_shape_fails_over_from_a_rate_limited_primary(method: s
     assert all(response.additional_kwargs[SERVED_BY_KEY] == [1] for response in responses)
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
+@pytest.mark.parametrize("method", COMPLETE)
 async def test_a_non_transient_error_propagates_without_trying_the_next_llm(method: str) -> None:
     bad_request = api_status_error(400, "Error code: 400 - invalid model")
     primary, secondary = fakes(error=bad_request)
@@ -149,29 +155,6 @@ async def test_a_non_transient_error_propagates_without_trying_the_next_llm(meth
     assert raised.value is primary.last_error
     assert str(raised.value) == str(bad_request)
     assert secondary.calls == 0
-
-
-@pytest.mark.parametrize("method", ["chat", "astream_chat"])
-async def test_when_every_llm_fails_the_last_llms_own_error_is_raised(method: str) -> None:
-    last = rate_limit_error("Error code: 429 - secondary exhausted")
-    primary = FakeFunctionCallingLLM(error=rate_limit_error())
-    secondary = FakeFunctionCallingLLM(error=last)
-
-    with pytest.raises(type(last)) as raised:
-        await call(FallbackLLM(llms=[primary, secondary]), method)
-
-    assert raised.value is secondary.last_error
-    assert str(raised.value) == str(last)
-
-
-async def test_the_primary_answers_when_it_is_healthy() -> None:
-    primary, secondary = fakes()
-
-    text, responses = await call(FallbackLLM(llms=[primary, secondary]), "achat")
-
-    assert text == "from the primary"
-    assert secondary.calls == 0
-    assert responses[0].additional_kwargs[SERVED_BY_KEY] == [0]
 
 
 async def test_usage_reported_by_the_serving_llm_is_kept() -> None:
@@ -187,39 +170,10 @@ async def test_usage_reported_by_the_serving_llm_is_kept() -> None:
 # -- timeouts ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", CHAT)
-async def test_a_hanging_primary_times_out_and_the_secondary_answers(method: str) -> None:
-    primary, secondary = fakes(hang_seconds=5)
-    llm = FallbackLLM(llms=[primary, secondary], per_client_timeout=0.1)
-    started = time.monotonic()
-    try:
-        text, _ = await call(llm, method)
-    finally:
-        primary.release()
-
-    assert text == "Paris is the capital"
-    assert time.monotonic() - started < 2
-
-
-@pytest.mark.parametrize("method", ["chat", "astream_chat"])
-async def test_a_hanging_last_llm_raises_a_timeout_error(method: str) -> None:
-    primary = FakeFunctionCallingLLM(error=rate_limit_error())
-    secondary = FakeFunctionCallingLLM(hang_seconds=5)
-    llm = FallbackLLM(llms=[primary, secondary], per_client_timeout=timedelta(seconds=0.1))
-    try:
-        with pytest.raises(PerClientTimeoutError) as raised:
-            await call(llm, method)
-    finally:
-        secondary.release()
-
-    assert isinstance(raised.value, TimeoutError)
-    assert llm.per_client_timeout == 0.1
-
-
 # -- streaming --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["stream_chat", "stream_complete"])
+@pytest.mark.parametrize("method", ["stream_complete"])
 def test_a_stream_starts_no_request_until_it_is_iterated(method: str) -> None:
     primary, secondary = fakes()
     llm = FallbackLLM(llms=[primary, secondary])
@@ -231,17 +185,7 @@ def test_a_stream_starts_no_request_until_it_is_iterated(method: str) -> None:
     assert primary.calls == 1
 
 
-async def test_an_async_stream_starts_no_request_until_it_is_iterated() -> None:
-    primary, secondary = fakes()
-
-    stream = await FallbackLLM(llms=[primary, secondary]).astream_chat(MESSAGES)
-    assert primary.calls == 0
-
-    await anext(stream)
-    assert primary.calls == 1
-
-
-@pytest.mark.parametrize("method", ["stream_chat", "astream_chat", "astream_complete"])
+@pytest.mark.parametrize("method", ["stream_complete", "astream_complete"])
 async def test_a_stream_cut_mid_way_restarts_on_the_next_llm_and_emits_a_restart_event(
     method: str, recorder: EventRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -275,33 +219,6 @@ async def test_a_usage_only_chunk_is_not_counted_as_a_token_in_the_restart(
     assert isinstance(restart, FallbackStreamRestartEvent)
     assert restart.chunks == 3
     assert "after 3 token(s)" in caplog.text
-
-
-async def test_a_stream_failing_before_its_first_chunk_emits_no_restart_event(
-    recorder: EventRecorder,
-) -> None:
-    primary, secondary = fakes(error=rate_limit_error())
-
-    text, _ = await call(FallbackLLM(llms=[primary, secondary]), "astream_chat")
-
-    assert text == "Paris is the capital"
-    assert recorder.named("FallbackStreamRestartEvent") == []
-
-
-async def test_a_stream_that_hangs_mid_way_restarts_after_the_timeout(
-    recorder: EventRecorder,
-) -> None:
-    primary, secondary = fakes(hang_seconds=5, fail_after_chunks=1)
-    llm = FallbackLLM(llms=[primary, secondary], per_client_timeout=0.1)
-    try:
-        text, _ = await call(llm, "stream_chat")
-    finally:
-        primary.release()
-
-    assert text == "from" + "Paris is the capital"
-    restart = recorder.named("FallbackStreamRestartEvent")[0]
-    assert isinstance(restart, FallbackStreamRestartEvent)
-    assert restart.error_type == "TimeoutError"
 
 
 # -- one event pair per call ------------------------------------------------------------
@@ -386,7 +303,7 @@ class CountingLimiter:
         self.taken += 1
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
+@pytest.mark.parametrize("method", COMPLETE)
 async def test_a_members_own_rate_limiter_still_applies(method: str) -> None:
     limiter = CountingLimiter()
     primary = FakeFunctionCallingLLM(error=rate_limit_error(), rate_limiter=limiter)
@@ -538,88 +455,6 @@ def test_metadata_takes_the_declared_member_profiles_over_the_members_own() -> N
 
     assert metadata.context_window == 4_000
     assert metadata.is_function_calling_model is True
-
-
-def test_find_layer_looks_at_itself_then_at_each_member_in_order() -> None:
-    primary, secondary = fakes()
-    inner = FallbackLLM(llms=[primary, secondary])
-    outer = FallbackLLM(llms=[MockLLM(), inner])
-
-    assert outer.find_layer(FallbackLLM) is outer
-    assert outer.find_layer(MockLLM) is outer.llms[0]
-    assert outer.find_layer(FakeFunctionCallingLLM) is primary
-    assert inner.find_layer(ChatMessage) is None
-    assert outer.inner == outer.llms == (outer.llms[0], inner)
-
-
-def test_the_members_are_kept_as_given_in_order() -> None:
-    primary, secondary = fakes()
-
-    llm = FallbackLLM(llms=[primary, secondary])
-
-    assert llm.llms[0] is primary
-    assert llm.llms[1] is secondary
-
-
-def test_a_cooldown_skips_a_primary_that_keeps_failing() -> None:
-    primary, secondary = fakes(error=rate_limit_error())
-    llm = FallbackLLM(llms=[primary, secondary], cooldown=Cooldown(failures=1, duration=60))
-
-    llm.chat(MESSAGES)
-    llm.chat(MESSAGES)
-
-    assert (primary.calls, secondary.calls) == (1, 2)
-
-
-def test_a_custom_classifier_decides_what_fails_over() -> None:
-    primary, secondary = fakes(error=api_status_error(400))
-    llm = FallbackLLM(llms=[primary, secondary], classifier=lambda error: True)
-
-    assert llm.chat(MESSAGES).message.content == "Paris is the capital"
-
-
-@pytest.mark.parametrize(
-    ("options", "error", "message"),
-    [
-        ({"llms": [MockLLM()]}, ValueError, "llms must hold at least 2"),
-        ({"llms": []}, ValueError, "llms must hold at least 2"),
-        ({"llms": MockLLM()}, TypeError, "llms must be a list"),
-        ({"llms": [MockLLM(), "gpt-4o"]}, TypeError, r"llms\[1\] must be a LlamaIndex LLM.*str"),
-        ({"per_client_timeout": 0}, ValueError, "per_client_timeout must be greater than 0"),
-        ({"per_client_timeout": -1.5}, ValueError, "per_client_timeout must be greater than 0"),
-        ({"per_client_timeout": "30"}, TypeError, "per_client_timeout must be None, a number"),
-        ({"cooldown": 30}, TypeError, "cooldown must be None or a Cooldown"),
-        ({"classifier": "transient"}, TypeError, "classifier must be a callable"),
-    ],
-)
-def test_bad_options_raise_an_error_naming_the_option(
-    options: dict[str, Any], error: type[Exception], message: str
-) -> None:
-    arguments: dict[str, Any] = {"llms": [MockLLM(), MockLLM()], **options}
-
-    with pytest.raises(error, match=message):
-        FallbackLLM(**arguments)
-
-
-def test_options_cannot_be_changed_after_construction() -> None:
-    llm = FallbackLLM(llms=[MockLLM(), MockLLM()], per_client_timeout=5)
-
-    with pytest.raises(ValueError, match="frozen"):
-        llm.per_client_timeout = 1  # type: ignore[misc]
-
-
-def test_a_member_that_retries_by_itself_is_warned_about_once(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    retrying = FakeFunctionCallingLLM(model_name="retrying", max_retries=3)
-
-    with caplog.at_level(logging.WARNING, logger="llm_resilience.fallback"):
-        FallbackLLM(llms=[retrying, MockLLM()])
-        FallbackLLM(llms=[retrying, MockLLM()])
-
-    warnings = [r for r in caplog.records if "retries by itself" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "max_retries=3" in warnings[0].getMessage()
 
 
 def test_serialising_the_wrapper_for_events_carries_no_member_secrets() -> None:

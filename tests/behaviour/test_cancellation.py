@@ -1,11 +1,11 @@
 """Calls cancelled or abandoned at random points through the whole stack leave no hold.
 
-``CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel))`` with a strict budget
-on a SQLite ledger, real ``ChatOpenAI``/``ChatAnthropic`` clients against slow local
-servers: async calls are cancelled at random moments (at the gate, waiting for a
-permit, mid-request, mid-stream, while the entry is written), sync streams are dropped
-after a random number of chunks. Afterwards no strict-mode hold is left and the spend
-the ledger reports is exactly the sum of its entries.
+The cost layer over the rate limiter over a fallback chain, with a strict budget on a
+SQLite ledger, real clients against slow local servers: async calls are cancelled at
+random moments (at the gate, waiting for a permit, mid-request, mid-stream, while the
+entry is written), sync streams are dropped after a random number of chunks. Afterwards
+no strict-mode hold is left and the spend the ledger reports is exactly the sum of its
+entries.
 """
 
 from __future__ import annotations
@@ -15,20 +15,14 @@ import random
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
-from langchain_anthropic import ChatAnthropic
-from langchain_openai import ChatOpenAI
-
-from langchain_llm_resilience import (
-    CostTrackedChatModel,
-    FallbackChatModel,
-    RateLimitedChatModel,
-)
 from llm_resilience import CostBudget
 from llm_resilience.ledger import SqlCostLedger
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 SEED = 7
+PROMPT = "say ten words"
 
 
 def _live_holds(path: Path) -> int:
@@ -52,7 +46,9 @@ async def _steady(path: Path, *, within: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_calls_cancelled_or_dropped_at_random_points_leave_no_hold(tmp_path: Path) -> None:
+async def test_calls_cancelled_or_dropped_at_random_points_leave_no_hold(
+    driver: Any, tmp_path: Path
+) -> None:
     rng = random.Random(SEED)
     path = tmp_path / "spend.db"
     ledger = SqlCostLedger(f"sqlite:///{path}", operation_timeout=2)
@@ -62,48 +58,30 @@ async def test_calls_cancelled_or_dropped_at_random_points_leave_no_hold(tmp_pat
         FaultInjectingServer(reply=reply, default_fault=Fault.slow(0.01)) as secondary,
     ):
         primary.script(*(rng.choice([Fault.slow(0.01), Fault.status(429)]) for _ in range(400)))
-        model = CostTrackedChatModel(
-            inner=RateLimitedChatModel(
-                inner=FallbackChatModel(
-                    models=[
-                        ChatOpenAI(
-                            model="gpt-4o-mini",
-                            base_url=primary.openai_base_url,
-                            api_key="test",  # type: ignore[arg-type]
-                            max_retries=0,
-                            max_tokens=32,
-                        ),
-                        ChatAnthropic(
-                            model="claude-haiku-4-5",
-                            base_url=secondary.anthropic_base_url,
-                            api_key="test",  # type: ignore[arg-type]
-                            max_retries=0,
-                            max_tokens=32,
-                        ),
-                    ],
-                    per_client_timeout=10,
-                ),
-                requests_per_minute=30_000,
-            ),
+        chain = driver.fallback(
+            [driver.openai_member(primary), driver.other_wire_member(secondary)[0]],
+            per_client_timeout=10,
+        )
+        model = driver.cost_tracked(
+            driver.rate_limited(chain, requests_per_minute=30_000),
             budget=CostBudget(3, 15, daily_limit=1_000, strict=True),
             ledger=ledger,
         )
 
-        async def ainvoke() -> None:
-            await model.ainvoke("say ten words")
+        async def call() -> None:
+            await driver.run(model, "acall", PROMPT)
 
-        async def astream() -> None:
-            async for _ in model.astream("say ten words"):
-                pass
+        async def stream() -> None:
+            await driver.run(model, "astream", PROMPT)
 
         def dropped_stream(after: int) -> None:
-            stream = model.stream("say ten words")
-            for index, _ in enumerate(stream):
+            chunks = driver.sync_stream(model, PROMPT)
+            for index, _ in enumerate(chunks):
                 if index == after:
                     break
-            stream.close()
+            chunks.close()
 
-        tasks = [asyncio.create_task(rng.choice([ainvoke, astream])()) for _ in range(150)]
+        tasks = [asyncio.create_task(rng.choice([call, stream])()) for _ in range(150)]
         loop = asyncio.get_running_loop()
         for task in tasks:
             loop.call_later(rng.uniform(0, 1.5), task.cancel)

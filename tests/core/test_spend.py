@@ -118,6 +118,15 @@ def test_every_grouping_reports_the_same_exact_rows_on_every_ledger(ledger: Any,
     assert report.total.calls == len(ENTRIES)
 
 
+@pytest.mark.parametrize("by", GROUPINGS)
+def test_a_ledgers_own_report_is_the_spend_report_without_a_budget(ledger: Any, by: str) -> None:
+    since, until = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 3, tzinfo=UTC)
+    own = ledger.report(by, since, until, scope="tenant-a")
+    assert own == spend_report(ledger, by, since, until, scope="tenant-a")
+    assert own.rows and dict(own.remaining) == {}
+    assert ledger.report(by=by).total == _reference(by).total
+
+
 def test_day_and_month_keys_are_utc_dates_sorted_in_time_order(ledger: Any) -> None:
     days = spend_report(ledger, by="day")
     assert [row.key for row in days.rows] == [

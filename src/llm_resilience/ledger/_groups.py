@@ -1,9 +1,10 @@
 """How a ledger's entries add up per group: the rows a spend report is made of.
 
 Storage owns the grouping (:class:`~llm_resilience.ledger.SqlCostLedger` groups in the
-database, the in-memory ledger here, with :func:`group_entries`); what a report does with
-the rows (order, total, what a budget has left) is :mod:`llm_resilience.spend`'s, which
-re-exports these names.
+database, the in-memory ledger here, with :func:`group_entries`) and the report of rows it
+makes (:func:`grouped_report`: ordered, totalled; a ledger's ``report()``). What a budget
+has left is policy: :func:`llm_resilience.spend.spend_report` adds it, and re-exports these
+names.
 
 >>> from datetime import UTC, datetime
 >>> entry = LedgerEntry(datetime(2026, 11, 29, 12, tzinfo=UTC), "chat", cost=Decimal("0.1"))
@@ -13,21 +14,24 @@ re-exports these names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, get_args
 
-from llm_resilience.ledger._protocol import LedgerEntry
+from llm_resilience.ledger._protocol import LedgerEntry, check_entry_filters
 from llm_resilience.money import exact_sum
 
 __all__ = [
     "GROUPINGS",
     "Grouping",
+    "SpendReport",
     "SpendRow",
     "check_grouping",
     "entry_key",
     "group_entries",
+    "grouped_report",
 ]
 
 Grouping = Literal["day", "month", "model", "kind", "surface", "scope"]
@@ -64,6 +68,40 @@ class SpendRow:
         """``estimated_calls / calls``: how much of the group rests on estimates (0.0
         when the group has no calls)."""
         return self.estimated_calls / self.calls if self.calls else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpendReport:
+    """Spend per group over ``[since, until)``, for ``scope`` or every scope.
+
+    >>> report = SpendReport("day", None, None, None, rows=(), total=EMPTY_ROW)
+    >>> report.total.cost, dict(report.remaining)
+    (Decimal('0'), {})
+    """
+
+    #: What the rows are grouped by.
+    by: Grouping
+    #: Inclusive lower bound of the entries' timestamps (UTC), or None.
+    since: datetime | None
+    #: Exclusive upper bound (UTC), or None.
+    until: datetime | None
+    #: The scope reported on; None: every scope (unscoped entries included).
+    scope: str | None
+    #: One row per group: by key ascending for day and month, else by cost descending
+    #: (ties by key, unknown last).
+    rows: tuple[SpendRow, ...]
+    #: Sums over every row; its key is None.
+    total: SpendRow
+    #: Only from :func:`~llm_resilience.spend.spend_report` with a budget: money left today
+    #: (``"day"``) and this month (``"month"``) for the scope, ``limit - spend`` but not
+    #: below 0; a window without a limit is absent.
+    remaining: Mapping[str, Decimal] = field(default_factory=dict)
+
+
+#: The sums of no entries.
+EMPTY_ROW = SpendRow(None, Decimal(0), 0, 0, 0, 0)
+# Groupings whose keys are times: rows sorted by key rather than by cost.
+_BY_TIME = ("day", "month")
 
 
 def check_grouping(by: object) -> Grouping:
@@ -110,3 +148,59 @@ def group_entries(entries: Iterable[LedgerEntry], by: Grouping) -> list[SpendRow
         SpendRow(key, exact_sum(costs), calls, tokens_in, tokens_out, estimated)
         for key, (costs, calls, tokens_in, tokens_out, estimated) in sums.items()
     ]
+
+
+def grouped_report(
+    ledger: Any,
+    by: object = "day",
+    since: datetime | None = None,
+    until: datetime | None = None,
+    *,
+    scope: str | None = None,
+) -> SpendReport:
+    """``ledger``'s entries over ``since <= timestamp < until`` summed per ``by`` group,
+    ordered and totalled (no ``remaining``: that needs a budget).
+
+    ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"`` or
+    ``"scope"`` (anything else: ``ValueError`` naming ``by`` and these); ``since`` and
+    ``until`` are timezone-aware (naive: ``ValueError``); ``scope`` keeps one scope's
+    entries (None: all). A ledger with a ``_spend_rows(by, since, until, scope)`` method
+    (both of ours) sums where its data is; any other is read through
+    ``entries(since, until)`` and summed here.
+    """
+    grouping = check_grouping(by)
+    low, high, scope, _, _ = check_entry_filters(since, until, scope, None, None)
+    grouped = getattr(ledger, "_spend_rows", None)
+    if grouped is not None:
+        rows: list[SpendRow] = grouped(grouping, low, high, scope)
+    else:
+        chosen = (
+            entry for entry in ledger.entries(low, high) if scope is None or entry.scope == scope
+        )
+        rows = group_entries(chosen, grouping)
+    return SpendReport(
+        by=grouping,
+        since=low,
+        until=high,
+        scope=scope,
+        rows=_sorted(rows, grouping),
+        total=_total(rows),
+    )
+
+
+def _sorted(rows: Iterable[SpendRow], by: Grouping) -> tuple[SpendRow, ...]:
+    if by in _BY_TIME:
+        return tuple(sorted(rows, key=lambda row: (row.key is None, row.key or "")))
+    return tuple(sorted(rows, key=lambda row: (-row.cost, row.key is None, row.key or "")))
+
+
+def _total(rows: Iterable[SpendRow]) -> SpendRow:
+    rows = list(rows)
+    return SpendRow(
+        None,
+        exact_sum(row.cost for row in rows),
+        sum(row.calls for row in rows),
+        sum(row.input_tokens for row in rows),
+        sum(row.output_tokens for row in rows),
+        sum(row.estimated_calls for row in rows),
+    )

@@ -11,7 +11,13 @@ from decimal import Decimal
 
 from llm_resilience import checks
 from llm_resilience.checks import duration, whole
-from llm_resilience.ledger._groups import Grouping, SpendRow, group_entries
+from llm_resilience.ledger._groups import (
+    Grouping,
+    SpendReport,
+    SpendRow,
+    group_entries,
+    grouped_report,
+)
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     LedgerEntry,
@@ -287,6 +293,25 @@ class InMemoryCostLedger:
                 yield entry
 
         return entries()
+
+    def report(
+        self,
+        by: Grouping = "day",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+    ) -> SpendReport:
+        """This ledger's spend per ``by`` group over ``since <= timestamp < until``
+        (``"day"``, ``"month"``, ``"model"``, ``"kind"``, ``"surface"`` or ``"scope"``).
+
+        >>> InMemoryCostLedger().report(by="model").rows
+        ()
+
+        What a budget has left is policy, not storage: ``spend_report(ledger, ...,
+        budget=)`` (:mod:`llm_resilience.spend`) adds it to the same report.
+        """
+        return grouped_report(self, by, since, until, scope=scope)
 
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None

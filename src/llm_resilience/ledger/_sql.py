@@ -38,7 +38,7 @@ from sqlalchemy import delete
 
 from llm_resilience import checks
 from llm_resilience.ledger._connections import Connections, parse_url, unavailable
-from llm_resilience.ledger._groups import Grouping, SpendRow
+from llm_resilience.ledger._groups import Grouping, SpendReport, SpendRow, grouped_report
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
@@ -673,6 +673,24 @@ class SqlCostLedger:
                 yield entry
             if cursor is None:
                 return
+
+    def report(
+        self,
+        by: Grouping = "day",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        scope: str | None = None,
+    ) -> SpendReport:
+        """This ledger's spend per ``by`` group over ``since <= timestamp < until``,
+        grouped by the database in one bounded operation (exact sums).
+
+        >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
+
+        What a budget has left is policy, not storage: ``spend_report(ledger, ...,
+        budget=)`` (:mod:`llm_resilience.spend`) adds it to the same report.
+        """
+        return grouped_report(self, by, since, until, scope=scope)
 
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Layer", "find_layer", "layers_below", "leaves"]
+__all__ = ["Layer", "Probeable", "WrapsOne", "find_layer", "layers_below", "leaves"]
 
 LayerT = TypeVar("LayerT")
 
@@ -89,3 +89,33 @@ def leaves(layer: object) -> list[object]:
         else:
             found.append(current)
     return found
+
+
+class Probeable:
+    """A layer's ``find_layer(cls)``: the first layer of type ``cls`` in the stack below
+    it, itself included (:func:`find_layer`). A mixin for every wrapper of both adapters.
+
+    >>> class Chain(Probeable):
+    ...     def layers_below(self): return ("provider",)
+    >>> Chain().find_layer(str)
+    'provider'
+    """
+
+    __slots__ = ()
+
+    def find_layer(self, cls: type[LayerT]) -> LayerT | None:
+        """The first layer of type ``cls`` in the stack below (itself included), or None."""
+        return find_layer(self, cls)
+
+
+class WrapsOne(Probeable):
+    """A layer over one object, its ``inner``: ``layers_below()`` is ``(inner,)`` and
+    ``find_layer`` probes through it. A mixin for the single-inner wrappers of both
+    adapters (a fallback chain names its members itself)."""
+
+    __slots__ = ()
+
+    def layers_below(self) -> tuple[object, ...]:
+        """What this layer wraps directly: ``(inner,)`` (the layer contract)."""
+        inner: object = self.inner  # type: ignore[attr-defined]
+        return (inner,)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm_resilience.layers import Layer, find_layer, layers_below, leaves
+from llm_resilience.layers import Layer, Probeable, WrapsOne, find_layer, layers_below, leaves
 
 
 class Provider:
@@ -84,3 +84,25 @@ def test_a_core_fallback_chain_answers_its_clients_as_the_layers_below_it() -> N
     chain = FallbackChain(["primary", "secondary"])
     assert layers_below(chain) == ("primary", "secondary")
     assert leaves(chain) == ["primary", "secondary"]
+
+
+def test_a_wrapper_over_one_inner_names_it_below_and_probes_through_it() -> None:
+    class OneInner(WrapsOne):
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+    provider = "provider"
+    outer = OneInner(OneInner(provider))
+    assert outer.layers_below() == (outer.inner,)
+    assert outer.find_layer(OneInner) is outer
+    assert outer.find_layer(str) == provider
+    assert outer.find_layer(int) is None
+
+
+def test_a_probeable_layer_finds_through_the_members_it_names() -> None:
+    class Chain(Probeable):
+        def layers_below(self) -> tuple[object, ...]:
+            return (1.5, "member")
+
+    assert Chain().find_layer(str) == "member"
+    assert Chain().find_layer(float) == 1.5

@@ -37,7 +37,7 @@ from langchain_core.utils._merge import merge_dicts
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import AsyncStreamSettler, StreamSettler
 from llm_resilience.redact import redacted_fields
 
@@ -346,7 +346,7 @@ def merged_usage_and_metadata(
     return usage, metadata
 
 
-class DelegatingChatModel(BaseChatModel):
+class DelegatingChatModel(BaseChatModel, WrapsOne):
     """Base of the layers that wrap one chat model (``inner``).
 
     A call runs ``_begin`` (may refuse by raising), then the inner model's internals
@@ -435,14 +435,6 @@ class DelegatingChatModel(BaseChatModel):
         # repr(), str(), rich output and dumpd()'s "repr" are built from these: no
         # member's credentials.
         return redacted_fields(super().__repr_args__())
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     def _resolve_model_profile(self) -> ModelProfile | None:
         return self.inner.profile

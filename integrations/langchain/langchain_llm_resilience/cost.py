@@ -24,7 +24,7 @@ from langchain_llm_resilience._delegate import (
     signature_precomputed,
 )
 from llm_resilience.budget import BudgetGate, CostBudget, served_model
-from llm_resilience.layers import find_layer, leaves
+from llm_resilience.layers import WrapsOne, leaves
 from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
 from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
@@ -403,7 +403,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         await call.aend_early(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
 
-class CostTrackedEmbeddings(Embeddings):
+class CostTrackedEmbeddings(Embeddings, WrapsOne):
     """Embeddings gated by a spend budget; each call records its estimated tokens and cost.
 
     >>> embeddings = CostTrackedEmbeddings(
@@ -434,14 +434,6 @@ class CostTrackedEmbeddings(Embeddings):
         self.scope = self._meter.scope
         #: The budget gate this wrapper consults and records through.
         self.gate = self._meter.gate
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     def _embed(self, texts: list[str], call: Any) -> Any:
         metered = self._meter.begin(texts=texts)

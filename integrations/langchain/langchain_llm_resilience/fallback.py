@@ -65,7 +65,7 @@ from llm_resilience.fallback import (
     merge_capabilities,
     read_from_primary,
 )
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import Probeable
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
 from llm_resilience.served import SERVED_BY_KEY, served_mark, served_path
@@ -74,7 +74,7 @@ from llm_resilience.usage import Usage, reported_usage
 __all__ = ["SERVED_BY_KEY", "STREAM_RESTART_EVENT", "FallbackChatModel"]
 
 
-class FallbackChatModel(BaseChatModel):
+class FallbackChatModel(BaseChatModel, Probeable):
     """A chat model that tries ``models`` in order, moving on when one fails transiently.
 
     >>> from langchain_openai import ChatOpenAI
@@ -238,10 +238,6 @@ class FallbackChatModel(BaseChatModel):
         """Each member's circuit (see :meth:`FallbackChain.health`), in ``models`` order."""
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         return chain.health()
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     def __getattr__(self, name: str) -> Any:
         """Reads the chain cannot answer go to its first member, as ``with_fallbacks``'s

@@ -21,6 +21,7 @@ from langchain_llm_resilience._delegate import (
     private_state,
     prompt_pairs,
 )
+from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
     RedisTokenBucketRateLimiter,
@@ -130,7 +131,7 @@ class RateLimitedChatModel(DelegatingChatModel):
         )
 
 
-class RateLimitedEmbeddings(Embeddings):
+class RateLimitedEmbeddings(Embeddings, WrapsOne):
     """Embeddings that take one permit per call (per batch, not per text) from a limiter.
 
     >>> embeddings = RateLimitedEmbeddings(inner=OpenAIEmbeddings(), requests_per_minute=1200)
@@ -159,16 +160,6 @@ class RateLimitedEmbeddings(Embeddings):
             tokens_per_minute=tokens_per_minute,
             limiter=limiter,
         )
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        from llm_resilience.layers import find_layer
-
-        return find_layer(self, cls)
 
     def _weight(self, texts: Sequence[str]) -> int:
         return request_weight(self.limiter, texts=texts)

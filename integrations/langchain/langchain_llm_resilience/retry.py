@@ -20,13 +20,13 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import WrapsOne
 from llm_resilience.retry import RetryPolicy, policy_option, warn_of_multiplied_retries
 
 __all__ = ["RetryingEmbeddings", "RetryingVectorStore"]
 
 
-class RetryingEmbeddings(Embeddings):
+class RetryingEmbeddings(Embeddings, WrapsOne):
     """Embeddings whose every call (sync and async) is retried under a :class:`RetryPolicy`.
 
     >>> from langchain_openai import OpenAIEmbeddings
@@ -46,14 +46,6 @@ class RetryingEmbeddings(Embeddings):
         self.policy = policy_option(policy)
         warn_of_multiplied_retries(inner, self.policy, wrapper=type(self).__name__)
 
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
-
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         return self.policy.call(self.inner.embed_documents, texts)
 
@@ -67,7 +59,7 @@ class RetryingEmbeddings(Embeddings):
         return await self.policy.acall(self.inner.aembed_query, text)
 
 
-class RetryingVectorStore(VectorStore):
+class RetryingVectorStore(VectorStore, WrapsOne):
     """A vector store whose every public call (sync and async) is retried under a policy.
 
     >>> store = RetryingVectorStore(inner=QdrantVectorStore(...))  # doctest: +SKIP
@@ -93,14 +85,6 @@ class RetryingVectorStore(VectorStore):
         #: The policy every call runs under.
         self.policy = policy_option(policy)
         warn_of_multiplied_retries(inner, self.policy, wrapper=type(self).__name__)
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     @property
     def embeddings(self) -> Embeddings | None:

@@ -50,7 +50,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import AsyncStreamSettler, StreamSettler
 from llm_resilience.redact import redacted_fields
 
@@ -97,7 +97,7 @@ _INHERITED_EMBEDDING_FIELDS = (
 )
 
 
-class DelegatingLLM(FunctionCallingLLM):
+class DelegatingLLM(FunctionCallingLLM, WrapsOne):
     """Base of the layers that wrap one LLM (``inner``).
 
     Each of the eight chat/completion methods (sync, async, streaming) runs
@@ -176,14 +176,6 @@ class DelegatingLLM(FunctionCallingLLM):
     def metadata(self) -> LLMMetadata:
         """The inner LLM's metadata."""
         return self.inner.metadata
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     # -- chat -----------------------------------------------------------------------------
 
@@ -400,7 +392,7 @@ class DelegatingLLM(FunctionCallingLLM):
         return self.inner
 
 
-class DelegatingEmbedding(BaseEmbedding):
+class DelegatingEmbedding(BaseEmbedding, WrapsOne):
     """Base of the layers that wrap one embedding model (``inner``).
 
     ``_get_query_embedding``, ``_get_text_embedding`` and ``_get_text_embeddings`` (one
@@ -455,14 +447,6 @@ class DelegatingEmbedding(BaseEmbedding):
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
         # repr(), str() and rich output are built from these: no member's credentials.
         return redacted_fields(super().__repr_args__())
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     # -- calls ----------------------------------------------------------------------------
 

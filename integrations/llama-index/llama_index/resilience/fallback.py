@@ -81,7 +81,7 @@ from llm_resilience.fallback import (
     merge_capabilities,
     read_from_primary,
 )
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import Probeable
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
 from llm_resilience.served import SERVED_BY_KEY, served_mark
@@ -104,7 +104,7 @@ def _option(description: str, exclude: bool = False) -> Any:
     return Field(default=None, frozen=True, exclude=exclude, description=description)
 
 
-class FallbackLLM(FunctionCallingLLM):
+class FallbackLLM(FunctionCallingLLM, Probeable):
     """Try ``llms`` in order; move to the next one at once when one fails transiently.
 
     Example::
@@ -257,14 +257,6 @@ class FallbackLLM(FunctionCallingLLM):
     def health(self) -> tuple[MemberHealth, ...]:
         """Each member's circuit (see :meth:`FallbackChain.health`), in ``llms`` order."""
         return self._chain.health()
-
-    def find_layer(self, cls: type[_LayerT]) -> _LayerT | None:
-        """The first layer of type ``cls`` in the stack below (itself included), or None.
-
-        Looks at itself, then at each member in order, depth first
-        (:func:`llm_resilience.layers.find_layer`).
-        """
-        return find_layer(self, cls)
 
     def __getattr__(self, name: str) -> Any:
         """Reads the chain cannot answer go to its first member (``llm.model``,

@@ -32,7 +32,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.resilience._delegate import DelegatingEmbedding, EmbeddingKind
 
-from llm_resilience.layers import find_layer
+from llm_resilience.layers import WrapsOne
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy, policy_option, warn_of_multiplied_retries
 
@@ -85,7 +85,7 @@ class RetryingEmbedding(DelegatingEmbedding):
         return result
 
 
-class RetryingVectorStore(BasePydanticVectorStore):
+class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
     """A vector store whose every call (sync and async) is retried under a policy.
 
     Example::
@@ -123,14 +123,6 @@ class RetryingVectorStore(BasePydanticVectorStore):
 
     def __repr_args__(self) -> Any:
         return redacted_fields(super().__repr_args__())
-
-    def layers_below(self) -> tuple[Any, ...]:
-        """What this layer wraps directly: ``(inner,)`` (the core's layer contract)."""
-        return (self.inner,)
-
-    def find_layer(self, cls: type[Any]) -> Any:
-        """The first layer of type ``cls`` in the stack below (itself included), or None."""
-        return find_layer(self, cls)
 
     @property
     def client(self) -> Any:

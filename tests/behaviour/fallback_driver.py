@@ -133,6 +133,16 @@ class LangChainFallback:
     def model_name_of(self, reply: Reply) -> str:
         return str(self.message_of(reply).response_metadata["model_name"])
 
+    def streamed_model_name(self, wire: str, model: str) -> str | None:
+        """The model name a stream of ``wire``'s client names: LangChain's clients all
+        pass on the provider's name."""
+        return model
+
+    def passes_opening_events(self, wire: str) -> bool:
+        """Whether ``wire``'s client yields a chunk for the provider's opening (non-text)
+        events: LangChain's do (OpenAI's role chunk, Anthropic's ``message_start``)."""
+        return True
+
     def output_tokens_of(self, reply: Reply) -> int:
         usage = self.message_of(reply).usage_metadata
         return int(usage["output_tokens"]) if usage else 0
@@ -380,25 +390,41 @@ class LlamaIndexFallback:
 
         return int(reply.responses[-1].additional_kwargs[SERVED_BY_KEY][0])
 
-    def model_name_of(self, reply: Reply) -> str:
+    def model_name_of(self, reply: Reply) -> str | None:
         raw = reply.responses[-1].raw
-        return str(raw["model"] if isinstance(raw, dict) else raw.model)
+        named = raw.get("model") if isinstance(raw, dict) else getattr(raw, "model", None)
+        return None if named is None else str(named)
 
-    def _usage(self, reply: Reply, fake_key: str, sdk_field: str) -> int:
-        # The shipped fake puts its usage in additional_kwargs; the OpenAI SDK's in raw.
+    def streamed_model_name(self, wire: str, model: str) -> str | None:
+        """The model name a stream of ``wire``'s client names: LlamaIndex's ``Anthropic``
+        yields no ``message_start`` event, so its streams name none (its calls do)."""
+        return None if wire == "anthropic" else model
+
+    def passes_opening_events(self, wire: str) -> bool:
+        """Whether ``wire``'s client yields a chunk for the provider's opening (non-text)
+        events: LlamaIndex's ``OpenAI`` does (the role chunk), its ``Anthropic`` does not
+        (``message_start`` is read, never yielded), so a failure right after it is one
+        before streaming."""
+        return wire != "anthropic"
+
+    def _usage(self, reply: Reply, fake_key: str, sdk_field: str, anthropic_field: str) -> int:
+        # The shipped fake puts its usage in additional_kwargs; the OpenAI SDK's in raw;
+        # LlamaIndex's Anthropic stream in its message_delta event's raw["usage"].
         for response in reversed(reply.responses):
             if fake_key in response.additional_kwargs:
                 return int(response.additional_kwargs[fake_key])
-            usage = getattr(response.raw, "usage", None)
+            raw = response.raw
+            usage = raw.get("usage") if isinstance(raw, dict) else getattr(raw, "usage", None)
             if usage is not None:
-                return int(getattr(usage, sdk_field))
+                found = getattr(usage, sdk_field, None)
+                return int(found if found is not None else getattr(usage, anthropic_field))
         return 0
 
     def output_tokens_of(self, reply: Reply) -> int:
-        return self._usage(reply, "completion_tokens", "completion_tokens")
+        return self._usage(reply, "completion_tokens", "completion_tokens", "output_tokens")
 
     def input_tokens_of(self, reply: Reply) -> int:
-        return self._usage(reply, "prompt_tokens", "prompt_tokens")
+        return self._usage(reply, "prompt_tokens", "prompt_tokens", "input_tokens")
 
     def whole_text(self, reply: Reply) -> str:
         """The answer as LlamaIndex assembles it: the last response's message."""
@@ -524,9 +550,14 @@ class LlamaIndexFallback:
     def anthropic_member(
         self, server: FaultInjectingServer, model: str = "claude-haiku-4-5"
     ) -> Any:
-        pytest.skip(
-            "LlamaIndex's Anthropic does not run against the installed anthropic SDK "
-            "(see test_real_anthropic.py)"
+        from llama_index.llms.anthropic import Anthropic
+
+        return Anthropic(
+            model=model,
+            base_url=server.anthropic_base_url,
+            api_key="sk-FAKE-test",
+            max_retries=0,
+            timeout=WAIT,
         )
 
     def other_wire_member(self, server: FaultInjectingServer) -> tuple[Any, str]:

@@ -62,7 +62,7 @@ async def test_a_malformed_event_mid_stream_restarts_the_stream_on_the_next_memb
     assert driver.whole_text(reply).endswith(SECONDARY_REPLY)
     assert list(restarts) == [(0, 1, 2, "JSONDecodeError", False)]
     assert driver.served_by(reply) == 1
-    assert driver.model_name_of(reply) == MODELS[pair[1]][1]
+    assert driver.model_name_of(reply) == driver.streamed_model_name(pair[1], MODELS[pair[1]][1])
     # The process is fine: the next call is served by the (now healthy) primary.
     assert (await driver.run(model, mode)).text == PRIMARY_REPLY
     assert len(secondary.requests) == 1
@@ -76,9 +76,11 @@ async def test_a_malformed_event_before_any_text_leaves_only_the_next_members_te
     with driver.restarts(chain(driver, servers, pair)) as (watched, restarts):
         reply = await driver.run(watched, mode)
     assert reply.text == SECONDARY_REPLY
-    assert driver.model_name_of(reply) == MODELS[pair[1]][1]
-    # The primary's opening (non-text) events had been passed on: a restart, of no tokens.
-    assert [restart.chunks for restart in restarts] == [0]
+    assert driver.model_name_of(reply) == driver.streamed_model_name(pair[1], MODELS[pair[1]][1])
+    # Where the primary's client passed its opening (non-text) events on, a restart of no
+    # tokens; where it reads them without yielding, a failure before streaming.
+    opened = driver.passes_opening_events(pair[0])
+    assert [restart.chunks for restart in restarts] == ([0] if opened else [])
 
 
 @pytest.mark.parametrize("mode", STREAMS)
@@ -109,7 +111,7 @@ async def test_a_stream_restarted_mid_way_is_recorded_under_the_member_that_serv
     model = driver.cost_tracked(chain(driver, servers, pair), budget=budget, ledger=ledger)
     reply = await driver.run(model, mode)
     assert reply.text.endswith(SECONDARY_REPLY)
-    assert driver.model_name_of(reply) == MODELS[pair[1]][1]
+    assert driver.model_name_of(reply) == driver.streamed_model_name(pair[1], MODELS[pair[1]][1])
     (entry,) = ledger.entries()
     assert entry.model == MODELS[pair[1]][1]
 

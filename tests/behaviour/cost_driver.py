@@ -1,11 +1,174 @@
-"""What the cost behaviours need of each framework, as mixins over ``driver.py``'s drivers."""
+"""What the cost behaviours need of each framework, as mixins over ``driver.py``'s drivers.
+
+Budgets, token and request limits, retries, the builder and the embeddings layers: each
+mixin builds the framework's objects for them (a fake whose answers name no model, an
+offline model with an output cap, embeddings fakes, the framework's own OpenAI client
+with a limiter in its slot) and reads back what the tests compare (a layer's limiter,
+an embeddings call in each shape).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+EmbedShape = Literal["query", "aquery", "batch", "abatch"]
+EMBED_SHAPES: tuple[EmbedShape, ...] = ("query", "aquery", "batch", "abatch")
 
 
 class LangChainCost:
     """LangChain's side of the cost behaviours."""
 
+    #: The keywords a LangChain call caps its output with.
+    output_cap_keywords: ClassVar[tuple[str, ...]] = ("max_tokens", "max_completion_tokens")
+    #: The role LangChain's string prompt is sent as, for token estimates.
+    prompt_role: ClassVar[str] = "human"
+
+    def unnamed(self, text: str = "Paris is the capital.", *, model: str = "unnamed") -> Any:
+        """An answering fake called ``model`` whose answers name no model (as Cohere's do)."""
+        from langchain_core.messages import BaseMessage
+
+        from langchain_llm_resilience.testing import ScriptedChatModel
+
+        class UnnamedAnswers(ScriptedChatModel):
+            def _answer(self, messages: list[BaseMessage], stop: Any, **kwargs: Any) -> Any:
+                message = super()._answer(messages, stop, **kwargs)
+                message.response_metadata.pop("model_name", None)
+                return message
+
+        return UnnamedAnswers(model=model, responses=[text])
+
+    def capped(self, cap: int) -> Any:
+        """An offline Gemini model whose output cap is ``cap`` (never called here)."""
+        from langchain_google_genai import ChatGoogleGenerativeAI
+
+        return ChatGoogleGenerativeAI(
+            model="gemini-2.0-flash", google_api_key="t", max_output_tokens=cap, max_retries=0
+        )
+
+    def limiter_of(self, layer: Any) -> Any:
+        """The limiter a rate-limited layer takes its permits from."""
+        return layer.rate_limiter_in_use
+
+    # -- embeddings -------------------------------------------------------------------
+
+    def embeddings(self, size: int = 8) -> Any:
+        """An offline embeddings model of ``size`` dimensions."""
+        from langchain_core.embeddings import DeterministicFakeEmbedding
+
+        return DeterministicFakeEmbedding(size=size)
+
+    def cost_tracked_embeddings(self, inner: Any, **options: Any) -> Any:
+        from langchain_llm_resilience import CostTrackedEmbeddings
+
+        return CostTrackedEmbeddings(inner=inner, **options)
+
+    def rate_limited_embeddings(self, inner: Any, **options: Any) -> Any:
+        from langchain_llm_resilience import RateLimitedEmbeddings
+
+        return RateLimitedEmbeddings(inner=inner, **options)
+
+    async def embed(self, model: Any, texts: Sequence[str], shape: EmbedShape) -> int:
+        """Embed ``texts`` (the first alone for a query); the number of vectors back."""
+        if shape == "query":
+            return len([model.embed_query(texts[0])])
+        if shape == "aquery":
+            return len([await model.aembed_query(texts[0])])
+        if shape == "batch":
+            return len(model.embed_documents(list(texts)))
+        return len(await model.aembed_documents(list(texts)))
+
+    # -- the framework's own rate-limiter slot ----------------------------------------
+
+    def slot_base(self) -> type:
+        """The framework's rate-limiter base class (the core limiters register as it)."""
+        from langchain_core.rate_limiters import BaseRateLimiter
+
+        return BaseRateLimiter
+
+    def adapter_module(self) -> str:
+        return "langchain_llm_resilience"
+
+    def openai_in_slot(self, base_url: str, limiter: Any) -> Any:
+        """The framework's own OpenAI chat model, ``limiter`` in its ``rate_limiter`` slot."""
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model="gpt-4o-mini",
+            base_url=base_url,
+            api_key="t",  # type: ignore[arg-type]
+            max_retries=0,
+            timeout=10,
+            rate_limiter=limiter,
+        )
+
 
 class LlamaIndexCost:
     """LlamaIndex's side of the cost behaviours."""
+
+    output_cap_keywords: ClassVar[tuple[str, ...]] = ("max_tokens",)
+    prompt_role: ClassVar[str] = "user"
+
+    def unnamed(self, text: str = "Paris is the capital.", *, model: str = "unnamed") -> Any:
+        from llama_index.resilience.testing import FakeFunctionCallingLLM
+
+        class UnnamedAnswers(FakeFunctionCallingLLM):
+            def _raw(self, usage: dict[str, int] | None) -> dict[str, Any]:
+                return {"usage": usage} if usage is not None else {}
+
+        return UnnamedAnswers(model_name=model, text=text)
+
+    def capped(self, cap: int) -> Any:
+        from llama_index.llms.google_genai import GoogleGenAI
+
+        # A context window given too: without both, construction asks Google for them.
+        return GoogleGenAI(
+            model="gemini-2.0-flash", api_key="t", max_tokens=cap, context_window=1_000_000
+        )
+
+    def limiter_of(self, layer: Any) -> Any:
+        return layer.limiter
+
+    def embeddings(self, size: int = 8) -> Any:
+        from llama_index.core.embeddings import MockEmbedding
+
+        return MockEmbedding(embed_dim=size)
+
+    def cost_tracked_embeddings(self, inner: Any, **options: Any) -> Any:
+        from llama_index.resilience import CostTrackedEmbedding
+
+        return CostTrackedEmbedding(inner=inner, **options)
+
+    def rate_limited_embeddings(self, inner: Any, **options: Any) -> Any:
+        from llama_index.resilience import RateLimitedEmbedding
+
+        return RateLimitedEmbedding(inner=inner, **options)
+
+    async def embed(self, model: Any, texts: Sequence[str], shape: EmbedShape) -> int:
+        if shape == "query":
+            return len([model.get_query_embedding(texts[0])])
+        if shape == "aquery":
+            return len([await model.aget_query_embedding(texts[0])])
+        if shape == "batch":
+            return len(model.get_text_embedding_batch(list(texts)))
+        return len(await model.aget_text_embedding_batch(list(texts)))
+
+    def slot_base(self) -> type:
+        from llama_index.core.rate_limiter import BaseRateLimiter
+
+        return BaseRateLimiter
+
+    def adapter_module(self) -> str:
+        return "llama_index.resilience"
+
+    def openai_in_slot(self, base_url: str, limiter: Any) -> Any:
+        from llama_index.llms.openai import OpenAI
+
+        return OpenAI(
+            model="gpt-4o-mini",
+            api_base=base_url,
+            api_key="t",
+            max_retries=0,
+            timeout=10,
+            rate_limiter=limiter,
+        )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
+from driver import PROMPT
+
 EmbedShape = Literal["query", "aquery", "batch", "abatch"]
 EMBED_SHAPES: tuple[EmbedShape, ...] = ("query", "aquery", "batch", "abatch")
 
@@ -49,6 +51,19 @@ class LangChainCost:
     def limiter_of(self, layer: Any) -> Any:
         """The limiter a rate-limited layer takes its permits from."""
         return layer.rate_limiter_in_use
+
+    def reported_usage(self, reply: Any) -> tuple[int, int]:
+        """The input and output tokens the provider reported for one call's ``Reply``."""
+        usage = self.message_of(reply).usage_metadata  # type: ignore[attr-defined]
+        return usage["input_tokens"], usage["output_tokens"]
+
+    def open_stream(self, model: Any, prompt: str) -> Any:
+        """A sync stream of ``model`` on ``prompt``, not yet iterated."""
+        return model.stream(prompt)
+
+    def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
+        """One plain sync call (``invoke``/``chat``): the framework's answer."""
+        return model.invoke(prompt, **kwargs)
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -128,6 +143,20 @@ class LlamaIndexCost:
 
     def limiter_of(self, layer: Any) -> Any:
         return layer.limiter
+
+    def reported_usage(self, reply: Any) -> tuple[int, int]:
+        usage = reply.responses[-1].raw["usage"]
+        return usage["prompt_tokens"], usage["completion_tokens"]
+
+    def open_stream(self, model: Any, prompt: str) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return model.stream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return model.chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs)
 
     def embeddings(self, size: int = 8) -> Any:
         from llama_index.core.embeddings import MockEmbedding

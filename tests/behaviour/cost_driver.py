@@ -96,8 +96,11 @@ class LangChainCost:
     # -- the framework's own rate-limiter slot ----------------------------------------
 
     def slot_base(self) -> type:
-        """The framework's rate-limiter base class (the core limiters register as it)."""
+        """The framework's rate-limiter base class, the adapter imported (which registers
+        the core limiters as its virtual subclasses)."""
         from langchain_core.rate_limiters import BaseRateLimiter
+
+        import langchain_llm_resilience  # noqa: F401
 
         return BaseRateLimiter
 
@@ -108,6 +111,7 @@ class LangChainCost:
         """The framework's own OpenAI chat model, ``limiter`` in its ``rate_limiter`` slot."""
         from langchain_openai import ChatOpenAI
 
+        self.slot_base()
         return ChatOpenAI(
             model="gpt-4o-mini",
             base_url=base_url,
@@ -183,6 +187,7 @@ class LlamaIndexCost:
         return len(await model.aget_text_embedding_batch(list(texts)))
 
     def slot_base(self) -> type:
+        import llama_index.resilience  # noqa: F401
         from llama_index.core.rate_limiter import BaseRateLimiter
 
         return BaseRateLimiter
@@ -193,6 +198,7 @@ class LlamaIndexCost:
     def openai_in_slot(self, base_url: str, limiter: Any) -> Any:
         from llama_index.llms.openai import OpenAI
 
+        self.slot_base()
         return OpenAI(
             model="gpt-4o-mini",
             api_base=base_url,

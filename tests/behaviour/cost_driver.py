@@ -61,6 +61,10 @@ class LangChainCost:
         """A sync stream of ``model`` on ``prompt``, not yet iterated."""
         return model.stream(prompt)
 
+    async def aopen_stream(self, model: Any, prompt: str) -> Any:
+        """An async stream of ``model`` on ``prompt``, not yet iterated."""
+        return model.astream(prompt)
+
     def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
         """One plain sync call (``invoke``/``chat``): the framework's answer."""
         return model.invoke(prompt, **kwargs)
@@ -92,6 +96,10 @@ class LangChainCost:
         if shape == "batch":
             return len(model.embed_documents(list(texts)))
         return len(await model.aembed_documents(list(texts)))
+
+    def embed_sync(self, model: Any, texts: Sequence[str]) -> int:
+        """Embed ``texts`` as one sync batch; the number of vectors back."""
+        return len(model.embed_documents(list(texts)))
 
     # -- the framework's own rate-limiter slot ----------------------------------------
 
@@ -157,6 +165,11 @@ class LlamaIndexCost:
 
         return model.stream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
 
+    async def aopen_stream(self, model: Any, prompt: str) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return await model.astream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
+
     def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
@@ -185,6 +198,9 @@ class LlamaIndexCost:
         if shape == "batch":
             return len(model.get_text_embedding_batch(list(texts)))
         return len(await model.aget_text_embedding_batch(list(texts)))
+
+    def embed_sync(self, model: Any, texts: Sequence[str]) -> int:
+        return len(model.get_text_embedding_batch(list(texts)))
 
     def slot_base(self) -> type:
         import llama_index.resilience  # noqa: F401

@@ -69,6 +69,57 @@ class LangChainCost:
         """One plain sync call (``invoke``/``chat``): the framework's answer."""
         return model.invoke(prompt, **kwargs)
 
+    # -- real clients on a local server -----------------------------------------------
+
+    def provider_client(self, provider: str, server: Any, model: str) -> Any:
+        """The framework's own client of ``provider`` (``anthropic``, ``openai``,
+        ``bedrock``, ``groq``) for ``model``, talking to ``server`` (a
+        ``FaultInjectingServer``), with fake keys and no retries."""
+        if provider == "anthropic":
+            from langchain_anthropic import ChatAnthropic
+
+            return ChatAnthropic(
+                model_name=model,
+                base_url=server.anthropic_base_url,
+                api_key="sk-FAKE-anthropic",  # type: ignore[arg-type]
+                max_retries=0,
+                timeout=10,
+                stop=None,
+            )
+        if provider == "openai":
+            from langchain_openai import ChatOpenAI
+
+            return ChatOpenAI(
+                model=model,
+                base_url=server.openai_base_url,
+                api_key="sk-FAKE-openai",  # type: ignore[arg-type]
+                max_retries=0,
+                timeout=10,
+            )
+        if provider == "bedrock":
+            import boto3
+            from botocore.config import Config
+            from langchain_aws import ChatBedrockConverse
+
+            client = boto3.client(
+                "bedrock-runtime",
+                endpoint_url=server.anthropic_base_url,
+                region_name="us-east-1",
+                aws_access_key_id="sk-FAKE-aws-access-key-id",
+                aws_secret_access_key="sk-FAKE-aws-secret-access-key",
+                config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
+            )
+            return ChatBedrockConverse(model=model, client=client)
+        from langchain_groq import ChatGroq
+
+        return ChatGroq(
+            model=model,
+            base_url=server.anthropic_base_url,
+            api_key="sk-FAKE-groq",  # type: ignore[arg-type]
+            max_retries=0,
+            timeout=10,
+        )
+
     # -- embeddings -------------------------------------------------------------------
 
     def embeddings(self, size: int = 8) -> Any:
@@ -174,6 +225,54 @@ class LlamaIndexCost:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
         return model.chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs)
+
+    def provider_client(self, provider: str, server: Any, model: str) -> Any:
+        if provider == "anthropic":
+            from llama_index.llms.anthropic import Anthropic
+
+            return Anthropic(
+                model=model,
+                base_url=server.anthropic_base_url,
+                api_key="sk-FAKE-anthropic",
+                max_retries=0,
+                timeout=10,
+            )
+        if provider == "openai":
+            from llama_index.llms.openai import OpenAI
+
+            return OpenAI(
+                model=model,
+                api_base=server.openai_base_url,
+                api_key="sk-FAKE-openai",
+                max_retries=0,
+                timeout=10,
+                additional_kwargs={"stream_options": {"include_usage": True}},
+            )
+        if provider == "bedrock":
+            from botocore.config import Config
+            from llama_index.llms.bedrock_converse import BedrockConverse
+
+            # Not aioboto3: its async methods run the sync client in a thread.
+            return BedrockConverse(
+                model=model,
+                endpoint_url=server.anthropic_base_url,
+                aws_access_key_id="sk-FAKE-aws-access-key-id",
+                aws_secret_access_key="sk-FAKE-aws-secret-access-key",
+                region_name="us-east-1",
+                max_retries=1,
+                botocore_config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
+            )
+        from llama_index.llms.groq import Groq
+
+        # Not asked for stream usage: Groq sends it in the last chunk's x_groq.usage anyway.
+        return Groq(
+            model=model,
+            api_base=f"{server.anthropic_base_url}/openai/v1",
+            api_key="sk-FAKE-groq",
+            max_retries=0,
+            timeout=10,
+            context_window=131_072,
+        )
 
     def embeddings(self, size: int = 8) -> Any:
         from llama_index.core.embeddings import MockEmbedding

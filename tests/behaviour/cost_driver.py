@@ -120,6 +120,81 @@ class LangChainCost:
             timeout=10,
         )
 
+    # -- the builder ------------------------------------------------------------------
+
+    #: How the builder's type errors name the framework.
+    framework_title: ClassVar[str] = "LangChain"
+
+    def builder(self) -> Any:
+        """A fresh ``ResilienceBuilder`` of this adapter."""
+        from langchain_llm_resilience import ResilienceBuilder
+
+        return ResilienceBuilder()
+
+    def journaled(
+        self, journal: list[str], *, model: str = "fake-model", failing: bool = False
+    ) -> Any:
+        """A fake called ``model`` that notes ``provider <model>`` in ``journal`` on each
+        request it receives, then answers (or fails with the fake HTTP 429)."""
+        from pydantic import Field
+
+        from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
+
+        # Each fake passes every request through one method: _answer, or _start.
+        class JournaledAnswers(ScriptedChatModel):
+            journal: Any = Field(default=None, exclude=True)
+
+            def _answer(self, *args: Any, **kwargs: Any) -> Any:
+                self.journal.append(f"provider {self.model_name}")
+                return super()._answer(*args, **kwargs)
+
+        class JournaledFailures(FailingChatModel):
+            journal: Any = Field(default=None, exclude=True)
+
+            def _start(self) -> None:
+                self.journal.append(f"provider {self.model_name}")
+                super()._start()
+
+        Journaled = JournaledFailures if failing else JournaledAnswers
+        return Journaled(journal=journal, model=model)
+
+    def layer_types(self) -> dict[str, type]:
+        """The adapter's classes by role, for walking a built stack."""
+        from langchain_llm_resilience import (
+            CostTrackedChatModel,
+            CostTrackedEmbeddings,
+            FallbackChatModel,
+            RateLimitedChatModel,
+            RateLimitedEmbeddings,
+            RetryingEmbeddings,
+            RetryingVectorStore,
+        )
+
+        return {
+            "cost": CostTrackedChatModel,
+            "rate": RateLimitedChatModel,
+            "fallback": FallbackChatModel,
+            "retry_embeddings": RetryingEmbeddings,
+            "cost_embeddings": CostTrackedEmbeddings,
+            "rate_embeddings": RateLimitedEmbeddings,
+            "retry_store": RetryingVectorStore,
+        }
+
+    def members_of(self, chain: Any) -> list[Any]:
+        """The members of a fallback chain, in order."""
+        return list(chain.models)
+
+    def vector_store(self, embeddings: Any) -> Any:
+        """An in-memory vector store (over ``embeddings`` where the framework needs it)."""
+        from langchain_core.vectorstores import InMemoryVectorStore
+
+        return InMemoryVectorStore(embedding=embeddings)
+
+    def store_and_find(self, store: Any, embeddings: Any, text: str) -> str:
+        """Add ``text`` to ``store`` and find it again: the text found."""
+        store.add_texts([text])
+        return str(store.similarity_search(text, k=1)[0].page_content)
+
     # -- embeddings -------------------------------------------------------------------
 
     def embeddings(self, size: int = 8) -> Any:
@@ -273,6 +348,67 @@ class LlamaIndexCost:
             timeout=10,
             context_window=131_072,
         )
+
+    framework_title: ClassVar[str] = "LlamaIndex"
+
+    def builder(self) -> Any:
+        from llama_index.resilience import ResilienceBuilder
+
+        return ResilienceBuilder()
+
+    def journaled(
+        self, journal: list[str], *, model: str = "fake-model", failing: bool = False
+    ) -> Any:
+        from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
+        from pydantic import Field
+
+        class Journaled(FakeFunctionCallingLLM):
+            journal: Any = Field(default=None, exclude=True)
+
+            def _count(self) -> None:
+                self.journal.append(f"provider {self.model_name}")
+                super()._count()
+
+        error = rate_limit_error() if failing else None
+        return Journaled(journal=journal, model_name=model, error=error)
+
+    def layer_types(self) -> dict[str, type]:
+        from llama_index.resilience import (
+            CostTrackedEmbedding,
+            CostTrackedLLM,
+            FallbackLLM,
+            RateLimitedEmbedding,
+            RateLimitedLLM,
+            RetryingEmbedding,
+            RetryingVectorStore,
+        )
+
+        return {
+            "cost": CostTrackedLLM,
+            "rate": RateLimitedLLM,
+            "fallback": FallbackLLM,
+            "retry_embeddings": RetryingEmbedding,
+            "cost_embeddings": CostTrackedEmbedding,
+            "rate_embeddings": RateLimitedEmbedding,
+            "retry_store": RetryingVectorStore,
+        }
+
+    def members_of(self, chain: Any) -> list[Any]:
+        return list(chain.llms)
+
+    def vector_store(self, embeddings: Any) -> Any:
+        from llama_index.core.vector_stores import SimpleVectorStore
+
+        return SimpleVectorStore()
+
+    def store_and_find(self, store: Any, embeddings: Any, text: str) -> str:
+        from llama_index.core.schema import TextNode
+        from llama_index.core.vector_stores import VectorStoreQuery
+
+        vector = embeddings.get_query_embedding(text)
+        store.add([TextNode(text=text, id_="found", embedding=vector)])
+        found = store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=1))
+        return text if found.ids == ["found"] else ""
 
     def embeddings(self, size: int = 8) -> Any:
         from llama_index.core.embeddings import MockEmbedding

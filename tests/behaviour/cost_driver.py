@@ -14,6 +14,26 @@ from typing import Any, ClassVar, Literal
 
 from driver import PROMPT
 
+# Credentials the keyed members carry (never called: construction needs no network).
+OPENAI_KEY = "sk-FAKE-openai-key-for-tests"
+ANTHROPIC_KEY = "sk-FAKE-anthropic-key-for-tests"
+EMBEDDINGS_KEY = "sk-FAKE-embeddings-key-for-tests"
+HEADER_TOKEN = "HEADERTOKENqwerty"
+QUERY_KEY = "QUERYKEYzxcvb"
+EXTRA_HEADER_KEY = "EXTRAHEADERKEYasdf"
+URL_PASSWORD = "URLPASSWORDhunter2"
+PROXY_PASSWORD = "PROXYPASSWORDletmein"
+SECRETS = (
+    OPENAI_KEY,
+    ANTHROPIC_KEY,
+    EMBEDDINGS_KEY,
+    HEADER_TOKEN,
+    QUERY_KEY,
+    EXTRA_HEADER_KEY,
+    URL_PASSWORD,
+    PROXY_PASSWORD,
+)
+
 EmbedShape = Literal["query", "aquery", "batch", "abatch"]
 EMBED_SHAPES: tuple[EmbedShape, ...] = ("query", "aquery", "batch", "abatch")
 
@@ -194,6 +214,44 @@ class LangChainCost:
         """Add ``text`` to ``store`` and find it again: the text found."""
         store.add_texts([text])
         return str(store.similarity_search(text, k=1)[0].page_content)
+
+    # -- members that carry credentials -----------------------------------------------
+
+    def keyed_openai(self) -> Any:
+        """The framework's OpenAI chat model with a key, an auth header, a query key and
+        URLs with passwords (some of which its own repr shows)."""
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model="gpt-4o",
+            api_key=OPENAI_KEY,  # type: ignore[arg-type]
+            base_url=f"https://team:{URL_PASSWORD}@gateway.example/v1",
+            openai_proxy=f"http://proxyuser:{PROXY_PASSWORD}@proxy.example:3128",
+            default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
+            default_query={"api-key": QUERY_KEY},
+            max_retries=0,
+        )
+
+    def keyed_anthropic(self) -> Any:
+        from langchain_anthropic import ChatAnthropic
+
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model="claude-sonnet-4-5",
+            api_key=ANTHROPIC_KEY,  # type: ignore[arg-type]
+            base_url=f"https://team:{URL_PASSWORD}@gateway.example",
+            default_headers={"x-api-key": HEADER_TOKEN},
+            max_retries=0,
+        )
+
+    def keyed_embeddings(self) -> Any:
+        from langchain_openai import OpenAIEmbeddings
+
+        return OpenAIEmbeddings(
+            model="text-embedding-3-small",
+            api_key=EMBEDDINGS_KEY,  # type: ignore[arg-type]
+            default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
+            max_retries=0,
+        )
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -409,6 +467,53 @@ class LlamaIndexCost:
         store.add([TextNode(text=text, id_="found", embedding=vector)])
         found = store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=1))
         return text if found.ids == ["found"] else ""
+
+    def keyed_openai(self) -> Any:
+        from llama_index.llms.openai import OpenAI
+
+        return OpenAI(
+            model="gpt-4o",
+            api_key=OPENAI_KEY,
+            api_base=f"https://team:{URL_PASSWORD}@gateway.example/v1",
+            default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
+            additional_kwargs={"extra_headers": {"X-Gateway-Key": EXTRA_HEADER_KEY}},
+            max_retries=0,
+        )
+
+    def keyed_anthropic(self) -> Any:
+        from llama_index.llms.anthropic import Anthropic
+
+        return Anthropic(
+            model="claude-sonnet-4-5",
+            api_key=ANTHROPIC_KEY,
+            base_url=f"https://team:{URL_PASSWORD}@gateway.example",
+            default_headers={"x-api-key": HEADER_TOKEN},
+            max_retries=0,
+        )
+
+    def keyed_embeddings(self) -> Any:
+        # llama-index-embeddings-openai is not installed: a small embedding model with
+        # its OpenAIEmbedding's credential fields.
+        from llama_index.core.embeddings import BaseEmbedding
+        from pydantic import Field
+
+        class KeyedEmbedding(BaseEmbedding):
+            api_key: str = Field(default=EMBEDDINGS_KEY)
+            api_base: str = Field(default=f"https://team:{URL_PASSWORD}@gateway.example/v1")
+            default_headers: dict[str, str] = Field(
+                default_factory=lambda: {"Authorization": f"Bearer {HEADER_TOKEN}"}
+            )
+
+            def _get_query_embedding(self, query: str) -> list[float]:
+                return [0.0]
+
+            async def _aget_query_embedding(self, query: str) -> list[float]:
+                return [0.0]
+
+            def _get_text_embedding(self, text: str) -> list[float]:
+                return [0.0]
+
+        return KeyedEmbedding()
 
     def embeddings(self, size: int = 8) -> Any:
         from llama_index.core.embeddings import MockEmbedding

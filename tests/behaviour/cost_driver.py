@@ -85,6 +85,15 @@ class LangChainCost:
         """An async stream of ``model`` on ``prompt``, not yet iterated."""
         return model.astream(prompt)
 
+    def chunk_text(self, chunk: Any) -> str:
+        """The text one streamed chunk adds."""
+        return str(chunk.text)
+
+    def chunk_usage(self, chunk: Any) -> tuple[int, int] | None:
+        """The input and output tokens a streamed chunk reports, if it reports them."""
+        usage = chunk.usage_metadata
+        return (usage["input_tokens"], usage["output_tokens"]) if usage else None
+
     def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
         """One plain sync call (``invoke``/``chat``): the framework's answer."""
         return model.invoke(prompt, **kwargs)
@@ -353,6 +362,13 @@ class LlamaIndexCost:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
         return await model.astream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    def chunk_text(self, chunk: Any) -> str:
+        return str(chunk.delta or "")
+
+    def chunk_usage(self, chunk: Any) -> tuple[int, int] | None:
+        usage = (chunk.raw or {}).get("usage")
+        return (usage["prompt_tokens"], usage["completion_tokens"]) if usage else None
 
     def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole

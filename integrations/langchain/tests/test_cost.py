@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import logging
-import sqlite3
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +20,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 from langchain_llm_resilience import CostTrackedChatModel, CostTrackedEmbeddings, FallbackChatModel
-from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
+from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
 from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
@@ -73,36 +71,8 @@ def consumed(pieces: list[str]) -> tuple[int, int]:
     return count_message_tokens([("human", "x")]), count_tokens("".join(pieces))
 
 
-def test_an_early_closed_stream_records_what_it_consumed(tmp_path: Path) -> None:
-    model, ledger = sql_tracked(
-        tmp_path, ScriptedChatModel(model="scripted-1", responses=["one two three four"])
-    )
-    pieces = []
-    for chunk in model.stream("x"):
-        pieces.append(chunk.text)
-        if len(pieces) == 2:
-            break  # the usage would only come with the last chunk
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens) == consumed(pieces)
-    assert (entry.estimated, entry.model) == (True, "scripted-1")
-    price = Decimal(entry.input_tokens) * 3 + Decimal(entry.output_tokens) * 15
-    assert entry.cost == price / 10**6
-
-
-def test_a_stream_read_to_its_last_chunk_and_closed_records_the_reported_usage(
-    tmp_path: Path,
-) -> None:
-    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two"]))
-    for chunk in model.stream("x"):
-        if chunk.usage_metadata:
-            reported = chunk.usage_metadata
-            break
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (
-        reported["input_tokens"],
-        reported["output_tokens"],
-        False,
-    )
+# The streams' early close, collection and cancellation, both adapters' loop of real
+# OpenAI streams (async) are in tests/behaviour/test_cost_streams.py.
 
 
 def test_a_chain_stream_closed_before_naming_its_member_is_priced_at_the_dearest_member(
@@ -125,102 +95,6 @@ def test_a_chain_stream_closed_before_naming_its_member_is_priced_at_the_dearest
     (entry,) = ledger.entries()
     assert entry.model == "dear-model"
     assert entry.cost == sum(consumed([first])) * Decimal(100) / 10**6
-
-
-def test_a_garbage_collected_stream_records_what_it_consumed(tmp_path: Path) -> None:
-    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two three"]))
-    stream = model.stream("x")
-    first = next(stream).text
-    del stream
-    gc.collect()
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens) == consumed([first])
-
-
-async def test_an_async_stream_closed_with_aclose_records_what_it_consumed(
-    tmp_path: Path,
-) -> None:
-    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two three"]))
-    stream = model.astream("x")
-    first = (await stream.__anext__()).text
-    await stream.aclose()
-    (entry,) = await recorded(ledger, 1)
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*consumed([first]), True)
-
-
-async def test_an_async_stream_cancelled_after_chunks_settles_its_hold_with_what_it_consumed(
-    tmp_path: Path,
-) -> None:
-    inner = FailingChatModel(model="failing-1", chunks_before_error=2, hang_seconds=30)
-    model, ledger = sql_tracked(tmp_path, inner, strict=True)
-    pieces: list[str] = []
-    both = asyncio.Event()
-
-    async def consume() -> None:
-        async for chunk in model.astream("x"):
-            pieces.append(chunk.text)
-            if len(pieces) == 2:
-                both.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(both.wait(), timeout=5)
-    task.cancel()  # the model hangs after two chunks: the task waits for the third
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    (entry,) = await recorded(ledger, 1)
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*consumed(pieces), True)
-    assert entry.model == "failing-1"
-    assert ledger.spend("day") == entry.cost  # the hold was replaced by the entry
-
-
-async def test_a_cancelled_streams_entry_survives_a_second_cancellation_during_the_write(
-    tmp_path: Path,
-) -> None:
-    inner = FailingChatModel(chunks_before_error=1, hang_seconds=30)
-    model, ledger = sql_tracked(tmp_path, inner)
-    first = asyncio.Event()
-
-    async def consume() -> None:
-        async for _ in model.astream("x"):
-            first.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(first.wait(), timeout=5)
-    # Another process holds the database's write lock, so the entry's write waits...
-    locker = sqlite3.connect(tmp_path / "spend.db", isolation_level=None)
-    locker.execute("BEGIN EXCLUSIVE")
-    try:
-        task.cancel()
-        await asyncio.sleep(0.2)
-        task.cancel()  # ...and the stream's task is cancelled again meanwhile.
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert ledger.entries() == []
-    finally:
-        locker.execute("COMMIT")
-        locker.close()
-    (entry,) = await recorded(ledger, 1)
-    assert entry.estimated is True
-
-
-async def test_a_stream_cancelled_before_its_first_chunk_records_nothing(
-    tmp_path: Path,
-) -> None:
-    inner = FailingChatModel(hang_seconds=30)
-    model, ledger = sql_tracked(tmp_path, inner, strict=True)
-
-    async def consume() -> None:
-        async for _ in model.astream("x"):
-            pass
-
-    task = asyncio.create_task(consume())
-    while inner.calls == 0:  # noqa: ASYNC110 - a fake model's counter, polled
-        await asyncio.sleep(0.001)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert ledger.entries() == []
-    assert ledger.spend("day") == 0
 
 
 def test_a_loop_of_early_closed_real_openai_streams_spends_until_the_budget_refuses(

@@ -262,6 +262,39 @@ class LangChainCost:
             max_retries=0,
         )
 
+    # -- retries ----------------------------------------------------------------------
+
+    def flaky_embeddings(self, *errors: BaseException) -> Any:
+        """Offline embeddings (8 dimensions) that raise ``errors`` in turn, one per
+        provider request, then answer; ``calls`` counts the requests."""
+        from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
+
+        class FlakyEmbeddings(Embeddings):
+            def __init__(self) -> None:
+                self.fake = DeterministicFakeEmbedding(size=8)
+                self.errors = list(errors)
+                self.calls = 0
+
+            def _fail(self) -> None:
+                self.calls += 1
+                if self.errors:
+                    raise self.errors.pop(0)
+
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                self._fail()
+                return self.fake.embed_documents(texts)
+
+            def embed_query(self, text: str) -> list[float]:
+                self._fail()
+                return self.fake.embed_query(text)
+
+        return FlakyEmbeddings()
+
+    def retrying_embeddings(self, inner: Any, **options: Any) -> Any:
+        from langchain_llm_resilience import RetryingEmbeddings
+
+        return RetryingEmbeddings(inner=inner, **options)
+
     # -- embeddings -------------------------------------------------------------------
 
     def embeddings(self, size: int = 8) -> Any:
@@ -530,6 +563,56 @@ class LlamaIndexCost:
                 return [0.0]
 
         return KeyedEmbedding()
+
+    def flaky_embeddings(self, *errors: BaseException) -> Any:
+        from llama_index.core.embeddings import MockEmbedding
+        from pydantic import PrivateAttr
+
+        class FlakyEmbedding(MockEmbedding):
+            _errors: list[BaseException] = PrivateAttr(default_factory=list)
+            _calls: int = PrivateAttr(default=0)
+
+            @property
+            def calls(self) -> int:
+                return self._calls
+
+            def _fail(self) -> None:
+                self._calls += 1
+                if self._errors:
+                    raise self._errors.pop(0)
+
+            def _get_query_embedding(self, query: str) -> list[float]:
+                self._fail()
+                return super()._get_query_embedding(query)
+
+            async def _aget_query_embedding(self, query: str) -> list[float]:
+                self._fail()
+                return await super()._aget_query_embedding(query)
+
+            def _get_text_embedding(self, text: str) -> list[float]:
+                self._fail()
+                return super()._get_text_embedding(text)
+
+            async def _aget_text_embedding(self, text: str) -> list[float]:
+                self._fail()
+                return await super()._aget_text_embedding(text)
+
+            def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+                self._fail()
+                return [super(FlakyEmbedding, self)._get_text_embedding(t) for t in texts]
+
+            async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+                self._fail()
+                return [super(FlakyEmbedding, self)._get_text_embedding(t) for t in texts]
+
+        flaky = FlakyEmbedding(embed_dim=8)
+        flaky._errors = list(errors)
+        return flaky
+
+    def retrying_embeddings(self, inner: Any, **options: Any) -> Any:
+        from llama_index.resilience import RetryingEmbedding
+
+        return RetryingEmbedding(inner=inner, **options)
 
     def embeddings(self, size: int = 8) -> Any:
         from llama_index.core.embeddings import MockEmbedding

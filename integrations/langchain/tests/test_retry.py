@@ -126,61 +126,8 @@ async def run(value: Any) -> Any:
 
 # -- embeddings ----------------------------------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    ("method", "argument"),
-    [
-        ("embed_documents", ["a", "b"]),
-        ("embed_query", "a"),
-        ("aembed_documents", ["a", "b"]),
-        ("aembed_query", "a"),
-    ],
-)
-async def test_every_embeddings_method_retries_a_rate_limit_after_its_retry_after(
-    method: str, argument: Any, policy: RetryPolicy, slept: list[float]
-) -> None:
-    inner = FlakyEmbeddings(rate_limited(retry_after="0.5"), httpx.ConnectError("refused"))
-    embeddings = RetryingEmbeddings(inner=inner, policy=policy)
-
-    result = await run(getattr(embeddings, method)(argument))
-
-    assert result == await run(getattr(DeterministicFakeEmbedding(size=8), method)(argument))
-    assert inner.calls == 3
-    assert slept == [0.5, 2.0]  # Retry-After, then the backoff for the second retry
-
-
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize(
-    "error",
-    [
-        pytest.param(unauthorised(), id="401"),
-        pytest.param(BudgetExceededError("day", Decimal(1), Decimal(1)), id="budget"),
-    ],
-)
-async def test_embeddings_raise_a_permanent_error_or_a_refusal_at_once(
-    error: BaseException, asynchronous: bool, policy: RetryPolicy, slept: list[float]
-) -> None:
-    inner = FlakyEmbeddings(error)
-    embeddings = RetryingEmbeddings(inner=inner, policy=policy)
-
-    call = embeddings.aembed_query if asynchronous else embeddings.embed_query
-    with pytest.raises(type(error)) as caught:
-        await run(call("a"))
-
-    assert caught.value is error
-    assert (inner.calls, slept) == (1, [])
-
-
-def test_embeddings_that_keep_failing_raise_the_last_attempts_own_error(
-    policy: RetryPolicy,
-) -> None:
-    errors = [rate_limited() for _ in range(4)]
-    embeddings = RetryingEmbeddings(inner=FlakyEmbeddings(*errors), policy=policy)
-
-    with pytest.raises(openai.RateLimitError) as caught:
-        embeddings.embed_documents(["a"])
-
-    assert caught.value is errors[-1]
+# Every call shape's retries, refusals and the last attempt's error, for both adapters:
+# tests/behaviour/test_retry.py.
 
 
 def test_a_real_openai_embeddings_model_that_retries_by_itself_is_warned_about_once(

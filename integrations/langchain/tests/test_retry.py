@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from langchain_core.documents import Document
-from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_openai import OpenAIEmbeddings
 from langchain_tests.integration_tests import VectorStoreIntegrationTests
@@ -83,28 +83,6 @@ class Faults:
                 return original(*args, **kwargs)
 
             monkeypatch.setattr(owner, name, patched)
-
-
-class FlakyEmbeddings(Embeddings):
-    """Deterministic fake vectors after the given errors, one per call."""
-
-    def __init__(self, *errors: BaseException) -> None:
-        self.fake = DeterministicFakeEmbedding(size=8)
-        self.errors = list(errors)
-        self.calls = 0
-
-    def _fail(self) -> None:
-        self.calls += 1
-        if self.errors:
-            raise self.errors.pop(0)
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        self._fail()
-        return self.fake.embed_documents(texts)
-
-    def embed_query(self, text: str) -> list[float]:
-        self._fail()
-        return self.fake.embed_query(text)
 
 
 @pytest.fixture

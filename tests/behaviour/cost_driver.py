@@ -1,11 +1,664 @@
-"""What the cost behaviours need of each framework, as mixins over ``driver.py``'s drivers."""
+"""What the cost behaviours need of each framework, as mixins over ``driver.py``'s drivers.
+
+Budgets, token and request limits, retries, the builder and the embeddings layers: each
+mixin builds the framework's objects for them (a fake whose answers name no model, an
+offline model with an output cap, embeddings fakes, the framework's own OpenAI client
+with a limiter in its slot) and reads back what the tests compare (a layer's limiter,
+an embeddings call in each shape).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from driver import PROMPT
+
+# Credentials the keyed members carry (never called: construction needs no network).
+OPENAI_KEY = "sk-FAKE-openai-key-for-tests"
+ANTHROPIC_KEY = "sk-FAKE-anthropic-key-for-tests"
+EMBEDDINGS_KEY = "sk-FAKE-embeddings-key-for-tests"
+HEADER_TOKEN = "HEADERTOKENqwerty"
+QUERY_KEY = "QUERYKEYzxcvb"
+EXTRA_HEADER_KEY = "EXTRAHEADERKEYasdf"
+URL_PASSWORD = "URLPASSWORDhunter2"
+PROXY_PASSWORD = "PROXYPASSWORDletmein"
+SECRETS = (
+    OPENAI_KEY,
+    ANTHROPIC_KEY,
+    EMBEDDINGS_KEY,
+    HEADER_TOKEN,
+    QUERY_KEY,
+    EXTRA_HEADER_KEY,
+    URL_PASSWORD,
+    PROXY_PASSWORD,
+)
+
+EmbedShape = Literal["query", "aquery", "batch", "abatch"]
+EMBED_SHAPES: tuple[EmbedShape, ...] = ("query", "aquery", "batch", "abatch")
 
 
 class LangChainCost:
     """LangChain's side of the cost behaviours."""
 
+    #: The keywords a LangChain call caps its output with.
+    output_cap_keywords: ClassVar[tuple[str, ...]] = ("max_tokens", "max_completion_tokens")
+    #: The role LangChain's string prompt is sent as, for token estimates.
+    prompt_role: ClassVar[str] = "human"
+
+    def unnamed(self, text: str = "Paris is the capital.", *, model: str = "unnamed") -> Any:
+        """An answering fake called ``model`` whose answers name no model (as Cohere's do)."""
+        from langchain_core.messages import BaseMessage
+
+        from langchain_llm_resilience.testing import ScriptedChatModel
+
+        class UnnamedAnswers(ScriptedChatModel):
+            def _answer(self, messages: list[BaseMessage], stop: Any, **kwargs: Any) -> Any:
+                message = super()._answer(messages, stop, **kwargs)
+                message.response_metadata.pop("model_name", None)
+                return message
+
+        return UnnamedAnswers(model=model, responses=[text])
+
+    def capped(self, cap: int) -> Any:
+        """An offline Gemini model whose output cap is ``cap`` (never called here)."""
+        from langchain_google_genai import ChatGoogleGenerativeAI
+
+        return ChatGoogleGenerativeAI(
+            model="gemini-2.0-flash", google_api_key="t", max_output_tokens=cap, max_retries=0
+        )
+
+    def limiter_of(self, layer: Any) -> Any:
+        """The limiter a rate-limited layer takes its permits from."""
+        return layer.rate_limiter_in_use
+
+    def reported_usage(self, reply: Any) -> tuple[int, int]:
+        """The input and output tokens the provider reported for one call's ``Reply``."""
+        usage = self.message_of(reply).usage_metadata  # type: ignore[attr-defined]
+        return usage["input_tokens"], usage["output_tokens"]
+
+    def open_stream(self, model: Any, prompt: str) -> Any:
+        """A sync stream of ``model`` on ``prompt``, not yet iterated."""
+        return model.stream(prompt)
+
+    async def aopen_stream(self, model: Any, prompt: str) -> Any:
+        """An async stream of ``model`` on ``prompt``, not yet iterated."""
+        return model.astream(prompt)
+
+    def chunk_text(self, chunk: Any) -> str:
+        """The text one streamed chunk adds."""
+        return str(chunk.text)
+
+    def chunk_usage(self, chunk: Any) -> tuple[int, int] | None:
+        """The input and output tokens a streamed chunk reports, if it reports them."""
+        usage = chunk.usage_metadata
+        return (usage["input_tokens"], usage["output_tokens"]) if usage else None
+
+    def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
+        """One plain sync call (``invoke``/``chat``): the framework's answer."""
+        return model.invoke(prompt, **kwargs)
+
+    # -- real clients on a local server -----------------------------------------------
+
+    def provider_client(self, provider: str, server: Any, model: str) -> Any:
+        """The framework's own client of ``provider`` (``anthropic``, ``openai``,
+        ``bedrock``, ``groq``) for ``model``, talking to ``server`` (a
+        ``FaultInjectingServer``), with fake keys and no retries."""
+        if provider == "anthropic":
+            from langchain_anthropic import ChatAnthropic
+
+            return ChatAnthropic(
+                model_name=model,
+                base_url=server.anthropic_base_url,
+                api_key="sk-FAKE-anthropic",  # type: ignore[arg-type]
+                max_retries=0,
+                timeout=10,
+                stop=None,
+            )
+        if provider == "openai":
+            from langchain_openai import ChatOpenAI
+
+            return ChatOpenAI(
+                model=model,
+                base_url=server.openai_base_url,
+                api_key="sk-FAKE-openai",  # type: ignore[arg-type]
+                max_retries=0,
+                timeout=10,
+            )
+        if provider == "bedrock":
+            import boto3
+            from botocore.config import Config
+            from langchain_aws import ChatBedrockConverse
+
+            client = boto3.client(
+                "bedrock-runtime",
+                endpoint_url=server.anthropic_base_url,
+                region_name="us-east-1",
+                aws_access_key_id="sk-FAKE-aws-access-key-id",
+                aws_secret_access_key="sk-FAKE-aws-secret-access-key",
+                config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
+            )
+            return ChatBedrockConverse(model=model, client=client)
+        from langchain_groq import ChatGroq
+
+        return ChatGroq(
+            model=model,
+            base_url=server.anthropic_base_url,
+            api_key="sk-FAKE-groq",  # type: ignore[arg-type]
+            max_retries=0,
+            timeout=10,
+        )
+
+    # -- the builder ------------------------------------------------------------------
+
+    #: How the builder's type errors name the framework.
+    framework_title: ClassVar[str] = "LangChain"
+
+    def builder(self) -> Any:
+        """A fresh ``ResilienceBuilder`` of this adapter."""
+        from langchain_llm_resilience import ResilienceBuilder
+
+        return ResilienceBuilder()
+
+    def journaled(
+        self, journal: list[str], *, model: str = "fake-model", failing: bool = False
+    ) -> Any:
+        """A fake called ``model`` that notes ``provider <model>`` in ``journal`` on each
+        request it receives, then answers (or fails with the fake HTTP 429)."""
+        from pydantic import Field
+
+        from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
+
+        # Each fake passes every request through one method: _answer, or _start.
+        class JournaledAnswers(ScriptedChatModel):
+            journal: Any = Field(default=None, exclude=True)
+
+            def _answer(self, *args: Any, **kwargs: Any) -> Any:
+                self.journal.append(f"provider {self.model_name}")
+                return super()._answer(*args, **kwargs)
+
+        class JournaledFailures(FailingChatModel):
+            journal: Any = Field(default=None, exclude=True)
+
+            def _start(self) -> None:
+                self.journal.append(f"provider {self.model_name}")
+                super()._start()
+
+        Journaled = JournaledFailures if failing else JournaledAnswers
+        return Journaled(journal=journal, model=model)
+
+    def layer_types(self) -> dict[str, type]:
+        """The adapter's classes by role, for walking a built stack."""
+        from langchain_llm_resilience import (
+            CostTrackedChatModel,
+            CostTrackedEmbeddings,
+            FallbackChatModel,
+            RateLimitedChatModel,
+            RateLimitedEmbeddings,
+            RetryingEmbeddings,
+            RetryingVectorStore,
+        )
+
+        return {
+            "cost": CostTrackedChatModel,
+            "rate": RateLimitedChatModel,
+            "fallback": FallbackChatModel,
+            "retry_embeddings": RetryingEmbeddings,
+            "cost_embeddings": CostTrackedEmbeddings,
+            "rate_embeddings": RateLimitedEmbeddings,
+            "retry_store": RetryingVectorStore,
+        }
+
+    def members_of(self, chain: Any) -> list[Any]:
+        """The members of a fallback chain, in order."""
+        return list(chain.models)
+
+    def vector_store(self, embeddings: Any) -> Any:
+        """An in-memory vector store (over ``embeddings`` where the framework needs it)."""
+        from langchain_core.vectorstores import InMemoryVectorStore
+
+        return InMemoryVectorStore(embedding=embeddings)
+
+    def store_and_find(self, store: Any, embeddings: Any, text: str) -> str:
+        """Add ``text`` to ``store`` and find it again: the text found."""
+        store.add_texts([text])
+        return str(store.similarity_search(text, k=1)[0].page_content)
+
+    # -- members that carry credentials -----------------------------------------------
+
+    def keyed_openai(self) -> Any:
+        """The framework's OpenAI chat model with a key, an auth header, a query key and
+        URLs with passwords (some of which its own repr shows)."""
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model="gpt-4o",
+            api_key=OPENAI_KEY,  # type: ignore[arg-type]
+            base_url=f"https://team:{URL_PASSWORD}@gateway.example/v1",
+            openai_proxy=f"http://proxyuser:{PROXY_PASSWORD}@proxy.example:3128",
+            default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
+            default_query={"api-key": QUERY_KEY},
+            max_retries=0,
+        )
+
+    def keyed_anthropic(self) -> Any:
+        from langchain_anthropic import ChatAnthropic
+
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model="claude-sonnet-4-5",
+            api_key=ANTHROPIC_KEY,  # type: ignore[arg-type]
+            base_url=f"https://team:{URL_PASSWORD}@gateway.example",
+            default_headers={"x-api-key": HEADER_TOKEN},
+            max_retries=0,
+        )
+
+    def keyed_embeddings(self) -> Any:
+        from langchain_openai import OpenAIEmbeddings
+
+        return OpenAIEmbeddings(
+            model="text-embedding-3-small",
+            api_key=EMBEDDINGS_KEY,  # type: ignore[arg-type]
+            default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
+            max_retries=0,
+        )
+
+    # -- retries ----------------------------------------------------------------------
+
+    def flaky_embeddings(self, *errors: BaseException) -> Any:
+        """Offline embeddings (8 dimensions) that raise ``errors`` in turn, one per
+        provider request, then answer; ``calls`` counts the requests."""
+        from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
+
+        class FlakyEmbeddings(Embeddings):
+            def __init__(self) -> None:
+                self.fake = DeterministicFakeEmbedding(size=8)
+                self.errors = list(errors)
+                self.calls = 0
+
+            def _fail(self) -> None:
+                self.calls += 1
+                if self.errors:
+                    raise self.errors.pop(0)
+
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                self._fail()
+                return self.fake.embed_documents(texts)
+
+            def embed_query(self, text: str) -> list[float]:
+                self._fail()
+                return self.fake.embed_query(text)
+
+        return FlakyEmbeddings()
+
+    def retrying_embeddings(self, inner: Any, **options: Any) -> Any:
+        from langchain_llm_resilience import RetryingEmbeddings
+
+        return RetryingEmbeddings(inner=inner, **options)
+
+    # -- embeddings -------------------------------------------------------------------
+
+    def embeddings(self, size: int = 8) -> Any:
+        """An offline embeddings model of ``size`` dimensions."""
+        from langchain_core.embeddings import DeterministicFakeEmbedding
+
+        return DeterministicFakeEmbedding(size=size)
+
+    def cost_tracked_embeddings(self, inner: Any, **options: Any) -> Any:
+        from langchain_llm_resilience import CostTrackedEmbeddings
+
+        return CostTrackedEmbeddings(inner=inner, **options)
+
+    def rate_limited_embeddings(self, inner: Any, **options: Any) -> Any:
+        from langchain_llm_resilience import RateLimitedEmbeddings
+
+        return RateLimitedEmbeddings(inner=inner, **options)
+
+    async def embed(self, model: Any, texts: Sequence[str], shape: EmbedShape) -> int:
+        """Embed ``texts`` (the first alone for a query); the number of vectors back."""
+        if shape == "query":
+            return len([model.embed_query(texts[0])])
+        if shape == "aquery":
+            return len([await model.aembed_query(texts[0])])
+        if shape == "batch":
+            return len(model.embed_documents(list(texts)))
+        return len(await model.aembed_documents(list(texts)))
+
+    def embed_sync(self, model: Any, texts: Sequence[str]) -> int:
+        """Embed ``texts`` as one sync batch; the number of vectors back."""
+        return len(model.embed_documents(list(texts)))
+
+    # -- the framework's own rate-limiter slot ----------------------------------------
+
+    def slot_base(self) -> type:
+        """The framework's rate-limiter base class, the adapter imported (which registers
+        the core limiters as its virtual subclasses)."""
+        from langchain_core.rate_limiters import BaseRateLimiter
+
+        import langchain_llm_resilience  # noqa: F401
+
+        return BaseRateLimiter
+
+    def adapter_module(self) -> str:
+        return "langchain_llm_resilience"
+
+    def openai_in_slot(self, base_url: str, limiter: Any) -> Any:
+        """The framework's own OpenAI chat model, ``limiter`` in its ``rate_limiter`` slot."""
+        from langchain_openai import ChatOpenAI
+
+        self.slot_base()
+        return ChatOpenAI(
+            model="gpt-4o-mini",
+            base_url=base_url,
+            api_key="t",  # type: ignore[arg-type]
+            max_retries=0,
+            timeout=10,
+            rate_limiter=limiter,
+        )
+
 
 class LlamaIndexCost:
     """LlamaIndex's side of the cost behaviours."""
+
+    output_cap_keywords: ClassVar[tuple[str, ...]] = ("max_tokens",)
+    prompt_role: ClassVar[str] = "user"
+
+    def unnamed(self, text: str = "Paris is the capital.", *, model: str = "unnamed") -> Any:
+        from llama_index.resilience.testing import FakeFunctionCallingLLM
+
+        class UnnamedAnswers(FakeFunctionCallingLLM):
+            def _raw(self, usage: dict[str, int] | None) -> dict[str, Any]:
+                return {"usage": usage} if usage is not None else {}
+
+        return UnnamedAnswers(model_name=model, text=text)
+
+    def capped(self, cap: int) -> Any:
+        from llama_index.llms.google_genai import GoogleGenAI
+
+        # A context window given too: without both, construction asks Google for them.
+        return GoogleGenAI(
+            model="gemini-2.0-flash", api_key="t", max_tokens=cap, context_window=1_000_000
+        )
+
+    def limiter_of(self, layer: Any) -> Any:
+        return layer.limiter
+
+    def reported_usage(self, reply: Any) -> tuple[int, int]:
+        usage = reply.responses[-1].raw["usage"]
+        return usage["prompt_tokens"], usage["completion_tokens"]
+
+    def open_stream(self, model: Any, prompt: str) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return model.stream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    async def aopen_stream(self, model: Any, prompt: str) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return await model.astream_chat([ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    def chunk_text(self, chunk: Any) -> str:
+        return str(chunk.delta or "")
+
+    def chunk_usage(self, chunk: Any) -> tuple[int, int] | None:
+        usage = (chunk.raw or {}).get("usage")
+        return (usage["prompt_tokens"], usage["completion_tokens"]) if usage else None
+
+    def run_sync(self, model: Any, prompt: str = PROMPT, **kwargs: Any) -> Any:
+        from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+        return model.chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs)
+
+    def provider_client(self, provider: str, server: Any, model: str) -> Any:
+        if provider == "anthropic":
+            from llama_index.llms.anthropic import Anthropic
+
+            return Anthropic(
+                model=model,
+                base_url=server.anthropic_base_url,
+                api_key="sk-FAKE-anthropic",
+                max_retries=0,
+                timeout=10,
+            )
+        if provider == "openai":
+            from llama_index.llms.openai import OpenAI
+
+            return OpenAI(
+                model=model,
+                api_base=server.openai_base_url,
+                api_key="sk-FAKE-openai",
+                max_retries=0,
+                timeout=10,
+                additional_kwargs={"stream_options": {"include_usage": True}},
+            )
+        if provider == "bedrock":
+            from botocore.config import Config
+            from llama_index.llms.bedrock_converse import BedrockConverse
+
+            # Not aioboto3: its async methods run the sync client in a thread.
+            return BedrockConverse(
+                model=model,
+                endpoint_url=server.anthropic_base_url,
+                aws_access_key_id="sk-FAKE-aws-access-key-id",
+                aws_secret_access_key="sk-FAKE-aws-secret-access-key",
+                region_name="us-east-1",
+                max_retries=1,
+                botocore_config=Config(retries={"total_max_attempts": 1}, read_timeout=10),
+            )
+        from llama_index.llms.groq import Groq
+
+        # Not asked for stream usage: Groq sends it in the last chunk's x_groq.usage anyway.
+        return Groq(
+            model=model,
+            api_base=f"{server.anthropic_base_url}/openai/v1",
+            api_key="sk-FAKE-groq",
+            max_retries=0,
+            timeout=10,
+            context_window=131_072,
+        )
+
+    framework_title: ClassVar[str] = "LlamaIndex"
+
+    def builder(self) -> Any:
+        from llama_index.resilience import ResilienceBuilder
+
+        return ResilienceBuilder()
+
+    def journaled(
+        self, journal: list[str], *, model: str = "fake-model", failing: bool = False
+    ) -> Any:
+        from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
+        from pydantic import Field
+
+        class Journaled(FakeFunctionCallingLLM):
+            journal: Any = Field(default=None, exclude=True)
+
+            def _count(self) -> None:
+                self.journal.append(f"provider {self.model_name}")
+                super()._count()
+
+        error = rate_limit_error() if failing else None
+        return Journaled(journal=journal, model_name=model, error=error)
+
+    def layer_types(self) -> dict[str, type]:
+        from llama_index.resilience import (
+            CostTrackedEmbedding,
+            CostTrackedLLM,
+            FallbackLLM,
+            RateLimitedEmbedding,
+            RateLimitedLLM,
+            RetryingEmbedding,
+            RetryingVectorStore,
+        )
+
+        return {
+            "cost": CostTrackedLLM,
+            "rate": RateLimitedLLM,
+            "fallback": FallbackLLM,
+            "retry_embeddings": RetryingEmbedding,
+            "cost_embeddings": CostTrackedEmbedding,
+            "rate_embeddings": RateLimitedEmbedding,
+            "retry_store": RetryingVectorStore,
+        }
+
+    def members_of(self, chain: Any) -> list[Any]:
+        return list(chain.llms)
+
+    def vector_store(self, embeddings: Any) -> Any:
+        from llama_index.core.vector_stores import SimpleVectorStore
+
+        return SimpleVectorStore()
+
+    def store_and_find(self, store: Any, embeddings: Any, text: str) -> str:
+        from llama_index.core.schema import TextNode
+        from llama_index.core.vector_stores import VectorStoreQuery
+
+        vector = embeddings.get_query_embedding(text)
+        store.add([TextNode(text=text, id_="found", embedding=vector)])
+        found = store.query(VectorStoreQuery(query_embedding=vector, similarity_top_k=1))
+        return text if found.ids == ["found"] else ""
+
+    def keyed_openai(self) -> Any:
+        from llama_index.llms.openai import OpenAI
+
+        return OpenAI(
+            model="gpt-4o",
+            api_key=OPENAI_KEY,
+            api_base=f"https://team:{URL_PASSWORD}@gateway.example/v1",
+            default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
+            additional_kwargs={"extra_headers": {"X-Gateway-Key": EXTRA_HEADER_KEY}},
+            max_retries=0,
+        )
+
+    def keyed_anthropic(self) -> Any:
+        from llama_index.llms.anthropic import Anthropic
+
+        return Anthropic(
+            model="claude-sonnet-4-5",
+            api_key=ANTHROPIC_KEY,
+            base_url=f"https://team:{URL_PASSWORD}@gateway.example",
+            default_headers={"x-api-key": HEADER_TOKEN},
+            max_retries=0,
+        )
+
+    def keyed_embeddings(self) -> Any:
+        # llama-index-embeddings-openai is not installed: a small embedding model with
+        # its OpenAIEmbedding's credential fields.
+        from llama_index.core.embeddings import BaseEmbedding
+        from pydantic import Field
+
+        class KeyedEmbedding(BaseEmbedding):
+            api_key: str = Field(default=EMBEDDINGS_KEY)
+            api_base: str = Field(default=f"https://team:{URL_PASSWORD}@gateway.example/v1")
+            default_headers: dict[str, str] = Field(
+                default_factory=lambda: {"Authorization": f"Bearer {HEADER_TOKEN}"}
+            )
+
+            def _get_query_embedding(self, query: str) -> list[float]:
+                return [0.0]
+
+            async def _aget_query_embedding(self, query: str) -> list[float]:
+                return [0.0]
+
+            def _get_text_embedding(self, text: str) -> list[float]:
+                return [0.0]
+
+        return KeyedEmbedding()
+
+    def flaky_embeddings(self, *errors: BaseException) -> Any:
+        from llama_index.core.embeddings import MockEmbedding
+        from pydantic import PrivateAttr
+
+        class FlakyEmbedding(MockEmbedding):
+            _errors: list[BaseException] = PrivateAttr(default_factory=list)
+            _calls: int = PrivateAttr(default=0)
+
+            @property
+            def calls(self) -> int:
+                return self._calls
+
+            def _fail(self) -> None:
+                self._calls += 1
+                if self._errors:
+                    raise self._errors.pop(0)
+
+            def _get_query_embedding(self, query: str) -> list[float]:
+                self._fail()
+                return super()._get_query_embedding(query)
+
+            async def _aget_query_embedding(self, query: str) -> list[float]:
+                self._fail()
+                return await super()._aget_query_embedding(query)
+
+            def _get_text_embedding(self, text: str) -> list[float]:
+                self._fail()
+                return super()._get_text_embedding(text)
+
+            async def _aget_text_embedding(self, text: str) -> list[float]:
+                self._fail()
+                return await super()._aget_text_embedding(text)
+
+            def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+                self._fail()
+                return [super(FlakyEmbedding, self)._get_text_embedding(t) for t in texts]
+
+            async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+                self._fail()
+                return [super(FlakyEmbedding, self)._get_text_embedding(t) for t in texts]
+
+        flaky = FlakyEmbedding(embed_dim=8)
+        flaky._errors = list(errors)
+        return flaky
+
+    def retrying_embeddings(self, inner: Any, **options: Any) -> Any:
+        from llama_index.resilience import RetryingEmbedding
+
+        return RetryingEmbedding(inner=inner, **options)
+
+    def embeddings(self, size: int = 8) -> Any:
+        from llama_index.core.embeddings import MockEmbedding
+
+        return MockEmbedding(embed_dim=size)
+
+    def cost_tracked_embeddings(self, inner: Any, **options: Any) -> Any:
+        from llama_index.resilience import CostTrackedEmbedding
+
+        return CostTrackedEmbedding(inner=inner, **options)
+
+    def rate_limited_embeddings(self, inner: Any, **options: Any) -> Any:
+        from llama_index.resilience import RateLimitedEmbedding
+
+        return RateLimitedEmbedding(inner=inner, **options)
+
+    async def embed(self, model: Any, texts: Sequence[str], shape: EmbedShape) -> int:
+        if shape == "query":
+            return len([model.get_query_embedding(texts[0])])
+        if shape == "aquery":
+            return len([await model.aget_query_embedding(texts[0])])
+        if shape == "batch":
+            return len(model.get_text_embedding_batch(list(texts)))
+        return len(await model.aget_text_embedding_batch(list(texts)))
+
+    def embed_sync(self, model: Any, texts: Sequence[str]) -> int:
+        return len(model.get_text_embedding_batch(list(texts)))
+
+    def slot_base(self) -> type:
+        import llama_index.resilience  # noqa: F401
+        from llama_index.core.rate_limiter import BaseRateLimiter
+
+        return BaseRateLimiter
+
+    def adapter_module(self) -> str:
+        return "llama_index.resilience"
+
+    def openai_in_slot(self, base_url: str, limiter: Any) -> Any:
+        from llama_index.llms.openai import OpenAI
+
+        self.slot_base()
+        return OpenAI(
+            model="gpt-4o-mini",
+            api_base=base_url,
+            api_key="t",
+            max_retries=0,
+            timeout=10,
+            rate_limiter=limiter,
+        )

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import logging
-import sqlite3
 import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.embeddings import DeterministicFakeEmbedding
@@ -23,7 +20,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 from langchain_llm_resilience import CostTrackedChatModel, CostTrackedEmbeddings, FallbackChatModel
-from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
+from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
 from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
@@ -45,70 +42,6 @@ def tracked(
         scope=scope,
     )
     return model, ledger
-
-
-async def test_every_call_shape_records_exactly_one_entry_with_the_reported_usage() -> None:
-    model, ledger = tracked()
-    message = model.invoke("Capital of France?")
-    await model.ainvoke("Capital of France?")
-    list(model.stream("Capital of France?"))
-    [c async for c in model.astream("Capital of France?")]
-    entries = ledger.entries()
-    assert len(entries) == 4
-    usage = message.usage_metadata
-    assert usage is not None
-    first = entries[0]
-    assert (first.input_tokens, first.output_tokens) == (
-        usage["input_tokens"],
-        usage["output_tokens"],
-    )
-    assert first.estimated is False
-    assert first.model == "scripted-1"
-    assert first.surface == first.kind == "chat"
-    assert (
-        first.cost
-        == (Decimal(usage["input_tokens"]) * 3 + Decimal(usage["output_tokens"]) * 15) / 10**6
-    )
-    assert {(e.input_tokens, e.output_tokens) for e in entries} == {
-        (first.input_tokens, first.output_tokens)
-    }
-
-
-async def test_a_spent_budget_refuses_before_the_inner_model_is_called() -> None:
-    inner = ScriptedChatModel()
-    model, ledger = tracked(inner, daily_limit=0)
-    with pytest.raises(BudgetExceededError) as raised:
-        model.invoke("x")
-    assert raised.value.window == "day"
-    with pytest.raises(BudgetExceededError):
-        await model.ainvoke("x")
-    with pytest.raises(BudgetExceededError):
-        list(model.stream("x"))
-    with pytest.raises(BudgetExceededError):
-        [c async for c in model.astream("x")]
-    assert inner.calls == 0
-    assert ledger.entries() == []
-
-
-def test_a_stream_is_gated_on_first_iteration_and_recorded_once_complete() -> None:
-    model, ledger = tracked(ScriptedChatModel(responses=["one two three four"]))
-    stream = model.stream("x")
-    assert ledger.entries() == []
-    first = next(stream)
-    assert first.content
-    assert ledger.entries() == []
-    list(stream)
-    assert len(ledger.entries()) == 1
-
-
-def test_a_stream_that_fails_mid_way_records_nothing_and_releases_its_hold(
-    tmp_path: Path,
-) -> None:
-    failing, ledger = sql_tracked(tmp_path, FailingChatModel(chunks_before_error=2), strict=True)
-    with pytest.raises(openai.RateLimitError, match="scripted"):
-        list(failing.stream("x"))
-    assert ledger.entries() == []
-    assert ledger.spend("day") == 0
 
 
 # -- streams closed or cancelled by their consumer -------------------------------------------
@@ -138,36 +71,8 @@ def consumed(pieces: list[str]) -> tuple[int, int]:
     return count_message_tokens([("human", "x")]), count_tokens("".join(pieces))
 
 
-def test_an_early_closed_stream_records_what_it_consumed(tmp_path: Path) -> None:
-    model, ledger = sql_tracked(
-        tmp_path, ScriptedChatModel(model="scripted-1", responses=["one two three four"])
-    )
-    pieces = []
-    for chunk in model.stream("x"):
-        pieces.append(chunk.text)
-        if len(pieces) == 2:
-            break  # the usage would only come with the last chunk
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens) == consumed(pieces)
-    assert (entry.estimated, entry.model) == (True, "scripted-1")
-    price = Decimal(entry.input_tokens) * 3 + Decimal(entry.output_tokens) * 15
-    assert entry.cost == price / 10**6
-
-
-def test_a_stream_read_to_its_last_chunk_and_closed_records_the_reported_usage(
-    tmp_path: Path,
-) -> None:
-    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two"]))
-    for chunk in model.stream("x"):
-        if chunk.usage_metadata:
-            reported = chunk.usage_metadata
-            break
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (
-        reported["input_tokens"],
-        reported["output_tokens"],
-        False,
-    )
+# The streams' early close, collection and cancellation, both adapters' loop of real
+# OpenAI streams (async) are in tests/behaviour/test_cost_streams.py.
 
 
 def test_a_chain_stream_closed_before_naming_its_member_is_priced_at_the_dearest_member(
@@ -190,102 +95,6 @@ def test_a_chain_stream_closed_before_naming_its_member_is_priced_at_the_dearest
     (entry,) = ledger.entries()
     assert entry.model == "dear-model"
     assert entry.cost == sum(consumed([first])) * Decimal(100) / 10**6
-
-
-def test_a_garbage_collected_stream_records_what_it_consumed(tmp_path: Path) -> None:
-    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two three"]))
-    stream = model.stream("x")
-    first = next(stream).text
-    del stream
-    gc.collect()
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens) == consumed([first])
-
-
-async def test_an_async_stream_closed_with_aclose_records_what_it_consumed(
-    tmp_path: Path,
-) -> None:
-    model, ledger = sql_tracked(tmp_path, ScriptedChatModel(responses=["one two three"]))
-    stream = model.astream("x")
-    first = (await stream.__anext__()).text
-    await stream.aclose()
-    (entry,) = await recorded(ledger, 1)
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*consumed([first]), True)
-
-
-async def test_an_async_stream_cancelled_after_chunks_settles_its_hold_with_what_it_consumed(
-    tmp_path: Path,
-) -> None:
-    inner = FailingChatModel(model="failing-1", chunks_before_error=2, hang_seconds=30)
-    model, ledger = sql_tracked(tmp_path, inner, strict=True)
-    pieces: list[str] = []
-    both = asyncio.Event()
-
-    async def consume() -> None:
-        async for chunk in model.astream("x"):
-            pieces.append(chunk.text)
-            if len(pieces) == 2:
-                both.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(both.wait(), timeout=5)
-    task.cancel()  # the model hangs after two chunks: the task waits for the third
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    (entry,) = await recorded(ledger, 1)
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*consumed(pieces), True)
-    assert entry.model == "failing-1"
-    assert ledger.spend("day") == entry.cost  # the hold was replaced by the entry
-
-
-async def test_a_cancelled_streams_entry_survives_a_second_cancellation_during_the_write(
-    tmp_path: Path,
-) -> None:
-    inner = FailingChatModel(chunks_before_error=1, hang_seconds=30)
-    model, ledger = sql_tracked(tmp_path, inner)
-    first = asyncio.Event()
-
-    async def consume() -> None:
-        async for _ in model.astream("x"):
-            first.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(first.wait(), timeout=5)
-    # Another process holds the database's write lock, so the entry's write waits...
-    locker = sqlite3.connect(tmp_path / "spend.db", isolation_level=None)
-    locker.execute("BEGIN EXCLUSIVE")
-    try:
-        task.cancel()
-        await asyncio.sleep(0.2)
-        task.cancel()  # ...and the stream's task is cancelled again meanwhile.
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert ledger.entries() == []
-    finally:
-        locker.execute("COMMIT")
-        locker.close()
-    (entry,) = await recorded(ledger, 1)
-    assert entry.estimated is True
-
-
-async def test_a_stream_cancelled_before_its_first_chunk_records_nothing(
-    tmp_path: Path,
-) -> None:
-    inner = FailingChatModel(hang_seconds=30)
-    model, ledger = sql_tracked(tmp_path, inner, strict=True)
-
-    async def consume() -> None:
-        async for _ in model.astream("x"):
-            pass
-
-    task = asyncio.create_task(consume())
-    while inner.calls == 0:  # noqa: ASYNC110 - a fake model's counter, polled
-        await asyncio.sleep(0.001)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert ledger.entries() == []
-    assert ledger.spend("day") == 0
 
 
 def test_a_loop_of_early_closed_real_openai_streams_spends_until_the_budget_refuses(
@@ -323,43 +132,6 @@ def test_usage_is_estimated_and_flagged_when_the_provider_reports_none() -> None
     assert entry.estimated is True
     assert entry.input_tokens > 0
     assert entry.output_tokens == 2  # "Paris." in cl100k_base
-
-
-def test_the_entry_names_and_prices_the_fallback_leg_that_served() -> None:
-    chain = FallbackChatModel(
-        models=[FailingChatModel(), ScriptedChatModel(model="cheap-model-2025")]
-    )
-    model, ledger = tracked(chain, prices={"cheap-model": ModelPrice(1, 2)})
-    message = model.invoke("x")
-    (entry,) = ledger.entries()
-    assert entry.model == "cheap-model-2025"
-    usage = message.usage_metadata
-    assert usage is not None
-    assert (
-        entry.cost
-        == (Decimal(usage["input_tokens"]) * 1 + Decimal(usage["output_tokens"]) * 2) / 10**6
-    )
-
-
-def test_a_fallback_leg_that_names_no_model_is_never_recorded_as_the_primary() -> None:
-    # The chain forwards attribute reads to its primary (``chain.model_name`` is the
-    # primary's), yet the primary did not answer: the entry must not name it.
-    chain = FallbackChatModel(
-        models=[FailingChatModel(model="gpt-4o"), FakeListChatModel(responses=["Paris."])]
-    )
-    assert chain.model_name == "gpt-4o"
-    model, ledger = tracked(chain)
-    model.invoke("x")
-    (entry,) = ledger.entries()
-    assert entry.model != "gpt-4o"
-
-
-def test_scopes_have_their_own_windows_and_the_per_call_scope_wins() -> None:
-    model, ledger = tracked(scope="tenant-a")
-    model.invoke("x")
-    model.invoke("x", budget_scope="tenant-b")
-    assert [e.scope for e in ledger.entries()] == ["tenant-a", "tenant-b"]
-    assert ledger.spend("day", scope="tenant-a") == ledger.entries()[0].cost
 
 
 def test_streams_ask_openai_compatible_providers_for_their_usage() -> None:
@@ -461,24 +233,6 @@ def test_bad_options_fail_at_construction_naming_the_option(
     options.update(params)
     with pytest.raises(error, match=word):
         CostTrackedChatModel(**options)
-
-
-def test_a_strict_hold_covers_the_dearest_fallback_leg() -> None:
-    chain = FallbackChatModel(
-        models=[FailingChatModel(model="dear-model"), ScriptedChatModel(model="cheap-model")]
-    )
-    budget = CostBudget(
-        daily_limit="0.05",
-        strict=True,
-        prices={"dear-model": ModelPrice(100, 100), "cheap-model": ModelPrice(1, 1)},
-    )
-    model = CostTrackedChatModel(inner=chain, budget=budget, ledger=InMemoryCostLedger())
-    # 1,000 output tokens at the dear leg's price (0.1) would not fit the 0.05 left, even
-    # though the cheap leg (0.001) is the one that would answer this time.
-    with pytest.raises(BudgetExceededError):
-        model.invoke("x", max_tokens=1000)
-    answer = model.invoke("x", max_tokens=100)  # 0.01 at the dear price: fits
-    assert answer.response_metadata["model_name"] == "cheap-model"
 
 
 # -- strict holds up to each member's own output cap -----------------------------------------

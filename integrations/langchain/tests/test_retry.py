@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from langchain_core.documents import Document
-from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_openai import OpenAIEmbeddings
 from langchain_tests.integration_tests import VectorStoreIntegrationTests
@@ -85,28 +85,6 @@ class Faults:
             monkeypatch.setattr(owner, name, patched)
 
 
-class FlakyEmbeddings(Embeddings):
-    """Deterministic fake vectors after the given errors, one per call."""
-
-    def __init__(self, *errors: BaseException) -> None:
-        self.fake = DeterministicFakeEmbedding(size=8)
-        self.errors = list(errors)
-        self.calls = 0
-
-    def _fail(self) -> None:
-        self.calls += 1
-        if self.errors:
-            raise self.errors.pop(0)
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        self._fail()
-        return self.fake.embed_documents(texts)
-
-    def embed_query(self, text: str) -> list[float]:
-        self._fail()
-        return self.fake.embed_query(text)
-
-
 @pytest.fixture
 def slept() -> list[float]:
     return []
@@ -126,61 +104,8 @@ async def run(value: Any) -> Any:
 
 # -- embeddings ----------------------------------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    ("method", "argument"),
-    [
-        ("embed_documents", ["a", "b"]),
-        ("embed_query", "a"),
-        ("aembed_documents", ["a", "b"]),
-        ("aembed_query", "a"),
-    ],
-)
-async def test_every_embeddings_method_retries_a_rate_limit_after_its_retry_after(
-    method: str, argument: Any, policy: RetryPolicy, slept: list[float]
-) -> None:
-    inner = FlakyEmbeddings(rate_limited(retry_after="0.5"), httpx.ConnectError("refused"))
-    embeddings = RetryingEmbeddings(inner=inner, policy=policy)
-
-    result = await run(getattr(embeddings, method)(argument))
-
-    assert result == await run(getattr(DeterministicFakeEmbedding(size=8), method)(argument))
-    assert inner.calls == 3
-    assert slept == [0.5, 2.0]  # Retry-After, then the backoff for the second retry
-
-
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize(
-    "error",
-    [
-        pytest.param(unauthorised(), id="401"),
-        pytest.param(BudgetExceededError("day", Decimal(1), Decimal(1)), id="budget"),
-    ],
-)
-async def test_embeddings_raise_a_permanent_error_or_a_refusal_at_once(
-    error: BaseException, asynchronous: bool, policy: RetryPolicy, slept: list[float]
-) -> None:
-    inner = FlakyEmbeddings(error)
-    embeddings = RetryingEmbeddings(inner=inner, policy=policy)
-
-    call = embeddings.aembed_query if asynchronous else embeddings.embed_query
-    with pytest.raises(type(error)) as caught:
-        await run(call("a"))
-
-    assert caught.value is error
-    assert (inner.calls, slept) == (1, [])
-
-
-def test_embeddings_that_keep_failing_raise_the_last_attempts_own_error(
-    policy: RetryPolicy,
-) -> None:
-    errors = [rate_limited() for _ in range(4)]
-    embeddings = RetryingEmbeddings(inner=FlakyEmbeddings(*errors), policy=policy)
-
-    with pytest.raises(openai.RateLimitError) as caught:
-        embeddings.embed_documents(["a"])
-
-    assert caught.value is errors[-1]
+# Every call shape's retries, refusals and the last attempt's error, for both adapters:
+# tests/behaviour/test_retry.py.
 
 
 def test_a_real_openai_embeddings_model_that_retries_by_itself_is_warned_about_once(

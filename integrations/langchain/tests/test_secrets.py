@@ -1,4 +1,7 @@
-"""No LangChain wrapper shows a member's credentials: repr, str, traces, errors.
+"""No LangChain wrapper shows a member's credentials: LangChain's reprs, dumps and traces.
+
+What both adapters share (wrappers' repr and str, nested stacks, error messages) is in
+tests/behaviour/test_secrets.py.
 
 The members are the real provider classes, built with keys, auth headers and URLs that
 carry passwords (constructing them needs no network; they are never called). The
@@ -10,21 +13,18 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.load import dumpd
 from langchain_core.tools import tool
-from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from langchain_llm_resilience import (
     CostTrackedChatModel,
-    CostTrackedEmbeddings,
     FallbackChatModel,
     RateLimitedChatModel,
-    RateLimitedEmbeddings,
 )
 from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import CostBudget
@@ -73,15 +73,6 @@ def anthropic_model() -> ChatAnthropic:
     )
 
 
-def openai_embeddings() -> OpenAIEmbeddings:
-    return OpenAIEmbeddings(
-        model="text-embedding-3-small",
-        api_key=EMBEDDINGS_KEY,
-        default_headers={"Authorization": f"Bearer {HEADER_TOKEN}"},
-        max_retries=0,
-    )
-
-
 def fallback(*models: BaseChatModel) -> FallbackChatModel:
     return FallbackChatModel(models=list(models or (openai_model(), anthropic_model())))
 
@@ -109,37 +100,6 @@ def assert_no_secret(text: str) -> None:
     assert not leaked, f"{leaked} shown in: {text[:400]}..."
 
 
-def test_the_members_used_here_do_show_credentials_in_their_own_repr() -> None:
-    # What the wrappers must not pass on: the provider classes' own reprs show header
-    # tokens and URL passwords (only their SecretStr api keys are masked).
-    assert HEADER_TOKEN in repr(openai_model())
-    assert URL_PASSWORD in repr(openai_model())
-    assert HEADER_TOKEN in repr(anthropic_model())
-
-
-@pytest.mark.parametrize(
-    ("name", "build"),
-    [
-        ("FallbackChatModel", lambda: fallback()),
-        (
-            "RateLimitedChatModel",
-            lambda: RateLimitedChatModel(inner=openai_model(), requests_per_minute=60),
-        ),
-        (
-            "CostTrackedChatModel",
-            lambda: CostTrackedChatModel(inner=anthropic_model(), budget=BUDGET),
-        ),
-    ],
-)
-def test_a_chat_wrapper_repr_and_str_never_show_a_members_credentials(
-    name: str, build: Any
-) -> None:
-    wrapper = build()
-    for text in shown(wrapper):
-        assert_no_secret(text)
-    assert repr(wrapper).startswith(f"{name}(")
-
-
 def test_a_fallback_chat_model_repr_still_names_its_members_and_their_models() -> None:
     text = repr(fallback())
     assert "models=[ChatOpenAI(" in text
@@ -149,26 +109,6 @@ def test_a_fallback_chat_model_repr_still_names_its_members_and_their_models() -
     assert "openai_api_key=SecretStr('**********')" in text
     assert "default_headers={'Authorization': '**********'}" in text
     assert "openai_api_base='https://team:**********@gateway.example/v1'" in text
-
-
-def test_a_nested_stack_repr_shows_every_layer_and_no_credentials() -> None:
-    model = stack()
-    for text in shown(model):
-        assert_no_secret(text)
-    text = repr(model)
-    assert text.startswith("CostTrackedChatModel(")
-    assert "inner=RateLimitedChatModel(" in text
-    assert "inner=FallbackChatModel(" in text
-    assert "requests_per_minute=60" in text
-    assert "gpt-4o" in text
-    assert "claude-sonnet-4-5" in text
-
-
-def test_a_fallback_of_fallbacks_hides_the_credentials_of_nested_members() -> None:
-    model = fallback(fallback(), anthropic_model())
-    for text in shown(model):
-        assert_no_secret(text)
-    assert repr(model).count("FallbackChatModel(") == 2
 
 
 def test_bound_tools_and_structured_output_print_without_credentials() -> None:
@@ -185,28 +125,6 @@ def test_bound_tools_and_structured_output_print_without_credentials() -> None:
         for text in shown(runnable):
             assert_no_secret(text)
         assert "CostTrackedChatModel(" in repr(runnable)
-
-
-@pytest.mark.parametrize(
-    ("name", "build"),
-    [
-        (
-            "RateLimitedEmbeddings",
-            lambda: RateLimitedEmbeddings(inner=openai_embeddings(), requests_per_minute=60),
-        ),
-        (
-            "CostTrackedEmbeddings",
-            lambda: CostTrackedEmbeddings(inner=openai_embeddings(), budget=BUDGET),
-        ),
-    ],
-)
-def test_an_embeddings_wrapper_repr_never_shows_the_embeddings_credentials(
-    name: str, build: Any
-) -> None:
-    wrapper = build()
-    for text in shown(wrapper):
-        assert_no_secret(text)
-        assert name in text
 
 
 def test_serializing_a_stack_for_tracing_adds_no_credential() -> None:
@@ -253,19 +171,3 @@ def test_a_traced_call_through_a_stack_sends_no_credential_to_callbacks() -> Non
     assert recorder.starts
     for start in recorder.starts:
         assert_no_secret(repr(start))
-
-
-def test_a_wrappers_own_error_messages_name_types_not_members() -> None:
-    errors: list[str] = []
-    with pytest.raises(ValueError) as too_few:
-        FallbackChatModel(models=[openai_model()])
-    errors.append(str(too_few.value))
-    with pytest.raises(TypeError) as not_chat:
-        FallbackChatModel(models=[openai_model(), openai_embeddings()])  # type: ignore[list-item]
-    errors.append(str(not_chat.value))
-    with pytest.raises(TypeError) as not_embeddings:
-        RateLimitedEmbeddings(inner=openai_model(), requests_per_minute=60)  # type: ignore[arg-type]
-    errors.append(str(not_embeddings.value))
-    for message in errors:
-        assert_no_secret(message)
-    assert "OpenAIEmbeddings" in errors[1]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
-import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -136,8 +134,11 @@ def answer(content: str = "Paris.", **fields: Any) -> ChatResponse:
 # -- gate before, record once after ------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_every_call_shape_is_recorded_once_with_the_reported_usage(method: str) -> None:
+# The chat shapes of these are in tests/behaviour/test_cost.py, for both adapters.
+
+
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_every_completion_shape_is_recorded_once_with_the_reported_usage(method: str) -> None:
     inner = FakeFunctionCallingLLM(model_name="gpt-4o")
     llm = tracked(inner)
 
@@ -151,8 +152,8 @@ async def test_every_call_shape_is_recorded_once_with_the_reported_usage(method:
     assert inner.calls == 1
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_a_spent_budget_raises_before_the_inner_call(method: str) -> None:
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_a_spent_budget_raises_before_the_inner_completion_call(method: str) -> None:
     inner = FakeFunctionCallingLLM()
     llm = tracked(inner, budget=CostBudget(daily_limit=1))
     llm.ledger.record(LedgerEntry(datetime.now(UTC), "chat", cost=Decimal(1)))
@@ -169,8 +170,8 @@ async def test_a_spent_budget_raises_before_the_inner_call(method: str) -> None:
     assert len(entries(llm)) == 1
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_a_kill_switch_refuses_every_call_shape(method: str) -> None:
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_a_kill_switch_refuses_every_completion_shape(method: str) -> None:
     inner = FakeFunctionCallingLLM()
 
     with pytest.raises(BudgetExceededError):
@@ -224,25 +225,6 @@ async def test_a_cancelled_call_records_nothing() -> None:
 # -- streams -------------------------------------------------------------------------------
 
 
-def test_a_stream_is_gated_on_first_iteration_and_recorded_after_its_last_chunk() -> None:
-    inner = FakeFunctionCallingLLM()
-    llm = tracked(inner, budget=KILL_SWITCH)
-    stream = llm.stream_chat(MESSAGES)  # nothing is gated yet
-    with pytest.raises(BudgetExceededError):
-        next(stream)
-    assert inner.calls == 0
-
-    llm = tracked(inner)
-    chunks = len(list(inner.stream_chat(MESSAGES)))
-    stream = llm.stream_chat(MESSAGES)
-    for _ in range(chunks):
-        next(stream)
-    assert entries(llm) == []  # the last chunk is out, but the stream has not ended
-    with pytest.raises(StopIteration):
-        next(stream)
-    assert len(entries(llm)) == 1
-
-
 STRICT = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10, strict=True)
 
 
@@ -271,8 +253,12 @@ def request(method: str) -> Any:
     return MESSAGES if "chat" in method else QUESTION
 
 
-@pytest.mark.parametrize("method", ["stream_chat", "stream_complete"])
-def test_an_early_closed_stream_records_what_it_consumed_and_settles_its_hold(
+# The chat streams' early close, collection and cancellation, and a loop of real OpenAI
+# streams, are in tests/behaviour/test_cost_streams.py, for both adapters.
+
+
+@pytest.mark.parametrize("method", ["stream_complete"])
+def test_an_early_closed_completion_stream_records_what_it_consumed_and_settles_its_hold(
     method: str, tmp_path: Path
 ) -> None:
     llm = sql_tracked(tmp_path, FakeFunctionCallingLLM(model_name="fake-1"), budget=STRICT)
@@ -288,20 +274,8 @@ def test_an_early_closed_stream_records_what_it_consumed_and_settles_its_hold(
     assert llm.ledger.spend("day") == entry.cost  # the strict-mode hold became the entry
 
 
-def test_a_garbage_collected_stream_records_what_it_consumed(tmp_path: Path) -> None:
-    llm = sql_tracked(tmp_path, FakeFunctionCallingLLM())
-    stream = llm.stream_chat(MESSAGES)
-    first = next(stream).delta
-
-    del stream
-    gc.collect()
-
-    [entry] = entries(llm)
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == consumed([first])
-
-
-@pytest.mark.parametrize("method", ["astream_chat", "astream_complete"])
-async def test_an_async_stream_closed_with_aclose_records_what_it_consumed(
+@pytest.mark.parametrize("method", ["astream_complete"])
+async def test_an_async_completion_stream_closed_with_aclose_records_what_it_consumed(
     method: str, tmp_path: Path
 ) -> None:
     llm = sql_tracked(tmp_path, FakeFunctionCallingLLM(), budget=STRICT)
@@ -337,59 +311,14 @@ def test_a_stream_whose_usage_came_before_its_text_is_not_undercounted_when_clos
     assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (11, 3, True)
 
 
-@pytest.mark.parametrize("method", ["stream_chat", "astream_chat", "stream_complete"])
-async def test_a_stream_failing_mid_way_records_nothing(method: str) -> None:
+@pytest.mark.parametrize("method", ["stream_complete"])
+async def test_a_completion_stream_failing_mid_way_records_nothing(method: str) -> None:
     llm = tracked(FakeFunctionCallingLLM(error=rate_limit_error(), fail_after_chunks=2))
 
     with pytest.raises(openai.RateLimitError, match="429"):
         await call(llm, method)
 
     assert entries(llm) == []
-
-
-async def test_a_stream_cancelled_after_its_first_chunk_records_what_it_consumed(
-    tmp_path: Path,
-) -> None:
-    inner = FakeFunctionCallingLLM(hang_seconds=5, fail_after_chunks=1)
-    llm = sql_tracked(tmp_path, inner, budget=STRICT)
-    deltas: list[str] = []
-    first = asyncio.Event()
-
-    async def consume() -> None:
-        async for chunk in await llm.astream_chat(MESSAGES):
-            deltas.append(chunk.delta or "")
-            first.set()
-
-    task = asyncio.create_task(consume())
-    await asyncio.wait_for(first.wait(), timeout=2)
-    task.cancel()  # the fake hangs after one chunk: the task waits for the next
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-    inner.release()
-    [entry] = await recorded(llm, 1)
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == consumed(deltas)
-    assert llm.ledger.spend("day") == entry.cost
-
-
-async def test_a_stream_cancelled_before_its_first_chunk_records_nothing(tmp_path: Path) -> None:
-    inner = FakeFunctionCallingLLM(hang_seconds=5)  # hangs before its first chunk
-    llm = sql_tracked(tmp_path, inner, budget=STRICT)
-
-    async def consume() -> None:
-        async for _ in await llm.astream_chat(MESSAGES):
-            pass
-
-    task = asyncio.create_task(consume())
-    while inner.calls == 0:  # noqa: ASYNC110 - a fake LLM's counter, polled
-        await asyncio.sleep(0.001)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-    inner.release()
-    assert entries(llm) == []
-    assert llm.ledger.spend("day") == 0  # the hold is released
 
 
 def test_a_stream_without_usage_is_estimated_from_the_accumulated_text() -> None:
@@ -517,8 +446,10 @@ def test_the_providers_reported_model_is_recorded_and_priced() -> None:
     assert entry.cost == Decimal("0.018")
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_the_fallback_member_that_served_is_recorded_and_priced(method: str) -> None:
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_the_fallback_member_that_served_a_completion_is_recorded_and_priced(
+    method: str,
+) -> None:
     primary = NoModelFake(model_name="primary", error=rate_limit_error())
     secondary = NoModelFake(model_name="secondary")
     budget = CostBudget(daily_limit=10, prices={"secondary": ModelPrice(1000, 1000)})
@@ -531,54 +462,19 @@ async def test_the_fallback_member_that_served_is_recorded_and_priced(method: st
     assert entry.cost == Decimal("0.010")  # (6 + 4) tokens at 1000 per million
 
 
-def test_a_member_of_a_nested_fallback_is_found_by_its_path() -> None:
-    failing = NoModelFake(model_name="a", error=rate_limit_error())
-    nested = FallbackLLM(
-        llms=[NoModelFake(model_name="b", error=rate_limit_error()), NoModelFake(model_name="deep")]
-    )
-    llm = tracked(RateLimitedLLM(inner=FallbackLLM(llms=[failing, nested]), requests_per_minute=60))
-
-    llm.chat(MESSAGES)
-
-    assert [entry.model for entry in entries(llm)] == ["deep"]
-
-
-def test_without_a_reported_model_the_inner_llms_name_is_recorded() -> None:
-    llm = tracked(NoModelFake(model_name="local-model"))
-
-    llm.complete(QUESTION)
-
-    assert [entry.model for entry in entries(llm)] == ["local-model"]
-
-
 # -- scopes --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_a_per_call_budget_scope_overrides_the_layers_and_never_reaches_the_inner_llm(
-    method: str,
-) -> None:
+async def test_a_per_call_budget_scope_never_reaches_the_inner_llm(method: str) -> None:
+    # That it overrides the layer's scope is in tests/behaviour/test_cost.py.
     inner = ScriptedLLM()
     llm = tracked(inner, scope="tenant-1")
 
     await call(llm, method)
     await call(llm, method, budget_scope="tenant-2")
 
-    assert [entry.scope for entry in entries(llm)] == ["tenant-1", "tenant-2"]
     assert all("budget_scope" not in seen for seen in inner.kwargs_seen)
-
-
-def test_a_scope_that_spent_its_limit_is_refused_while_others_go_on() -> None:
-    inner = FakeFunctionCallingLLM()
-    llm = tracked(inner, budget=CostBudget(daily_limit=1))
-    llm.ledger.record(LedgerEntry(datetime.now(UTC), "chat", cost=Decimal(1), scope="tenant-1"))
-
-    with pytest.raises(BudgetExceededError) as refused:
-        llm.chat(MESSAGES, budget_scope="tenant-1")
-    llm.chat(MESSAGES, budget_scope="tenant-2")
-
-    assert refused.value.scope == "tenant-1"
-    assert inner.calls == 1
 
 
 def test_chat_with_tools_takes_a_budget_scope_without_passing_it_on() -> None:
@@ -914,61 +810,6 @@ async def test_a_real_openai_llm_records_its_reported_usage_or_an_estimate(
         assert not include_usage
         assert entry.estimated is True
         assert entry.output_tokens == count_tokens("Paris is the capital of France.")
-
-
-def test_a_strict_hold_covers_the_dearest_fallback_leg() -> None:
-    chain = FallbackLLM(
-        llms=[
-            FakeFunctionCallingLLM(model_name="dear-model", error=rate_limit_error()),
-            FakeFunctionCallingLLM(model_name="cheap-model"),
-        ]
-    )
-    budget = CostBudget(
-        daily_limit="0.05",
-        strict=True,
-        prices={"dear-model": ModelPrice(100, 100), "cheap-model": ModelPrice(1, 1)},
-    )
-    layer = CostTrackedLLM(inner=chain, budget=budget, ledger=InMemoryCostLedger())
-    message = [ChatMessage(role=MessageRole.USER, content="x")]
-    # 1,000 output tokens at the dear leg's price (0.1) do not fit the 0.05 left, even
-    # though the cheap leg (0.001) is the one that would answer.
-    with pytest.raises(BudgetExceededError):
-        layer.chat(message, max_tokens=1000)
-    assert layer.chat(message, max_tokens=100).message.content == "The fake model answers."
-
-
-async def test_a_loop_of_early_closed_real_openai_streams_spends_until_the_budget_refuses(
-    server: FaultInjectingServer, tmp_path: Path
-) -> None:
-    openai_llms = pytest.importorskip("llama_index.llms.openai")
-    inner = openai_llms.OpenAI(
-        model="gpt-4o-mini", api_base=server.openai_base_url, api_key="t", max_retries=0
-    )
-    budget = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit="0.002")
-    llm = sql_tracked(tmp_path, inner, budget=budget)
-    spends: list[Decimal] = []
-    refused = False
-
-    for _ in range(100):
-        stream = await llm.astream_chat(MESSAGES)
-        try:
-            async for chunk in stream:
-                if chunk.delta:
-                    break  # the consumer has what it wanted
-        except BudgetExceededError:
-            refused = True
-            break
-        finally:
-            await stream.aclose()
-        await recorded(llm, len(spends) + 1)
-        spends.append(llm.ledger.spend("day"))
-
-    found = entries(llm)
-    assert refused
-    assert len(found) == len(spends) == len(server.requests) >= 20  # every stream records
-    assert all(earlier < later for earlier, later in itertools.pairwise(spends))
-    assert all(e.estimated and e.model == "gpt-4o-mini" and e.output_tokens for e in found)
-    assert spends[-1] >= Decimal("0.002")
 
 
 # -- strict holds up to each member's own output cap -----------------------------------------

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -30,7 +29,6 @@ from llm_resilience.usage import estimate_request_tokens
 CHAT = ["chat", "achat", "stream_chat", "astream_chat"]
 COMPLETE = ["complete", "acomplete", "stream_complete", "astream_complete"]
 EVERY_METHOD = CHAT + COMPLETE
-ASYNC_METHODS = ["achat", "astream_chat", "acomplete", "astream_complete"]
 QUESTION = "What is the capital of France?"
 MESSAGES = [ChatMessage(role=MessageRole.USER, content=QUESTION)]
 # FakeFunctionCallingLLM counts words: 6 prompt words, 4 answer words.
@@ -156,8 +154,11 @@ async def until_queued(limiter: TokenBucketRateLimiter, waiting: int) -> None:
 # -- one permit per call ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_every_call_shape_takes_one_permit_before_the_inner_call(method: str) -> None:
+# The chat shapes, and what both adapters share, are in tests/behaviour/test_ratelimit.py.
+
+
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_every_completion_shape_takes_one_permit_before_the_inner_call(method: str) -> None:
     inner = FakeFunctionCallingLLM()
     limiter = SpyLimiter(watched=inner)
     llm = RateLimitedLLM(inner=inner, limiter=limiter)
@@ -190,8 +191,8 @@ async def test_one_call_still_emits_exactly_one_llm_event_pair(
     assert len(debug.get_event_pairs(CBEventType.LLM)) == 1
 
 
-@pytest.mark.parametrize("method", ["stream_chat", "stream_complete"])
-def test_a_stream_takes_its_permit_on_first_iteration(method: str) -> None:
+@pytest.mark.parametrize("method", ["stream_complete"])
+def test_a_completion_stream_takes_its_permit_on_first_iteration(method: str) -> None:
     inner = FakeFunctionCallingLLM()
     limiter = SpyLimiter()
     llm = RateLimitedLLM(inner=inner, limiter=limiter)
@@ -204,8 +205,8 @@ def test_a_stream_takes_its_permit_on_first_iteration(method: str) -> None:
     assert inner.calls == 1
 
 
-@pytest.mark.parametrize("method", ["astream_chat", "astream_complete"])
-async def test_an_async_stream_takes_its_permit_on_first_iteration(method: str) -> None:
+@pytest.mark.parametrize("method", ["astream_complete"])
+async def test_an_async_completion_stream_takes_its_permit_on_first_iteration(method: str) -> None:
     limiter = SpyLimiter()
     llm = RateLimitedLLM(inner=FakeFunctionCallingLLM(), limiter=limiter)
 
@@ -216,20 +217,11 @@ async def test_an_async_stream_takes_its_permit_on_first_iteration(method: str) 
     assert limiter.acquired == [(0, "chat")]
 
 
-def test_calls_beyond_the_burst_are_held_by_a_real_bucket() -> None:
-    limiter = frozen_bucket(requests_per_minute=2)
-    llm = RateLimitedLLM(inner=FakeFunctionCallingLLM(), limiter=limiter)
-    llm.complete(QUESTION)
-    llm.complete(QUESTION)
-
-    assert limiter.acquire(blocking=False) is False
-
-
 # -- refusals and cancellation never reach the inner LLM ---------------------------------
 
 
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_a_refused_permit_never_reaches_the_inner_llm(method: str) -> None:
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_a_refused_permit_never_reaches_the_inner_llm_for_a_completion(method: str) -> None:
     inner = FakeFunctionCallingLLM()
     llm = RateLimitedLLM(inner=inner, limiter=SpyLimiter(error=RateLimitQueueFullError(4)))
 
@@ -239,25 +231,8 @@ async def test_a_refused_permit_never_reaches_the_inner_llm(method: str) -> None
     assert inner.calls == 0
 
 
-async def test_a_caller_finding_the_queue_full_is_refused_at_once() -> None:
-    inner = FakeFunctionCallingLLM()
-    limiter = frozen_bucket(requests_per_minute=1, max_queued_requests=1)
-    llm = RateLimitedLLM(inner=inner, limiter=limiter)
-    await llm.achat(MESSAGES)  # the only permit
-    waiting = asyncio.create_task(llm.achat(MESSAGES))
-    await until_queued(limiter, 1)
-
-    with pytest.raises(RateLimitQueueFullError):
-        await llm.achat(MESSAGES)
-
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    assert inner.calls == 1
-
-
-@pytest.mark.parametrize("method", ASYNC_METHODS)
-async def test_cancelling_a_call_waiting_for_its_permit_never_reaches_the_inner_llm(
+@pytest.mark.parametrize("method", ["acomplete", "astream_complete"])
+async def test_cancelling_a_completion_waiting_for_its_permit_never_reaches_the_inner_llm(
     method: str,
 ) -> None:
     inner = FakeFunctionCallingLLM()
@@ -275,7 +250,7 @@ async def test_cancelling_a_call_waiting_for_its_permit_never_reaches_the_inner_
     assert limiter.queued == 0
 
 
-def test_a_call_weighing_more_than_the_token_budget_fails_at_once() -> None:
+def test_a_call_whose_num_output_outweighs_the_token_budget_fails_at_once() -> None:
     inner = FakeFunctionCallingLLM()
     llm = RateLimitedLLM(inner=inner, requests_per_minute=60, tokens_per_minute=100)
 
@@ -289,7 +264,7 @@ def test_a_call_weighing_more_than_the_token_budget_fails_at_once() -> None:
 
 
 @pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_with_a_token_budget_a_call_weighs_its_prompt_and_output_cap_and_is_reconciled(
+async def test_with_a_token_budget_a_call_weighs_its_prompt_and_num_output_and_is_reconciled(
     method: str,
 ) -> None:
     limiter = SpyLimiter(tokens_per_minute=100_000)
@@ -326,27 +301,6 @@ async def test_an_input_count_of_zero_for_a_real_prompt_is_not_reconciled(method
     await call(llm, method)
 
     assert len(limiter.acquired) == 1
-    assert limiter.reconciled == []
-
-
-@pytest.mark.parametrize("method", ["stream_chat", "astream_chat"])
-async def test_a_failed_stream_is_not_reconciled(method: str) -> None:
-    limiter = SpyLimiter(tokens_per_minute=100_000)
-    inner = FakeFunctionCallingLLM(error=rate_limit_error(), fail_after_chunks=2)
-    llm = RateLimitedLLM(inner=inner, limiter=limiter)
-
-    with pytest.raises(openai.RateLimitError, match="429"):
-        await call(llm, method)
-
-    assert len(limiter.acquired) == 1
-    assert limiter.reconciled == []
-
-
-def test_without_a_token_budget_nothing_is_weighed_or_reconciled() -> None:
-    limiter = SpyLimiter()
-    RateLimitedLLM(inner=FakeFunctionCallingLLM(), limiter=limiter).chat(MESSAGES)
-
-    assert limiter.acquired == [(0, "chat")]
     assert limiter.reconciled == []
 
 
@@ -421,19 +375,8 @@ def test_the_event_payload_names_the_layer_and_model_and_carries_no_secrets() ->
     assert "sk-secret-key" not in repr(payload)
 
 
-def test_find_layer_finds_each_layer_of_a_stack() -> None:
-    member = FakeFunctionCallingLLM()
-    chain = FallbackLLM(llms=[member, FakeFunctionCallingLLM()])
-    llm = RateLimitedLLM(inner=chain, requests_per_minute=60)
-
-    assert llm.find_layer(RateLimitedLLM) is llm
-    assert llm.find_layer(FallbackLLM) is chain
-    assert llm.find_layer(FakeFunctionCallingLLM) is member
-    assert llm.find_layer(MockEmbedding) is None
-
-
-@pytest.mark.parametrize("method", EVERY_METHOD)
-async def test_over_a_fallback_chain_a_call_takes_one_permit_however_many_llms_it_tries(
+@pytest.mark.parametrize("method", COMPLETE)
+async def test_over_a_fallback_chain_a_completion_takes_one_permit_however_many_llms_it_tries(
     method: str,
 ) -> None:
     primary = FakeFunctionCallingLLM(error=rate_limit_error())
@@ -457,60 +400,6 @@ def test_the_inner_llms_own_rate_limiter_still_applies() -> None:
 
 
 # -- options -------------------------------------------------------------------------------
-
-
-def test_the_numbers_build_a_token_bucket() -> None:
-    llm = RateLimitedLLM(
-        inner=FakeFunctionCallingLLM(),
-        requests_per_minute=300,
-        max_queued_requests=5,
-        tokens_per_minute=60_000,
-    )
-
-    assert isinstance(llm.limiter, TokenBucketRateLimiter)
-    assert (llm.limiter.permits_per_period, llm.limiter.capacity) == (5, 300)
-    assert (llm.limiter.max_queued_requests, llm.limiter.token_capacity) == (5, 60_000)
-
-
-def test_a_shared_limiter_is_used_as_given_by_every_layer() -> None:
-    shared = TokenBucketRateLimiter(requests_per_minute=60)
-    llm = RateLimitedLLM(inner=FakeFunctionCallingLLM(), limiter=shared)
-    embedding = RateLimitedEmbedding(inner=MockEmbedding(embed_dim=2), limiter=shared)
-
-    assert llm.limiter is shared
-    assert embedding.limiter is shared
-
-
-@pytest.mark.parametrize(
-    ("options", "error", "words"),
-    [
-        ({}, ValueError, ["requests_per_minute", "limiter"]),
-        (
-            {"requests_per_minute": 60, "limiter": TokenBucketRateLimiter(60)},
-            ValueError,
-            ["requests_per_minute", "limiter"],
-        ),
-        (
-            {"limiter": TokenBucketRateLimiter(60), "tokens_per_minute": 100},
-            ValueError,
-            ["tokens_per_minute"],
-        ),
-        ({"limiter": object()}, TypeError, ["acquire", "aacquire"]),
-        ({"requests_per_minute": 0}, ValueError, ["requests_per_minute", ">= 1"]),
-        ({"requests_per_minute": 60, "max_queued_requests": 0}, ValueError, ["max_queued"]),
-    ],
-)
-@pytest.mark.parametrize("layer", [RateLimitedLLM, RateLimitedEmbedding])
-def test_bad_options_raise_an_error_naming_them(
-    layer: type[Any], options: dict[str, Any], error: type[Exception], words: list[str]
-) -> None:
-    inner = FakeFunctionCallingLLM() if layer is RateLimitedLLM else MockEmbedding(embed_dim=2)
-
-    with pytest.raises(error) as raised:
-        layer(inner=inner, **options)
-
-    for word in words:
-        assert word in str(raised.value)
 
 
 def test_an_inner_that_is_not_an_llm_is_refused() -> None:
@@ -564,16 +453,6 @@ async def test_a_refused_embedding_permit_never_reaches_the_inner_model(shape: s
         await embed(model, shape)
 
     assert inner.requests == 0
-
-
-def test_with_a_token_budget_an_embedding_batch_weighs_its_texts() -> None:
-    limiter = SpyLimiter(tokens_per_minute=10_000)
-    model = RateLimitedEmbedding(inner=CountingEmbedding(embed_dim=2), limiter=limiter)
-
-    model.get_text_embedding_batch(["hello world", "hello"])
-
-    assert limiter.acquired == [(3, "embedding")]
-    assert limiter.reconciled == []
 
 
 def test_the_embedding_layer_keeps_the_inner_models_name_and_batch_size() -> None:

@@ -146,16 +146,15 @@ async def run(value: Any) -> Any:
 # -- embeddings ----------------------------------------------------------------------------
 
 
+# Queries and batches, refusals and the last attempt's error, for both adapters:
+# tests/behaviour/test_retry.py.
+
+
 @pytest.mark.parametrize(
     ("method", "argument"),
-    [
-        ("get_query_embedding", "a"),
-        ("get_text_embedding", "a"),
-        ("aget_query_embedding", "a"),
-        ("aget_text_embedding", "a"),
-    ],
+    [("get_text_embedding", "a"), ("aget_text_embedding", "a")],
 )
-async def test_every_embedding_call_retries_a_rate_limit_after_its_retry_after(
+async def test_every_single_text_embedding_retries_a_rate_limit_after_its_retry_after(
     method: str, argument: Any, policy: RetryPolicy, slept: list[float]
 ) -> None:
     inner = FlakyEmbedding(embed_dim=4).fail_with(
@@ -187,42 +186,6 @@ async def test_a_failed_batch_is_retried_alone_in_the_inner_models_batch_size(
     assert (embedding.embed_batch_size, embedding.num_workers) == (2, 3)
     assert vectors == [[0.5] * 4] * 5
     assert inner.calls == 3 + 1  # three batches, the failed one once more
-
-
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize(
-    "error",
-    [
-        pytest.param(unauthorised(), id="401"),
-        pytest.param(BudgetExceededError("day", Decimal(1), Decimal(1)), id="budget"),
-        pytest.param(asyncio.CancelledError(), id="cancelled"),
-    ],
-)
-async def test_an_embedding_raises_permanent_errors_refusals_and_cancellation_at_once(
-    error: BaseException, asynchronous: bool, policy: RetryPolicy, slept: list[float]
-) -> None:
-    inner = FlakyEmbedding(embed_dim=4).fail_with(error)
-    embedding = RetryingEmbedding(inner=inner, policy=policy)
-
-    call = embedding.aget_query_embedding if asynchronous else embedding.get_query_embedding
-    with pytest.raises(type(error)):
-        await run(call("a"))
-
-    assert (inner.calls, slept) == (1, [])
-
-
-def test_an_embedding_that_keeps_failing_raises_the_last_attempts_own_error(
-    policy: RetryPolicy,
-) -> None:
-    errors = [rate_limited() for _ in range(4)]
-    embedding = RetryingEmbedding(
-        inner=FlakyEmbedding(embed_dim=4).fail_with(*errors), policy=policy
-    )
-
-    with pytest.raises(openai.RateLimitError) as caught:
-        embedding.get_text_embedding("a")
-
-    assert caught.value is errors[-1]
 
 
 def test_the_embedding_wrapper_answers_find_layer_and_refuses_bad_input() -> None:

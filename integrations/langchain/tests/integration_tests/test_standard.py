@@ -3,7 +3,9 @@
 ``TestFallbackChatModel`` runs the suite over ``FallbackChatModel(models=[a model that
 always answers HTTP 429, ScriptedChatModel])``, so every call in every test first fails
 over. ``TestFallbackChatModelWithTimeout`` runs it again with a ``per_client_timeout``,
-which sends sync calls through the chain's worker threads. ``TestScriptedChatModel``
+which sends sync calls through the chain's worker threads. ``TestCostTrackedChatModel``
+and ``TestRateLimitedChatModel`` run it over the cost and rate-limit layers on the
+scripted fake. ``TestScriptedChatModel``
 runs it over the scripted fake alone, which tells a wrapper bug from a fake's bug.
 
 No test here touches the network: the suite's multimodal tests download their inputs
@@ -19,8 +21,9 @@ import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from pytest_socket import disable_socket, enable_socket
 
-from langchain_llm_resilience import FallbackChatModel
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, RateLimitedChatModel
 from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
+from llm_resilience import CostBudget, InMemoryCostLedger
 
 
 @pytest.fixture(autouse=True)
@@ -133,3 +136,33 @@ class TestFallbackChatModelWithTimeout(TestFallbackChatModel):
         # A bound far above any attempt's duration: the timeout never fires, but sync
         # calls and streams now run in the chain's worker threads.
         return {**super().chat_model_params, "per_client_timeout": 10}
+
+
+class TestCostTrackedChatModel(_OfflineFlags):
+    @property
+    def chat_model_class(self) -> type[CostTrackedChatModel]:
+        return CostTrackedChatModel
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        # A limit far above any test's spend, and an explicit ledger (no in-memory warning).
+        return {
+            "inner": ScriptedChatModel(model="scripted-secondary"),
+            "budget": CostBudget(3, 15, daily_limit=1_000),
+            "ledger": InMemoryCostLedger(),
+        }
+
+
+class TestRateLimitedChatModel(_OfflineFlags):
+    @property
+    def chat_model_class(self) -> type[RateLimitedChatModel]:
+        return RateLimitedChatModel
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        # Budgets far above any test's calls: the permits never make a test wait.
+        return {
+            "inner": ScriptedChatModel(model="scripted-secondary"),
+            "requests_per_minute": 100_000,
+            "tokens_per_minute": 100_000_000,
+        }

@@ -1,0 +1,271 @@
+"""The cost layer in both adapters: gate before, record once after, for the member that served."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from driver import PROMPT, STREAMS, Mode
+
+from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
+from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+from llm_resilience.ratelimit import TokenBucketRateLimiter
+
+# One token in and out costs 1 and 2 millionths: costs stay readable.
+BUDGET = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10)
+
+
+def tracked(
+    driver: Any, inner: Any, budget: CostBudget = BUDGET, **options: Any
+) -> tuple[Any, InMemoryCostLedger]:
+    ledger = InMemoryCostLedger()
+    return driver.cost_tracked(inner, budget=budget, ledger=ledger, **options), ledger
+
+
+# -- gate before, record once after ------------------------------------------------------
+
+
+async def test_every_call_shape_records_exactly_one_entry_with_the_reported_usage(
+    driver: Any, mode: Mode
+) -> None:
+    inner = driver.answering(model="gpt-4o")
+    layer, ledger = tracked(driver, inner)
+
+    reply = await driver.run(layer, mode)
+
+    [entry] = ledger.entries()
+    reported = driver.reported_usage(reply)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (*reported, False)
+    assert (entry.kind, entry.surface, entry.model, entry.scope) == ("chat", "chat", "gpt-4o", None)
+    assert entry.cost == (Decimal(reported[0]) * 1 + Decimal(reported[1]) * 2) / 10**6
+    assert driver.calls(inner) == 1
+
+
+async def test_a_kill_switch_refuses_every_call_shape_before_the_inner_model_is_called(
+    driver: Any, mode: Mode
+) -> None:
+    inner = driver.answering()
+    layer, ledger = tracked(driver, inner, CostBudget(3, 15, daily_limit=0))
+
+    with pytest.raises(BudgetExceededError) as refused:
+        await driver.run(layer, mode)
+
+    assert refused.value.window == "day"
+    assert driver.calls(inner) == 0
+    assert ledger.entries() == []
+
+
+async def test_a_spent_budget_refuses_naming_its_window_limit_and_spend(
+    driver: Any, mode: Mode
+) -> None:
+    inner = driver.answering()
+    layer, ledger = tracked(driver, inner, CostBudget(daily_limit=1))
+    ledger.record(LedgerEntry(datetime.now(UTC), "chat", cost=Decimal(1)))
+
+    with pytest.raises(BudgetExceededError) as refused:
+        await driver.run(layer, mode)
+
+    facts = (refused.value.window, refused.value.limit, refused.value.spend)
+    assert facts == ("day", Decimal(1), Decimal(1))
+    assert driver.calls(inner) == 0
+    assert len(ledger.entries()) == 1
+
+
+def test_a_stream_is_gated_on_first_iteration_and_recorded_only_once_it_ends(driver: Any) -> None:
+    inner = driver.answering("one two three four")
+    refusing, _ = tracked(driver, inner, CostBudget(3, 15, daily_limit=0))
+    stream = driver.open_stream(refusing, PROMPT)  # nothing is gated yet
+    with pytest.raises(BudgetExceededError):
+        next(stream)
+    assert driver.calls(inner) == 0
+
+    layer, ledger = tracked(driver, inner)
+    chunks = len(list(driver.open_stream(inner, PROMPT)))
+    stream = driver.open_stream(layer, PROMPT)
+    for _ in range(chunks):
+        next(stream)
+    assert ledger.entries() == []  # the last chunk is out, but the stream has not ended
+    with pytest.raises(StopIteration):
+        next(stream)
+    assert len(ledger.entries()) == 1
+
+
+@pytest.mark.parametrize("mode", STREAMS)
+async def test_a_stream_that_fails_mid_way_records_nothing_and_releases_its_hold(
+    driver: Any, mode: Mode
+) -> None:
+    error = driver.rate_limit_error()
+    strict = CostBudget(3, 15, daily_limit=10, strict=True)
+    layer, ledger = tracked(driver, driver.failing(error, chunks_before_error=2), strict)
+
+    with pytest.raises(type(error)):
+        await driver.run(layer, mode)
+
+    assert ledger.entries() == []
+    assert ledger.spend("day") == 0
+
+
+# -- the model that served -----------------------------------------------------------------
+
+
+async def test_the_entry_names_and_prices_the_fallback_member_that_served(
+    driver: Any, mode: Mode
+) -> None:
+    chain = driver.fallback([driver.failing(model="primary"), driver.answering(model="cheap-2025")])
+    budget = CostBudget(daily_limit=10, prices={"cheap": ModelPrice(1000, 1000)})
+    layer, ledger = tracked(driver, chain, budget)
+
+    reply = await driver.run(layer, mode)
+
+    [entry] = ledger.entries()
+    assert entry.model == "cheap-2025"  # priced by its family's prefix
+    assert entry.cost == Decimal(sum(driver.reported_usage(reply))) * 1000 / 10**6
+
+
+async def test_a_member_whose_answers_name_no_model_is_recorded_by_its_own_name(
+    driver: Any, mode: Mode
+) -> None:
+    # The chain forwards attribute reads to its primary, yet the primary did not answer.
+    chain = driver.fallback([driver.failing(model="primary"), driver.unnamed(model="secondary")])
+    budget = CostBudget(daily_limit=10, prices={"secondary": ModelPrice(1000, 1000)})
+    layer, ledger = tracked(driver, chain, budget)
+
+    reply = await driver.run(layer, mode)
+
+    [entry] = ledger.entries()
+    assert entry.model == "secondary"
+    assert entry.cost == Decimal(sum(driver.reported_usage(reply))) * 1000 / 10**6
+
+
+async def test_a_fallback_of_fallbacks_records_the_member_that_served_when_it_names_no_model(
+    driver: Any, mode: Mode
+) -> None:
+    # Issue 19's first drift: LangChain recorded the member that failed.
+    inner = driver.fallback(
+        [driver.failing(model="dead-primary"), driver.unnamed(model="live-secondary")]
+    )
+    chain = driver.fallback([inner, driver.answering(model="spare")])
+    layer, ledger = tracked(driver, chain)
+
+    await driver.run(layer, mode)
+
+    assert [entry.model for entry in ledger.entries()] == ["live-secondary"]
+
+
+async def test_a_member_deep_in_a_rate_limited_nested_fallback_is_recorded(driver: Any) -> None:
+    nested = driver.fallback([driver.failing(model="b"), driver.unnamed(model="deep")])
+    chain = driver.fallback([driver.failing(model="a"), nested])
+    layer, ledger = tracked(driver, driver.rate_limited(chain, requests_per_minute=60))
+
+    await driver.run(layer, "call")
+
+    assert [entry.model for entry in ledger.entries()] == ["deep"]
+
+
+def test_without_a_reported_model_the_inner_models_name_is_recorded(driver: Any) -> None:
+    layer, ledger = tracked(driver, driver.unnamed(model="local-model"))
+
+    driver.run_sync(layer)
+
+    assert [entry.model for entry in ledger.entries()] == ["local-model"]
+
+
+# -- scopes --------------------------------------------------------------------------------
+
+
+async def test_a_per_call_budget_scope_overrides_the_layers_and_has_its_own_window(
+    driver: Any, mode: Mode
+) -> None:
+    layer, ledger = tracked(driver, driver.answering(), scope="tenant-1")
+
+    await driver.run(layer, mode)
+    await driver.run(layer, mode, budget_scope="tenant-2")
+
+    first, second = ledger.entries()
+    assert (first.scope, second.scope) == ("tenant-1", "tenant-2")
+    assert ledger.spend("day", scope="tenant-1") == first.cost
+
+
+def test_a_scope_that_spent_its_limit_is_refused_while_others_go_on(driver: Any) -> None:
+    inner = driver.answering()
+    layer, ledger = tracked(driver, inner, CostBudget(daily_limit=1))
+    ledger.record(LedgerEntry(datetime.now(UTC), "chat", cost=Decimal(1), scope="tenant-1"))
+
+    with pytest.raises(BudgetExceededError) as refused:
+        driver.run_sync(layer, budget_scope="tenant-1")
+    driver.run_sync(layer, budget_scope="tenant-2")
+
+    assert refused.value.scope == "tenant-1"
+    assert driver.calls(inner) == 1
+
+
+# -- strict holds --------------------------------------------------------------------------
+
+
+def test_a_strict_hold_covers_the_dearest_fallback_member(driver: Any) -> None:
+    chain = driver.fallback(
+        [driver.failing(model="dear-model"), driver.answering(model="cheap-model")]
+    )
+    budget = CostBudget(
+        daily_limit="0.05",
+        strict=True,
+        prices={"dear-model": ModelPrice(100, 100), "cheap-model": ModelPrice(1, 1)},
+    )
+    layer, ledger = tracked(driver, chain, budget)
+    # 1,000 output tokens at the dear member's price (0.1) do not fit the 0.05 left, even
+    # though the cheap member (0.001) is the one that would answer.
+    with pytest.raises(BudgetExceededError):
+        driver.run_sync(layer, max_tokens=1000)
+    driver.run_sync(layer, max_tokens=100)  # 0.01 at the dear price: fits
+    assert [entry.model for entry in ledger.entries()] == ["cheap-model"]
+
+
+class Refused(Exception):
+    """What :class:`AskedLimiter` raises once it has seen a call: the model is never called."""
+
+
+class AskedLimiter(TokenBucketRateLimiter):
+    """Records each permit's token weight and the ledger's spend (the strict hold) at
+    that moment, then refuses the call."""
+
+    def __init__(self, ledger: InMemoryCostLedger) -> None:
+        super().__init__(60, tokens_per_minute=1_000_000)
+        self.ledger = ledger
+        self.asked: list[tuple[int, Decimal]] = []
+
+    def acquire(self, num_tokens: int = 0, **kwargs: Any) -> bool:
+        self.asked.append((num_tokens, self.ledger.spend("day")))
+        raise Refused
+
+    async def aacquire(self, num_tokens: int = 0, **kwargs: Any) -> bool:
+        return self.acquire(num_tokens, **kwargs)
+
+
+async def weighed_and_held(driver: Any, mode: Mode, **call: Any) -> tuple[int, Decimal]:
+    # An output token costs 1 and an input token nothing: the hold in dollars is the
+    # output cap the budget assumed.
+    ledger = InMemoryCostLedger()
+    limiter = AskedLimiter(ledger)
+    limited = driver.rate_limited(driver.capped(2048), limiter=limiter)
+    budget = CostBudget(0, 10**6, daily_limit=100_000, strict=True)
+    layer = driver.cost_tracked(limited, budget=budget, ledger=ledger)
+    with pytest.raises(Refused):
+        await driver.run(layer, mode, **call)
+    [asked] = limiter.asked
+    assert ledger.spend("day") == 0  # the refused call's hold is released
+    return asked
+
+
+async def test_the_budgets_hold_and_the_limiters_weight_use_one_output_cap(
+    driver: Any, mode: Mode
+) -> None:
+    # Issue 19's second drift: LangChain's limiter weighed only the prompt.
+    weight, held = await weighed_and_held(driver, mode)
+
+    assert held == 2048
+    prompt = weight - 2048
+    assert 0 < prompt < 50  # the estimated prompt of one short question
+    for keyword in driver.output_cap_keywords:
+        assert await weighed_and_held(driver, mode, **{keyword: 500}) == (prompt + 500, 500)

@@ -1,8 +1,16 @@
-"""``ResilienceBuilder`` for LangChain: the core builder's rules, built from LangChain wrappers.
+"""LangChain's `ResilienceBuilder`: which LangChain wrapper each of the core's layers becomes.
 
-The rules (call order is nesting order, idempotent and all-or-nothing layers, refusals)
-are :class:`llm_resilience.builder.ResiliencePlan`'s; this module only says which
-LangChain wrapper each layer becomes and which objects each surface accepts.
+A chat stack is made of `BaseChatModel`s (`FallbackChatModel`, `RateLimitedChatModel`,
+`CostTrackedChatModel`), so it drops into any chain or agent that takes a chat model:
+
+    stack = ResilienceBuilder().register_chat(ChatOpenAI(model="gpt-4o")).use_rate_limiting(
+        chat_requests_per_minute=300
+    ).build()
+    chain = prompt | stack.chat | StrOutputParser()
+
+What may follow what, and what is refused, is decided by the core's
+`llm_resilience.builder.ResiliencePlan`; here live only the LangChain classes a surface
+accepts (`BaseChatModel`, `Embeddings`, `VectorStore`) and the wrapper made for each layer.
 """
 
 from __future__ import annotations

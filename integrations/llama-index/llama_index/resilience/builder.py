@@ -1,8 +1,21 @@
-"""``ResilienceBuilder`` for LlamaIndex: the core builder's rules, built from LlamaIndex layers.
+"""The LlamaIndex builder: the core's plan of layers, turned into LlamaIndex components.
 
-The rules (call order is nesting order, idempotent and all-or-nothing layers, refusals)
-are :class:`llm_resilience.builder.ResiliencePlan`'s; this module only says which
-LlamaIndex wrapper each layer becomes and which objects each surface accepts.
+Every layer of a built stack is itself an `LLM` or a `BaseEmbedding`, so the result goes
+where LlamaIndex looks for models, `Settings` or a query engine:
+
+    stack = (
+        ResilienceBuilder()
+        .register_chat(OpenAI(model="gpt-4o"))
+        .register_embeddings(OpenAIEmbedding())
+        .use_rate_limiting(chat_requests_per_minute=300)
+        .build()
+    )
+    Settings.llm, Settings.embed_model = stack.chat, stack.embeddings
+
+The ordering and refusal rules belong to `llm_resilience.builder.ResiliencePlan`. This
+module names the LlamaIndex types each surface takes (an `LLM`, a `BaseEmbedding`, a
+pydantic or legacy vector store) and builds `FallbackLLM`, `RateLimitedLLM`,
+`CostTrackedLLM` and the embedding and retry layers from the plan's steps.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ their ``acquire(*, blocking=True)``/``aacquire`` already speak that interface.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import BaseMessage
@@ -24,6 +24,7 @@ from langchain_llm_resilience._delegate import (
 from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
+    LimiterOptions,
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
     limiter_for,
@@ -137,29 +138,21 @@ class RateLimitedEmbeddings(Embeddings, WrapsOne):
     >>> embeddings = RateLimitedEmbeddings(inner=OpenAIEmbeddings(), requests_per_minute=1200)
     ... # doctest: +SKIP
 
-    The inner model is never called after a refusal or a cancellation while waiting.
+    The options are the core's `LimiterOptions`, as keywords: `requests_per_minute`,
+    `max_queued_requests`, `tokens_per_minute` (a call weighs the estimated tokens of its
+    texts), or `limiter`, one shared with other wrappers. The inner model is never called
+    after a refusal or a cancellation while waiting. Raises `ValueError` for no budget
+    and no limiter, or budgets beside a `limiter`; `TypeError` for an `inner` that is not
+    an `Embeddings`, or an unknown option (naming the closest).
     """
 
-    def __init__(
-        self,
-        *,
-        inner: Embeddings,
-        requests_per_minute: int | None = None,
-        max_queued_requests: int | None = None,
-        tokens_per_minute: int | None = None,
-        limiter: Any = None,
-    ) -> None:
+    def __init__(self, *, inner: Embeddings, **options: Unpack[LimiterOptions]) -> None:
         if not isinstance(inner, Embeddings):
             raise TypeError(f"inner must be a LangChain Embeddings; got {type(inner).__name__}")
         #: The wrapped embeddings model.
         self.inner = inner
         #: The limiter this wrapper takes its permits from.
-        self.limiter = limiter_for(
-            requests_per_minute=requests_per_minute,
-            max_queued_requests=max_queued_requests,
-            tokens_per_minute=tokens_per_minute,
-            limiter=limiter,
-        )
+        self.limiter = limiter_for(**options)
 
     def _weight(self, texts: Sequence[str]) -> int:
         return request_weight(self.limiter, texts=texts)

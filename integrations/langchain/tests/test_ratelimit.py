@@ -208,3 +208,9 @@ def test_bad_options_fail_at_construction_naming_the_option(
 def test_embeddings_reject_an_inner_that_is_not_embeddings() -> None:
     with pytest.raises(TypeError, match="inner"):
         RateLimitedEmbeddings(inner="text-embedding-3-small", requests_per_minute=60)  # type: ignore[arg-type]
+
+
+def test_embeddings_refuse_a_misspelled_option_naming_the_one_meant() -> None:
+    misspelled: dict[str, Any] = {"requests_per_minute": 60, "token_per_minute": 1_000}
+    with pytest.raises(TypeError, match="did you mean 'tokens_per_minute'"):
+        RateLimitedEmbeddings(inner=DeterministicFakeEmbedding(size=4), **misspelled)

@@ -21,6 +21,7 @@ from langchain_llm_resilience._delegate import (
     private_state,
     prompt_pairs,
 )
+from llm_resilience.checks import known_keywords
 from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
@@ -59,7 +60,8 @@ class RateLimitedChatModel(DelegatingChatModel):
     ``tokens_per_minute`` alone (no ``requests_per_minute``) limits tokens only.
     ``limiter=`` shares one limiter (in-process or Redis) between wrappers instead.
     Tools, structured output and metadata pass through to ``inner``. Raises
-    ``ValueError`` for no budget and no limiter, or for budgets beside a ``limiter``.
+    ``ValueError`` for no budget and no limiter, or for budgets beside a ``limiter``;
+    `TypeError` for a keyword that is not a field (naming the closest one).
     """
 
     requests_per_minute: int | None = None
@@ -76,6 +78,7 @@ class RateLimitedChatModel(DelegatingChatModel):
     _caps: tuple[int | None, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
+        known_keywords(type(self).__name__, data, type(self).model_fields)
         limiter = limiter_for(
             requests_per_minute=data.get("requests_per_minute"),
             max_queued_requests=data.get("max_queued_requests"),

@@ -17,9 +17,9 @@ The Redis limiter loads on first use, so importing this package never imports re
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from llm_resilience.checks import known_keywords
 from llm_resilience.ratelimit._bucket import TokenBucketRateLimiter
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
@@ -81,7 +81,7 @@ def limiter_for(**options: Unpack[LimiterOptions]) -> Any:
     >>> limiter_for(tokens_per_minute=40_000).requests_per_minute is None
     True
     """
-    _refuse_unknown(options)
+    known_keywords("limiter_for", options, _OPTION_NAMES)
     requests_per_minute = options.get("requests_per_minute")
     max_queued_requests = options.get("max_queued_requests")
     tokens_per_minute = options.get("tokens_per_minute")
@@ -120,17 +120,6 @@ def limiter_for(**options: Unpack[LimiterOptions]) -> Any:
             "or limiter (a shared rate limiter)"
         )
     return TokenBucketRateLimiter(requests_per_minute, max_queued_requests, tokens_per_minute)
-
-
-def _refuse_unknown(options: LimiterOptions) -> None:
-    for name in options:
-        if name not in _OPTION_NAMES:
-            close = difflib.get_close_matches(name, _OPTION_NAMES, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(
-                f"{name!r} is not a rate-limit option (the options: "
-                f"{', '.join(_OPTION_NAMES)}){hint}"
-            )
 
 
 def __getattr__(name: str) -> Any:

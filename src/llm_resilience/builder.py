@@ -2,9 +2,10 @@
 
 A builder holds up to three surfaces (``"chat"``, ``"embeddings"``, ``"vector_store"``)
 and, for each, the layers asked for so far. The rules live here, once, framework-free;
-each adapter's ``ResilienceBuilder`` subclasses :class:`ResiliencePlan` and only says
-how a layer becomes a wrapper of its framework (:meth:`ResiliencePlan._wrap`) and which
-objects it accepts as a surface.
+each adapter's ``ResilienceBuilder`` subclasses :class:`ResiliencePlan` and only names
+its framework's types: the wrapper class of each layer on each surface (`_wrappers`,
+built with the layer's fields as keywords) and the classes each surface accepts
+(`_accepted`).
 
 - Call order is nesting order: each ``use_*`` wraps what is registered for its surfaces
   at that point, so the last call is the outermost layer.
@@ -30,9 +31,9 @@ checked when its ``use_*`` call is made. Without a framework, the plan is usable
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeAlias
 
 from llm_resilience import checks
 from llm_resilience.budget import CostBudget
@@ -132,6 +133,15 @@ class ResiliencePlan:
 
     __slots__ = ("_default_ledger", "_late", "_sql_ledger", "_steps", "_surfaces")
 
+    #: The framework named when a surface is refused (`"LangChain"`, `"LlamaIndex"`).
+    _framework: ClassVar[str] = ""
+    #: The classes each surface accepts (a surface not named here takes any object).
+    _accepted: ClassVar[Mapping[Surface, tuple[type[Any], ...]]] = {}
+    #: The wrapper of each kind of layer on each surface, called as
+    #: `wrapper(inner=..., **the layer's fields)`: `limiter=`; `budget=`, `ledger=`,
+    #: `scope=`; `policy=`.
+    _wrappers: ClassVar[Mapping[tuple[type[Any], Surface], Callable[..., Any]]] = {}
+
     def __init__(self) -> None:
         self._surfaces: dict[Surface, _SurfaceState] = {}
         self._steps: list[_Step] = []
@@ -143,9 +153,15 @@ class ResiliencePlan:
     # -- what a framework adapter supplies -------------------------------------
 
     def _check_surface(self, surface: Surface, value: object, option: str) -> None:
-        """Raise ``TypeError`` if ``value`` cannot be this surface (adapters narrow it)."""
+        """Raise ``TypeError`` if ``value`` is None or none of the surface's `_accepted`."""
         if value is None:
             raise TypeError(f"{option} must be an object to wrap; got None")
+        expected = self._accepted.get(surface)
+        if expected and not isinstance(value, expected):
+            raise TypeError(
+                f"{option} must be a {self._framework} {expected[0].__name__}; "
+                f"got {type(value).__name__}"
+            )
 
     def _fallback_chain(self, members: Sequence[Any], options: Mapping[str, Any]) -> Any:
         """The fallback chain over ``members`` (adapters return their framework's chain)."""
@@ -154,11 +170,15 @@ class ResiliencePlan:
         return FallbackChain(list(members), **options)
 
     def _wrap(self, surface: Surface, layer: Layer, inner: Any) -> Any:
-        """``inner`` wrapped in ``layer``; each adapter returns its framework's wrapper."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot build a {type(layer).__name__}: use the "
-            "ResilienceBuilder of langchain_llm_resilience or llama_index.resilience"
-        )
+        """``inner`` wrapped in ``layer``: the `_wrappers` entry for the layer and surface."""
+        wrapper = self._wrappers.get((type(layer), surface))
+        if wrapper is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot build a {type(layer).__name__}: use the "
+                "ResilienceBuilder of langchain_llm_resilience or llama_index.resilience"
+            )
+        options = {option.name: getattr(layer, option.name) for option in fields(layer)}
+        return wrapper(inner=inner, **options)
 
     # -- registering surfaces --------------------------------------------------
 

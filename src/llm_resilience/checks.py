@@ -17,8 +17,10 @@ ValueError: per_client_timeout must be at most 31536000 seconds (365 days); got 
 
 from __future__ import annotations
 
+import difflib
 import math
 import unicodedata
+from collections.abc import Iterable
 from datetime import timedelta
 from decimal import Decimal
 
@@ -35,6 +37,7 @@ __all__ = [
     "cost_in_range",
     "count",
     "duration",
+    "known_keywords",
     "money_in_range",
     "scope",
     "seconds",
@@ -186,3 +189,22 @@ def cost_in_range(option: str, value: Decimal) -> Decimal:
     :func:`count` fits.
     """
     return money_in_range(option, value, maximum=MAX_COST, places=MAX_COST_PLACES)
+
+
+def known_keywords(owner: str, given: Iterable[str], allowed: Iterable[str]) -> None:
+    """Raise `TypeError` for the first of `given` not in `allowed`, naming the closest.
+
+    For a wrapper whose framework would drop an unknown keyword without a word (so a
+    misspelled `max_queue_requests` would leave the queue unbounded).
+
+    >>> known_keywords("limiter_for", ["limitr"], ["limiter", "tokens_per_minute"])
+    Traceback (most recent call last):
+    ...
+    TypeError: limiter_for takes no keyword 'limitr'; did you mean 'limiter'?
+    """
+    names = tuple(allowed)
+    for name in given:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (it takes {', '.join(names)})"
+            raise TypeError(f"{owner} takes no keyword {name!r}{hint}")

@@ -402,3 +402,58 @@ def test_a_sql_ledger_that_cannot_open_leaves_nothing_budgeted(tmp_path: Path) -
     mine = InMemoryCostLedger()
     plan.use_cost_budgeting(BUDGET, mine)
     assert plan.layers("chat") == (BudgetLayer(BUDGET, mine),)
+
+
+class Wrapped:
+    """A stand-in wrapper class: the keywords it was built with."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+
+class TabledPlan(ResiliencePlan):
+    """A framework's builder as the adapters write one: tables, no code."""
+
+    _framework = "Boxed"
+    _accepted = {"chat": (str,)}
+    _wrappers = {
+        (RateLimitLayer, "chat"): Wrapped,
+        (BudgetLayer, "chat"): Wrapped,
+        (RetryLayer, "embeddings"): Wrapped,
+    }
+
+
+def test_each_layer_becomes_its_tabled_wrapper_built_with_the_layers_fields() -> None:
+    limiter = TokenBucketRateLimiter(requests_per_minute=60)
+    ledger = InMemoryCostLedger()
+    policy = RetryPolicy(attempts=2)
+    stack = (
+        TabledPlan()
+        .register_chat("model")
+        .register_embeddings("embedder")
+        .use_rate_limiting(chat_limiter=limiter)
+        .use_cost_budgeting(BUDGET, ledger, surfaces=["chat"], scope="team-a")
+        .configure_resilience(policy)
+        .build()
+    )
+    outer = stack.chat.options
+    assert set(outer) == {"inner", "budget", "ledger", "scope"}
+    assert (outer["budget"], outer["ledger"], outer["scope"]) == (BUDGET, ledger, "team-a")
+    assert outer["inner"].options == {"inner": "model", "limiter": limiter}
+    assert stack.embeddings.options == {"inner": "embedder", "policy": policy}
+
+
+def test_a_surface_of_the_wrong_class_is_refused_naming_the_framework_and_the_class() -> None:
+    with pytest.raises(TypeError, match=r"register_chat\(model\) must be a Boxed str; got int"):
+        TabledPlan().register_chat(42)
+    TabledPlan().register_embeddings(42)  # a surface with no classes named takes any object
+
+
+def test_a_layer_missing_from_the_table_cannot_be_built() -> None:
+    plan = (
+        TabledPlan()
+        .register_embeddings("embedder")
+        .use_rate_limiting(embedding_requests_per_minute=60)
+    )
+    with pytest.raises(NotImplementedError, match="cannot build a RateLimitLayer"):
+        plan.build()

@@ -8,7 +8,7 @@ their ``acquire(*, blocking=True)``/``aacquire`` already speak that interface.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import BaseMessage
@@ -21,9 +21,11 @@ from langchain_llm_resilience._delegate import (
     private_state,
     prompt_pairs,
 )
+from llm_resilience.checks import known_keywords
 from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
+    LimiterOptions,
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
     limiter_for,
@@ -58,7 +60,8 @@ class RateLimitedChatModel(DelegatingChatModel):
     ``tokens_per_minute`` alone (no ``requests_per_minute``) limits tokens only.
     ``limiter=`` shares one limiter (in-process or Redis) between wrappers instead.
     Tools, structured output and metadata pass through to ``inner``. Raises
-    ``ValueError`` for no budget and no limiter, or for budgets beside a ``limiter``.
+    ``ValueError`` for no budget and no limiter, or for budgets beside a ``limiter``;
+    `TypeError` for a keyword that is not a field (naming the closest one).
     """
 
     requests_per_minute: int | None = None
@@ -75,6 +78,7 @@ class RateLimitedChatModel(DelegatingChatModel):
     _caps: tuple[int | None, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
+        known_keywords(type(self).__name__, data, type(self).model_fields)
         limiter = limiter_for(
             requests_per_minute=data.get("requests_per_minute"),
             max_queued_requests=data.get("max_queued_requests"),
@@ -137,29 +141,21 @@ class RateLimitedEmbeddings(Embeddings, WrapsOne):
     >>> embeddings = RateLimitedEmbeddings(inner=OpenAIEmbeddings(), requests_per_minute=1200)
     ... # doctest: +SKIP
 
-    The inner model is never called after a refusal or a cancellation while waiting.
+    The options are the core's `LimiterOptions`, as keywords: `requests_per_minute`,
+    `max_queued_requests`, `tokens_per_minute` (a call weighs the estimated tokens of its
+    texts), or `limiter`, one shared with other wrappers. The inner model is never called
+    after a refusal or a cancellation while waiting. Raises `ValueError` for no budget
+    and no limiter, or budgets beside a `limiter`; `TypeError` for an `inner` that is not
+    an `Embeddings`, or an unknown option (naming the closest).
     """
 
-    def __init__(
-        self,
-        *,
-        inner: Embeddings,
-        requests_per_minute: int | None = None,
-        max_queued_requests: int | None = None,
-        tokens_per_minute: int | None = None,
-        limiter: Any = None,
-    ) -> None:
+    def __init__(self, *, inner: Embeddings, **options: Unpack[LimiterOptions]) -> None:
         if not isinstance(inner, Embeddings):
             raise TypeError(f"inner must be a LangChain Embeddings; got {type(inner).__name__}")
         #: The wrapped embeddings model.
         self.inner = inner
         #: The limiter this wrapper takes its permits from.
-        self.limiter = limiter_for(
-            requests_per_minute=requests_per_minute,
-            max_queued_requests=max_queued_requests,
-            tokens_per_minute=tokens_per_minute,
-            limiter=limiter,
-        )
+        self.limiter = limiter_for(**options)
 
     def _weight(self, texts: Sequence[str]) -> int:
         return request_weight(self.limiter, texts=texts)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
@@ -63,7 +62,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_llm_resilience._restart import STREAM_RESTART_EVENT
-from llm_resilience.testing import fresh_error
+from llm_resilience.testing import FakeFaults, HasFakeFaults
 from llm_resilience.testing.errors import rate_limit_error, service_unavailable_error
 from llm_resilience.testing.schema import sample_instance
 
@@ -157,13 +156,12 @@ class ScriptedChatModel(BaseChatModel):
     report_usage: bool = True
     """Whether answers carry ``usage_metadata``."""
 
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _calls: int = PrivateAttr(default=0)
+    _faults: FakeFaults = PrivateAttr(default_factory=FakeFaults)
 
     @property
     def calls(self) -> int:
         """How many requests (invoke or stream) this model has served."""
-        return self._calls
+        return self._faults.calls
 
     @property
     def _llm_type(self) -> str:
@@ -250,9 +248,7 @@ class ScriptedChatModel(BaseChatModel):
     def _answer(
         self, messages: list[BaseMessage], stop: list[str] | None, **kwargs: Any
     ) -> AIMessage:
-        with self._lock:
-            turn = self._calls
-            self._calls += 1
+        turn = self._faults.count()
         prompt = next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
         last = messages[-1] if messages else None
         model = kwargs.get("model")
@@ -426,18 +422,19 @@ class ScriptedChatModel(BaseChatModel):
 # -- the failing model ----------------------------------------------------------------
 
 
-class FailingChatModel(BaseChatModel):
+class FailingChatModel(HasFakeFaults, BaseChatModel):
     """A chat model that always fails, the way providers fail.
 
     Every call raises a fresh copy of ``error`` (default :func:`rate_limit_error`, an
     HTTP 429): same type, message and attributes, with a traceback of its own, so
     thousands of failing calls keep nothing alive; :attr:`last_error` is the copy the
-    latest call raised. Before raising it can hang for ``hang_seconds`` (sync calls wait
-    on an event that :meth:`release` sets early; async calls sleep, so a timeout or
-    cancellation ends them), and a stream first yields ``chunks_before_error`` chunks of
-    text. ``bind_tools`` and
+    latest call raised. Before raising it can hang for ``hang_seconds``, which
+    `release()` ends early (a cancellation too, for async calls), and a stream first
+    yields ``chunks_before_error`` chunks of text. ``bind_tools`` and
     ``with_structured_output`` bind nothing useful but succeed, so the model can be the
-    primary of a chain with tools bound.
+    primary of a chain with tools bound. `calls` counts the requests that reached it
+    (invoke or stream); counting, hangs and copies are the core's
+    `llm_resilience.testing.FakeFaults`.
 
     >>> FailingChatModel(chunks_before_error=2).calls
     0
@@ -453,24 +450,7 @@ class FailingChatModel(BaseChatModel):
     chunks_before_error: int = 0
     """Chunks a stream yields before it stalls or raises."""
 
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _calls: int = PrivateAttr(default=0)
-    _released: threading.Event = PrivateAttr(default_factory=threading.Event)
-    _last_error: BaseException | None = PrivateAttr(default=None)
-
-    @property
-    def calls(self) -> int:
-        """How many requests (invoke or stream) reached this model."""
-        return self._calls
-
-    @property
-    def last_error(self) -> BaseException | None:
-        """The copy of ``error`` the latest call raised (None before the first failure)."""
-        return self._last_error
-
-    def release(self) -> None:
-        """End every sync hang now (for threads a timed-out chain left behind)."""
-        self._released.set()
+    _faults: FakeFaults = PrivateAttr(default_factory=FakeFaults)
 
     @property
     def _llm_type(self) -> str:
@@ -493,25 +473,6 @@ class FailingChatModel(BaseChatModel):
             kwargs["tool_choice"] = tool_choice
         return self.bind(tools=formatted, **kwargs)
 
-    def _start(self) -> None:
-        with self._lock:
-            self._calls += 1
-
-    def _failure(self) -> BaseException:
-        # Never ``self.error`` itself: each raise would prepend its frames to that one
-        # object's traceback, keeping every failed call's frames alive.
-        error = fresh_error(self.error)
-        self._last_error = error
-        return error
-
-    def _hang(self) -> None:
-        if self.hang_seconds is not None:
-            self._released.wait(self.hang_seconds)
-
-    async def _ahang(self) -> None:
-        if self.hang_seconds is not None:
-            await asyncio.sleep(self.hang_seconds)
-
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -519,9 +480,9 @@ class FailingChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        self._start()
-        self._hang()
-        raise self._failure()
+        self._faults.count()
+        self._faults.hang(self.hang_seconds)
+        raise self._faults.failure(self.error)
 
     async def _agenerate(
         self,
@@ -530,9 +491,9 @@ class FailingChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        self._start()
-        await self._ahang()
-        raise self._failure()
+        self._faults.count()
+        await self._faults.ahang(self.hang_seconds)
+        raise self._faults.failure(self.error)
 
     def _partial(self, index: int) -> ChatGenerationChunk:
         return ChatGenerationChunk(message=AIMessageChunk(content=f"partial-{index} "))
@@ -544,11 +505,11 @@ class FailingChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        self._start()
+        self._faults.count()
         for index in range(self.chunks_before_error):
             yield self._partial(index)
-        self._hang()
-        raise self._failure()
+        self._faults.hang(self.hang_seconds)
+        raise self._faults.failure(self.error)
 
     async def _astream(
         self,
@@ -557,12 +518,12 @@ class FailingChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        self._start()
+        self._faults.count()
         for index in range(self.chunks_before_error):
             await asyncio.sleep(0)
             yield self._partial(index)
-        await self._ahang()
-        raise self._failure()
+        await self._faults.ahang(self.hang_seconds)
+        raise self._faults.failure(self.error)
 
 
 class RestartEvents(BaseCallbackHandler):

@@ -17,8 +17,9 @@ The Redis limiter loads on first use, so importing this package never imports re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from llm_resilience.checks import known_keywords
 from llm_resilience.ratelimit._bucket import TokenBucketRateLimiter
 from llm_resilience.ratelimit._protocol import (
     PERIOD_SECONDS,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PERIOD_SECONDS",
+    "LimiterOptions",
     "RateLimiter",
     "RedisTokenBucketRateLimiter",
     "TokenBucketRateLimiter",
@@ -43,13 +45,27 @@ __all__ = [
 ]
 
 
-def limiter_for(
-    *,
-    requests_per_minute: int | None = None,
-    max_queued_requests: int | None = None,
-    tokens_per_minute: int | None = None,
-    limiter: Any = None,
-) -> Any:
+class LimiterOptions(TypedDict, total=False):
+    """The keywords a rate-limited wrapper takes for its limiter, each optional.
+
+    `limiter_for(**options)` turns them into the limiter; a wrapper typed
+    `**options: Unpack[LimiterOptions]` shows and checks these keywords in IDEs and mypy.
+    """
+
+    #: Request permits per minute (an integer >= 1), or None: requests unlimited.
+    requests_per_minute: int | None
+    #: How many callers may wait at once; None (the default) waits without bound.
+    max_queued_requests: int | None
+    #: Token permits per minute (prompt estimate plus output cap per call), or None.
+    tokens_per_minute: int | None
+    #: A limiter shared with other wrappers, instead of the three numbers.
+    limiter: Any
+
+
+_OPTION_NAMES = tuple(LimiterOptions.__annotations__)
+
+
+def limiter_for(**options: Unpack[LimiterOptions]) -> Any:
     """The limiter a wrapper waits on: ``limiter`` as given, or one built from the numbers.
 
     The rule every rate-limited wrapper follows: either budgets (a new
@@ -57,13 +73,19 @@ def limiter_for(
     or both, with ``max_queued_requests`` if set; tokens alone leave requests unlimited)
     or ``limiter`` (a limiter shared with other wrappers, which carries its own
     numbers). Raises ``ValueError`` for neither, both, or numbers given alongside a
-    shared limiter; ``TypeError`` for a limiter without ``acquire``/``aacquire``.
+    shared limiter; ``TypeError`` for a limiter without ``acquire``/``aacquire``, or for a
+    keyword that is not one of `LimiterOptions` (naming the closest one).
 
     >>> limiter_for(requests_per_minute=300).capacity
     300
     >>> limiter_for(tokens_per_minute=40_000).requests_per_minute is None
     True
     """
+    known_keywords("limiter_for", options, _OPTION_NAMES)
+    requests_per_minute = options.get("requests_per_minute")
+    max_queued_requests = options.get("max_queued_requests")
+    tokens_per_minute = options.get("tokens_per_minute")
+    limiter = options.get("limiter")
     if limiter is not None:
         if requests_per_minute is not None:
             raise ValueError(

@@ -18,6 +18,11 @@ answered with the rest of the reply after it, as a provider that takes a prefill
 :class:`FaultProxy` does the same for a real PostgreSQL or Redis: a TCP proxy that can
 go silent (connections open, nothing answers) or reset every connection, on cue.
 
+`FakeFaults` is the fault state the adapters' fake models share: the requests
+counted, hangs that end at their seconds or on `release()`, and a fresh copy of the
+configured error for each raise; `HasFakeFaults` shows it on a fake as `calls`,
+`last_error` and `release()`.
+
 ``fresh_error`` copies a configured exception for each raise (so a fake raising it many
 times keeps no traceback alive); the ``openai`` SDK errors the adapters' fake models
 raise are built in ``llm_resilience.testing.errors``, and their tool arguments and
@@ -30,14 +35,17 @@ imported here.
 
 from __future__ import annotations
 
+from llm_resilience.testing._fake_faults import FakeFaults, HasFakeFaults
 from llm_resilience.testing._proxy import FaultProxy, ProxyMode
 from llm_resilience.testing._server import Fault, FaultInjectingServer, ServedRequest
 from llm_resilience.testing.errors import fresh_error
 
 __all__ = [
+    "FakeFaults",
     "Fault",
     "FaultInjectingServer",
     "FaultProxy",
+    "HasFakeFaults",
     "ProxyMode",
     "ServedRequest",
     "fresh_error",

@@ -1,8 +1,21 @@
-"""``ResilienceBuilder`` for LlamaIndex: the core builder's rules, built from LlamaIndex layers.
+"""The LlamaIndex builder: the core's plan of layers, turned into LlamaIndex components.
 
-The rules (call order is nesting order, idempotent and all-or-nothing layers, refusals)
-are :class:`llm_resilience.builder.ResiliencePlan`'s; this module only says which
-LlamaIndex wrapper each layer becomes and which objects each surface accepts.
+Every layer of a built stack is itself an `LLM` or a `BaseEmbedding`, so the result goes
+where LlamaIndex looks for models, `Settings` or a query engine:
+
+    stack = (
+        ResilienceBuilder()
+        .register_chat(OpenAI(model="gpt-4o"))
+        .register_embeddings(OpenAIEmbedding())
+        .use_rate_limiting(chat_requests_per_minute=300)
+        .build()
+    )
+    Settings.llm, Settings.embed_model = stack.chat, stack.embeddings
+
+The ordering and refusal rules belong to `llm_resilience.builder.ResiliencePlan`. This
+module names the LlamaIndex types each surface takes (an `LLM`, a `BaseEmbedding`, a
+pydantic or legacy vector store) and builds `FallbackLLM`, `RateLimitedLLM`,
+`CostTrackedLLM` and the embedding and retry layers from the plan's steps.
 """
 
 from __future__ import annotations
@@ -16,27 +29,20 @@ from llama_index.core.vector_stores.types import BasePydanticVectorStore, Vector
 from llama_index.resilience.cost import CostTrackedEmbedding, CostTrackedLLM
 from llama_index.resilience.fallback import FallbackLLM
 from llama_index.resilience.ratelimit import RateLimitedEmbedding, RateLimitedLLM
+from llama_index.resilience.retry import RetryingEmbedding, RetryingVectorStore
 
 from llm_resilience.builder import (
     BudgetLayer,
-    Layer,
     RateLimitLayer,
     ResiliencePlan,
     RetryLayer,
-    Surface,
 )
 
 __all__ = ["ResilienceBuilder"]
 
-_ACCEPTED: dict[Surface, tuple[type[Any], ...]] = {
-    "chat": (LLM,),
-    "embeddings": (BaseEmbedding,),
-    "vector_store": (BasePydanticVectorStore, VectorStore),
-}
-
 
 class ResilienceBuilder(ResiliencePlan):
-    """Put fallback, rate limiting, spend budgets and retries around LlamaIndex objects.
+    """LlamaIndex components wrapped in resilience layers, ready for `Settings`.
 
     Example::
 
@@ -51,48 +57,31 @@ class ResilienceBuilder(ResiliencePlan):
         )
         Settings.llm = stack.chat  # CostTrackedLLM(RateLimitedLLM(FallbackLLM(...)))
 
-    Surfaces: ``register_chat`` (an ``LLM``, or ``use_fallback_chain`` for a
-    :class:`FallbackLLM`), ``register_embeddings`` (a ``BaseEmbedding``),
-    ``register_vector_store`` (a vector store). Layers: ``use_rate_limiting``
-    (:class:`RateLimitedLLM`, :class:`RateLimitedEmbedding`), ``use_cost_budgeting``
-    (:class:`CostTrackedLLM`, :class:`CostTrackedEmbedding`), ``configure_resilience``
-    (:class:`RetryingEmbedding`, :class:`RetryingVectorStore`). Each call wraps what is
-    registered at that point, so the last call is the outermost layer; ``build()``
-    returns ``.chat``, ``.embeddings`` and ``.vector_store``, each answering
-    ``find_layer``. The rules and their errors are in ``docs/composition.md``.
+    The chat surface is an `LLM` (or the `FallbackLLM` that `use_fallback_chain` builds),
+    the embeddings a `BaseEmbedding`, the vector store a `BasePydanticVectorStore` or a
+    legacy `VectorStore`; another type raises `TypeError`. The layers are
+    `RateLimitedLLM`/`RateLimitedEmbedding`, `CostTrackedLLM`/`CostTrackedEmbedding` and
+    `RetryingEmbedding`/`RetryingVectorStore`, each an LLM, embedding or store itself.
+    The nesting and refusal rules are the core's `ResiliencePlan` (see
+    `docs/composition.md`).
     """
 
     __slots__ = ()
 
-    def _check_surface(self, surface: Surface, value: object, option: str) -> None:
-        expected = _ACCEPTED[surface]
-        if not isinstance(value, expected):
-            raise TypeError(
-                f"{option} must be a LlamaIndex {expected[0].__name__}; got {type(value).__name__}"
-            )
+    _framework = "LlamaIndex"
+    _accepted = {
+        "chat": (LLM,),
+        "embeddings": (BaseEmbedding,),
+        "vector_store": (BasePydanticVectorStore, VectorStore),
+    }
+    _wrappers = {
+        (RateLimitLayer, "chat"): RateLimitedLLM,
+        (RateLimitLayer, "embeddings"): RateLimitedEmbedding,
+        (BudgetLayer, "chat"): CostTrackedLLM,
+        (BudgetLayer, "embeddings"): CostTrackedEmbedding,
+        (RetryLayer, "embeddings"): RetryingEmbedding,
+        (RetryLayer, "vector_store"): RetryingVectorStore,
+    }
 
     def _fallback_chain(self, members: Sequence[Any], options: Mapping[str, Any]) -> Any:
         return FallbackLLM(llms=list(members), **options)
-
-    def _wrap(self, surface: Surface, layer: Layer, inner: Any) -> Any:
-        chat = surface == "chat"
-        if isinstance(layer, RateLimitLayer):
-            if chat:
-                return RateLimitedLLM(inner=inner, limiter=layer.limiter)
-            return RateLimitedEmbedding(inner=inner, limiter=layer.limiter)
-        if isinstance(layer, BudgetLayer):
-            if chat:
-                return CostTrackedLLM(
-                    inner=inner, budget=layer.budget, ledger=layer.ledger, scope=layer.scope
-                )
-            return CostTrackedEmbedding(
-                inner=inner, budget=layer.budget, ledger=layer.ledger, scope=layer.scope
-            )
-        if isinstance(layer, RetryLayer):
-            # Loaded only when asked for: the retry wrappers stand apart from the rest.
-            from llama_index.resilience.retry import RetryingEmbedding, RetryingVectorStore
-
-            if surface == "embeddings":
-                return RetryingEmbedding(inner=inner, policy=layer.policy)
-            return RetryingVectorStore(inner=inner, policy=layer.policy)
-        return super()._wrap(surface, layer, inner)

@@ -28,8 +28,10 @@ from llama_index.resilience._delegate import (
 )
 from llama_index.resilience._usage import StreamTally, num_output, prompt_pairs, reported_tokens
 
+from llm_resilience.checks import known_keywords
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
+    LimiterOptions,
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
     limiter_for,
@@ -44,6 +46,9 @@ __all__ = ["RateLimitedEmbedding", "RateLimitedLLM"]
 # The core limiters implement LlamaIndex's acquire/async_acquire signatures.
 BaseRateLimiter.register(TokenBucketRateLimiter)
 BaseRateLimiter.register(RedisTokenBucketRateLimiter)
+
+# The keywords named in each signature below, for the closest-keyword hint.
+_OPTIONS = tuple(LimiterOptions.__annotations__)
 
 
 class RateLimitedLLM(DelegatingLLM):
@@ -75,8 +80,9 @@ class RateLimitedLLM(DelegatingLLM):
     (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
 
     Raises ``ValueError`` when neither budgets nor ``limiter`` are given, or both,
-    ``TypeError`` for a limiter without ``acquire``/``aacquire`` or an ``inner`` that is
-    not an ``LLM``; the limiter raises
+    ``TypeError`` for a limiter without ``acquire``/``aacquire``, an ``inner`` that is
+    not an ``LLM``, or a keyword that is neither an option nor a field (naming the
+    closest); the limiter raises
     :class:`~llm_resilience.errors.RateLimitQueueFullError` when its queue is full.
     Tools, structured output and metadata pass through to ``inner``.
     """
@@ -95,6 +101,7 @@ class RateLimitedLLM(DelegatingLLM):
         limiter: Any = None,
         **kwargs: Any,
     ) -> None:
+        known_keywords(type(self).__name__, kwargs, [*_OPTIONS, *type(self).model_fields])
         chosen = limiter_for(
             requests_per_minute=requests_per_minute,
             max_queued_requests=max_queued_requests,
@@ -175,6 +182,7 @@ class RateLimitedEmbedding(DelegatingEmbedding):
         limiter: Any = None,
         **kwargs: Any,
     ) -> None:
+        known_keywords(type(self).__name__, kwargs, [*_OPTIONS, *type(self).model_fields])
         chosen = limiter_for(
             requests_per_minute=requests_per_minute,
             max_queued_requests=max_queued_requests,

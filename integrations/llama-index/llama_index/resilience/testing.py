@@ -20,9 +20,7 @@ installed).
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,7 +45,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
-from llm_resilience.testing import fresh_error
+from llm_resilience.testing import FakeFaults, HasFakeFaults
 from llm_resilience.testing.errors import api_status_error, rate_limit_error
 
 if TYPE_CHECKING:
@@ -64,7 +62,7 @@ __all__ = [
 _ChunkT = TypeVar("_ChunkT", ChatResponse, CompletionResponse)
 
 
-class FakeFunctionCallingLLM(FunctionCallingLLM):
+class FakeFunctionCallingLLM(HasFakeFaults, FunctionCallingLLM):
     """A scripted function-calling LLM: fixed answer, optional tool call, faults on cue.
 
     >>> fake = FakeFunctionCallingLLM(text="Hello there.", fail_after_chunks=1,
@@ -79,9 +77,10 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
     :attr:`last_error` is the latest copy). A stream yields ``fail_after_chunks`` word
     chunks (default 0: hang and fail before the first chunk), then hangs and/or fails.
     Streams end with an empty-delta chunk carrying the usage, as OpenAI's do with
-    ``include_usage``. Hangs wait on an event, so
-    :meth:`release` ends every hang at once (call it when a test is done with a hung
-    fake so abandoned worker threads finish).
+    ``include_usage``. `release()` ends every hang at once (call it when a test is
+    done with a hung fake so abandoned worker threads finish); cancelling an async call
+    ends its hang too. Counting, hangs and copies are the core's
+    `llm_resilience.testing.FakeFaults`.
 
     Usage counts words: ``prompt_tokens`` over the request's message texts,
     ``completion_tokens`` over the answer. It is in ``raw["usage"]`` and, as
@@ -118,34 +117,18 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
         default=0, ge=0, description="Reported own retries (for self-retry warnings)."
     )
 
-    _calls: int = PrivateAttr(default=0)
+    _faults: FakeFaults = PrivateAttr(default_factory=FakeFaults)
     _tool_call_parses: int = PrivateAttr(default=0)
-    _released: threading.Event = PrivateAttr(default_factory=threading.Event)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _last_error: BaseException | None = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
         return "FakeFunctionCallingLLM"
 
     @property
-    def calls(self) -> int:
-        """Requests received so far (every chat and completion method counts)."""
-        return self._calls
-
-    @property
-    def last_error(self) -> BaseException | None:
-        """The copy of ``error`` the latest failing request raised (None before one)."""
-        return self._last_error
-
-    @property
     def tool_call_parses(self) -> int:
         """How many times :meth:`get_tool_calls_from_response` was called on this fake."""
         return self._tool_call_parses
-
-    def release(self) -> None:
-        """End every current and future hang at once."""
-        self._released.set()
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -256,31 +239,18 @@ class FakeFunctionCallingLLM(FunctionCallingLLM):
     # -- internals ------------------------------------------------------------------
 
     def _count(self) -> None:
-        with self._lock:
-            self._calls += 1
-
-    def _failure(self, error: BaseException) -> BaseException:
-        # Never ``error`` itself: each raise would prepend its frames to that one
-        # object's traceback, keeping every failed request's frames alive.
-        copied = fresh_error(error)
-        self._last_error = copied
-        return copied
+        # Every request passes here first (a subclass may note it).
+        self._faults.count()
 
     def _disrupt(self) -> None:
-        if self.hang_seconds is not None:
-            self._released.wait(self.hang_seconds)
+        self._faults.hang(self.hang_seconds)
         if self.error is not None:
-            raise self._failure(self.error)
+            raise self._faults.failure(self.error)
 
     async def _adisrupt(self) -> None:
-        if self.hang_seconds is not None:
-            deadline = time.monotonic() + self.hang_seconds
-            # Polls so that release() ends the hang too; cancellation ends it at once.
-            # (An asyncio.Event could not be set from the thread that calls release().)
-            while not self._released.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        await self._faults.ahang(self.hang_seconds)
         if self.error is not None:
-            raise self._failure(self.error)
+            raise self._faults.failure(self.error)
 
     def _faulty(self, chunks: list[_ChunkT]) -> Generator[_ChunkT, None, None]:
         # Past the last chunk, the fault comes at the end of the stream.

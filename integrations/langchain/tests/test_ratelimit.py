@@ -83,11 +83,3 @@ def test_tools_and_structured_output_pass_through_and_still_take_permits() -> No
 def test_embeddings_reject_an_inner_that_is_not_embeddings() -> None:
     with pytest.raises(TypeError, match="inner"):
         RateLimitedEmbeddings(inner="text-embedding-3-small", requests_per_minute=60)  # type: ignore[arg-type]
-
-
-def test_a_misspelled_option_is_refused_naming_the_one_meant_not_dropped() -> None:
-    misspelled: dict[str, Any] = {"requests_per_minute": 60, "max_queue_requests": 3}
-    with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
-        RateLimitedChatModel(inner=ScriptedChatModel(), **misspelled)
-    with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
-        RateLimitedEmbeddings(inner=DeterministicFakeEmbedding(size=4), **misspelled)

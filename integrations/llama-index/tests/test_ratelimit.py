@@ -495,13 +495,3 @@ async def test_a_real_openai_llm_is_limited_and_reconciled_with_its_reported_usa
     assert len(server.requests) == 1
     assert len(limiter.acquired) == 1
     assert limiter.reconciled == [(limiter.acquired[0][0], usage.total_tokens)]
-
-
-def test_a_misspelled_option_is_refused_naming_the_one_meant_not_dropped() -> None:
-    misspelled: dict[str, Any] = {"requests_per_minute": 60, "max_queue_requests": 3}
-    with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
-        RateLimitedLLM(inner=FakeFunctionCallingLLM(), **misspelled)
-    with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
-        RateLimitedEmbedding(inner=MockEmbedding(embed_dim=4), **misspelled)
-    # LlamaIndex's own fields still pass through.
-    RateLimitedLLM(inner=FakeFunctionCallingLLM(), requests_per_minute=60, system_prompt="Hi")

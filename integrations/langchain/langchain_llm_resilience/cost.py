@@ -430,6 +430,10 @@ class CostTrackedEmbeddings(Embeddings, WrapsOne):
         self._meter = _meter(
             {"budget": budget, "ledger": ledger, "scope": scope, "inner": inner}, "embedding"
         )
+        #: Prices (per million tokens), limits and mode.
+        self.budget: CostBudget = self._meter.gate.budget
+        #: Where spend is recorded (the given ledger, else a new in-memory one).
+        self.ledger: Any = self._meter.gate.ledger
         #: Budget scope of every call.
         self.scope = self._meter.scope
         #: The budget gate this wrapper consults and records through.

@@ -169,7 +169,8 @@ class LangChainCost:
 
         from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
 
-        # Each fake passes every request through one method: _answer, or _start.
+        # The answering fake passes every request through _answer; the failing one is
+        # noted at each of LangChain's four entry points (a stream on its first pull).
         class JournaledAnswers(ScriptedChatModel):
             journal: Any = Field(default=None, exclude=True)
 
@@ -180,9 +181,25 @@ class LangChainCost:
         class JournaledFailures(FailingChatModel):
             journal: Any = Field(default=None, exclude=True)
 
-            def _start(self) -> None:
+            def _note(self) -> None:
                 self.journal.append(f"provider {self.model_name}")
-                super()._start()
+
+            def _generate(self, *args: Any, **kwargs: Any) -> Any:
+                self._note()
+                return super()._generate(*args, **kwargs)
+
+            async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+                self._note()
+                return await super()._agenerate(*args, **kwargs)
+
+            def _stream(self, *args: Any, **kwargs: Any) -> Any:
+                self._note()
+                yield from super()._stream(*args, **kwargs)
+
+            async def _astream(self, *args: Any, **kwargs: Any) -> Any:
+                self._note()
+                async for chunk in super()._astream(*args, **kwargs):
+                    yield chunk
 
         Journaled = JournaledFailures if failing else JournaledAnswers
         return Journaled(journal=journal, model=model)

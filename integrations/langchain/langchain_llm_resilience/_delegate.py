@@ -46,6 +46,20 @@ __all__ = ["DelegatingChatModel"]
 #: Binding keys that LangChain's public entry points pop for tracing before
 #: ``_generate``; a model's private entry points must not receive them.
 TRACING_ONLY_KWARGS = ("ls_structured_output_format", "structured_output_format")
+#: LangChain's standard chat-model parameters, which code written for any chat model (and
+#: langchain-tests' standard suites) passes to a model's constructor. A layer takes them
+#: as LangChain's own models take an unused one: they configure the provider, not the layer.
+STANDARD_PARAMS = (
+    "model",
+    "temperature",
+    "max_tokens",
+    "timeout",
+    "stop",
+    "streaming",
+    "max_retries",
+    "api_key",
+    "base_url",
+)
 
 FunctionT = TypeVar("FunctionT", bound=Callable[..., Any])
 

@@ -16,6 +16,7 @@ from langchain_core.rate_limiters import BaseRateLimiter
 from pydantic import Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import (
+    STANDARD_PARAMS,
     DelegatingChatModel,
     documented_output_cap,
     private_state,
@@ -78,7 +79,7 @@ class RateLimitedChatModel(DelegatingChatModel):
     _caps: tuple[int | None, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
-        known_keywords(type(self).__name__, data, type(self).model_fields)
+        known_keywords(type(self).__name__, data, [*type(self).model_fields, *STANDARD_PARAMS])
         limiter = limiter_for(
             requests_per_minute=data.get("requests_per_minute"),
             max_queued_requests=data.get("max_queued_requests"),

@@ -355,6 +355,14 @@ class LangChainCost:
             rate_limiter=limiter,
         )
 
+    async def other_requests(self, model: Any, asynchronous: bool) -> int:
+        """Send the requests of the framework's other call shape (a batch of two prompts);
+        the number of requests it sends."""
+        prompts = ["one", "two"]
+        replies = await model.abatch(prompts) if asynchronous else model.batch(prompts)
+        assert len(replies) == len(prompts)
+        return len(prompts)
+
 
 class LlamaIndexCost:
     """LlamaIndex's side of the cost behaviours."""
@@ -662,3 +670,10 @@ class LlamaIndexCost:
             timeout=10,
             rate_limiter=limiter,
         )
+
+    async def other_requests(self, model: Any, asynchronous: bool) -> int:
+        """A completion (LlamaIndex's other call shape): one request."""
+        prompt = "Capital of France?"
+        reply = await model.acomplete(prompt) if asynchronous else model.complete(prompt)
+        assert reply.text
+        return 1

@@ -262,6 +262,55 @@ class LangChainCost:
             max_retries=0,
         )
 
+    def records_of(self, model: Any) -> list[Any]:
+        """What the framework and its tracers record about ``model``: LangChain's
+        serialized form (which for our wrappers carries the repr), its identifying,
+        invocation and LangSmith parameters, and pydantic's dump (for embeddings, which
+        are no runnables, what ``dumpd`` makes of them)."""
+        from langchain_core.language_models import BaseChatModel
+        from langchain_core.load import dumpd
+
+        if not isinstance(model, BaseChatModel):
+            return [dumpd(model)]
+        return [
+            dumpd(model),
+            model.to_json(),
+            model._identifying_params,
+            model.asdict(),
+            model._get_invocation_params(stop=["\n"]),
+            model._get_ls_params(),
+            model.model_dump(),
+        ]
+
+    def traced_call(self, build: Any) -> list[str]:
+        """Build a model with ``build(**options)``, call it once with a callback handler
+        attached; the reprs of what the callbacks received when the run started."""
+        from langchain_core.callbacks import BaseCallbackHandler
+
+        starts: list[str] = []
+
+        class Recorder(BaseCallbackHandler):
+            def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+                starts.append(repr({"serialized": serialized, **kwargs}))
+
+        build().invoke("hello", config={"callbacks": [Recorder()]})
+        return starts
+
+    def derived(self, model: Any) -> list[Any]:
+        """What the framework derives from a chat model: bound tools, structured output."""
+        from langchain_core.tools import tool
+        from pydantic import BaseModel
+
+        @tool
+        def lookup(city: str) -> str:
+            """Look up a city."""
+            return city
+
+        class Answer(BaseModel):
+            city: str
+
+        return [model.bind_tools([lookup]), model.with_structured_output(Answer)]
+
     # -- retries ----------------------------------------------------------------------
 
     def flaky_embeddings(self, *errors: BaseException) -> Any:
@@ -571,6 +620,55 @@ class LlamaIndexCost:
                 return [0.0]
 
         return KeyedEmbedding()
+
+    def records_of(self, model: Any) -> list[Any]:
+        """What LlamaIndex puts in events and callback payloads (``to_dict``), pydantic's
+        dumps, and the LLM's metadata."""
+        records = [model.to_dict(), model.to_json(), model.model_dump(), model.dict()]
+        metadata = getattr(model, "metadata", None)
+        return records if metadata is None else [*records, metadata]
+
+    def traced_call(self, build: Any) -> list[str]:
+        """Build a model with ``build(callback_manager=...)`` and chat once with an
+        instrumentation handler and a debug callback attached; the reprs of every event
+        dispatched and every LLM callback payload."""
+        from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+        from llama_index.core.instrumentation import get_dispatcher
+        from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+        events: list[Any] = []
+
+        class Recorder(BaseEventHandler):
+            @classmethod
+            def class_name(cls) -> str:
+                return "SecretsEventRecorder"
+
+            def handle(self, event: Any, **kwargs: Any) -> None:
+                events.append(event)
+
+        debug = LlamaDebugHandler()
+        model = build(callback_manager=CallbackManager([debug]))
+        root = get_dispatcher()
+        handler = Recorder()
+        root.add_event_handler(handler)
+        try:
+            self.run_sync(model, "hello")
+        finally:
+            root.event_handlers.remove(handler)
+        pairs = debug.get_event_pairs(CBEventType.LLM)
+        assert events
+        assert pairs
+        texts = [text for event in events for text in (repr(event), repr(event.model_dump()))]
+        return texts + [repr(event.payload) for pair in pairs for event in pair]
+
+    def derived(self, model: Any) -> list[Any]:
+        """What the framework derives from an LLM: a structured LLM."""
+        from pydantic import BaseModel
+
+        class Answer(BaseModel):
+            city: str
+
+        return [model.as_structured_llm(Answer)]
 
     def flaky_embeddings(self, *errors: BaseException) -> Any:
         from llama_index.core.embeddings import MockEmbedding

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -12,14 +11,13 @@ from typing import Any
 
 import pytest
 from langchain_anthropic import ChatAnthropic
-from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models import FakeListChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableBinding
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from langchain_llm_resilience import CostTrackedChatModel, CostTrackedEmbeddings, FallbackChatModel
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel
 from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
 from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
@@ -166,73 +164,8 @@ def test_tools_pass_through_and_tool_calls_are_recorded() -> None:
     assert len(ledger.entries()) == 1
 
 
-class BrokenLedger(InMemoryCostLedger):
-    def __init__(self, *, reads: bool, writes: bool) -> None:
-        super().__init__()
-        self.reads, self.writes = reads, writes
-
-    def spend(self, *args: Any, **kwargs: Any) -> Decimal:
-        if not self.reads:
-            raise OSError("disk gone")
-        return super().spend(*args, **kwargs)
-
-    def record(self, entry: Any) -> None:
-        if not self.writes:
-            raise OSError("disk full")
-        super().record(entry)
-
-
-@pytest.mark.parametrize(("reads", "writes"), [(False, True), (True, False)])
-def test_ledger_failures_degrade_to_a_warning_and_the_call_succeeds(
-    reads: bool, writes: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    ledger = BrokenLedger(reads=reads, writes=writes)
-    model = CostTrackedChatModel(
-        inner=ScriptedChatModel(responses=["ok"]),
-        budget=CostBudget(**PRICES, daily_limit=1),
-        ledger=ledger,
-    )
-    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
-        assert model.invoke("x").content == "ok"
-    assert any(r.name == "llm_resilience.budget" for r in caplog.records)
-
-
-async def test_embeddings_are_estimated_recorded_per_batch_and_refused_when_spent() -> None:
-    ledger = InMemoryCostLedger()
-    embeddings = CostTrackedEmbeddings(
-        inner=DeterministicFakeEmbedding(size=4),
-        budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit="0.0000001"),
-        ledger=ledger,
-    )
-    embeddings.embed_documents(["hello world", "hello"])
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (3, 0, True)
-    assert entry.model is None  # the fake embeddings have no name
-    assert entry.cost == Decimal("0.00000006")
-    await embeddings.aembed_query("hello world")
-    assert len(ledger.entries()) == 2
-    with pytest.raises(BudgetExceededError):
-        embeddings.embed_query("more")  # 0.0000001 reached
-    assert len(ledger.entries()) == 2
-
-
-@pytest.mark.parametrize(
-    ("params", "error", "word"),
-    [
-        ({"budget": {"daily_limit": 1}}, TypeError, "budget"),
-        ({"scope": ""}, ValueError, "scope"),
-    ],
-)
-def test_bad_options_fail_at_construction_naming_the_option(
-    params: dict[str, Any], error: type[Exception], word: str
-) -> None:
-    options: dict[str, Any] = {
-        "inner": ScriptedChatModel(),
-        "budget": CostBudget(**PRICES, daily_limit=1),
-    }
-    options.update(params)
-    with pytest.raises(error, match=word):
-        CostTrackedChatModel(**options)
+# Ledger failures, bad options and the embeddings layer, for both adapters:
+# tests/behaviour/test_cost.py.
 
 
 # -- strict holds up to each member's own output cap -----------------------------------------

@@ -670,62 +670,10 @@ async def test_every_embedding_request_is_recorded_once_as_an_estimate(
     assert [entry.cost for entry in recorded] == [Decimal(n) / 1000 for n in expected]
 
 
-def test_an_embedding_model_without_a_name_records_no_model_as_in_langchain() -> None:
-    inner = MockEmbedding(embed_dim=3)  # LlamaIndex names it "unknown"
-    model = CostTrackedEmbedding(
-        inner=inner, budget=CostBudget(daily_limit=10), ledger=InMemoryCostLedger()
-    )
-    model.get_text_embedding("hello")
-    [entry] = entries(model)
-    assert inner.model_name == "unknown"
-    assert entry.model is None
-
-
-class CountingEmbedding(MockEmbedding):
-    _requests: int = PrivateAttr(default=0)
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        self._requests += 1
-        return self._get_vector()
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        self._requests += 1
-        return self._get_vector()
-
-
-@pytest.mark.parametrize("shape", ["query", "aquery", "batch", "abatch"])
-async def test_a_spent_embedding_budget_never_reaches_the_inner_model(shape: str) -> None:
-    inner = CountingEmbedding(embed_dim=3)
-    model = CostTrackedEmbedding(inner=inner, budget=KILL_SWITCH, ledger=InMemoryCostLedger())
-
-    with pytest.raises(BudgetExceededError):
-        await embed(model, shape)
-
-    assert inner._requests == 0
-    assert entries(model) == []
-
-
 # -- options -------------------------------------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"budget": {"daily_limit": 1}}, "budget must be a CostBudget\\(\\.\\.\\.\\)"),
-        ({"budget": BUDGET, "scope": 7}, "scope must be text or None"),
-    ],
-)
-@pytest.mark.parametrize("layer", [CostTrackedLLM, CostTrackedEmbedding])
-def test_bad_options_raise_a_type_error_naming_them(
-    layer: type[Any], options: dict[str, Any], message: str
-) -> None:
-    inner = FakeFunctionCallingLLM() if layer is CostTrackedLLM else MockEmbedding(embed_dim=2)
-
-    with pytest.raises(TypeError, match=message):
-        layer(inner=inner, **options)
+# Bad options of both layers, a nameless embedding model and a spent embeddings budget,
+# for both adapters: tests/behaviour/test_cost.py.
 
 
 def test_a_bad_per_call_budget_scope_is_refused_before_the_inner_call() -> None:

@@ -404,6 +404,26 @@ class LangChainCost:
             rate_limiter=limiter,
         )
 
+    def capped_openai(self, base_url: str, model: str, cap: int | None) -> Any:
+        """The framework's OpenAI chat model for ``model`` at ``base_url``, its output
+        capped at ``cap`` (``None``: no cap of its own), with no retries."""
+        from langchain_openai import ChatOpenAI
+
+        options: dict[str, Any] = {} if cap is None else {"max_tokens": cap}
+        return ChatOpenAI(
+            model=model,
+            base_url=base_url,
+            api_key="t",  # type: ignore[arg-type]
+            max_retries=0,
+            **options,
+        )
+
+    def assumed_output_cap(self, model: Any) -> int:
+        """The output cap the budget assumes for a real model with none of its own: its
+        LangChain profile's documented maximum."""
+        assert model.profile is not None
+        return int(model.profile["max_output_tokens"])
+
     async def other_requests(self, model: Any, asynchronous: bool) -> int:
         """Send the requests of the framework's other call shape (a batch of two prompts);
         the number of requests it sends."""
@@ -768,6 +788,18 @@ class LlamaIndexCost:
             timeout=10,
             rate_limiter=limiter,
         )
+
+    def capped_openai(self, base_url: str, model: str, cap: int | None) -> Any:
+        from llama_index.llms.openai import OpenAI
+
+        options: dict[str, Any] = {} if cap is None else {"max_tokens": cap}
+        return OpenAI(model=model, api_base=base_url, api_key="t", max_retries=0, **options)
+
+    def assumed_output_cap(self, model: Any) -> int:
+        """LlamaIndex's models document no maximum: the core's default."""
+        from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
+
+        return DEFAULT_MAX_OUTPUT_TOKENS
 
     async def other_requests(self, model: Any, asynchronous: bool) -> int:
         """A completion (LlamaIndex's other call shape): one request."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +14,11 @@ from cost_driver import EMBED_SHAPES
 from driver import PROMPT, STREAMS, Mode
 
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
-from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
+from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
 from llm_resilience.ratelimit import TokenBucketRateLimiter
-from llm_resilience.tokens import count_tokens
+from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.tokens import count_message_tokens, count_tokens
 
 # One token in and out costs 1 and 2 millionths: costs stay readable.
 BUDGET = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10)
@@ -223,6 +227,79 @@ def test_a_strict_hold_covers_the_dearest_fallback_member(driver: Any) -> None:
         driver.run_sync(layer, max_tokens=1000)
     driver.run_sync(layer, max_tokens=100)  # 0.01 at the dear price: fits
     assert [entry.model for entry in ledger.entries()] == ["cheap-model"]
+
+
+async def held_by(driver: Any, layer: Any, ledger: Any, server: Any, **call: Any) -> Decimal:
+    """The strict hold of one call, read from the ledger while the provider hangs on it."""
+    task = asyncio.create_task(driver.run(layer, "acall", **call))
+    while not server.requests:  # noqa: ASYNC110 - the server's record, polled
+        await asyncio.sleep(0.005)
+    held: Decimal = ledger.spend("day")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ledger.spend("day") == 0  # the hold of the cancelled call is released
+    return held
+
+
+def worst_case(driver: Any, output_tokens: int, price: ModelPrice) -> Decimal:
+    prompt = count_message_tokens([(driver.prompt_role, PROMPT)])
+    return (prompt * price.input_per_mtok + output_tokens * price.output_per_mtok) / 10**6
+
+
+# The second member is dearer per token in and out than the first at any cap its framework
+# assumes for it (LangChain reads its profile's maximum, LlamaIndex assumes 4,096).
+GPT_4O, DEAR_MINI = ModelPrice("2.50", 10), ModelPrice(3, 30)
+
+
+@pytest.mark.parametrize(
+    ("call", "output_tokens"),
+    [({}, 8000), ({"max_tokens": 100}, 100)],
+    ids=["members-own-caps", "call-max-tokens-caps-every-member"],
+)
+async def test_a_strict_hold_covers_a_real_member_allowed_8000_output_tokens_at_its_price(
+    driver: Any, tmp_path: Path, call: dict[str, Any], output_tokens: int
+) -> None:
+    with FaultInjectingServer(default_fault=Fault.hang()) as hanging:
+        chain = driver.fallback(
+            [
+                driver.capped_openai(hanging.openai_base_url, "gpt-4o", None),
+                driver.capped_openai(hanging.openai_base_url, "gpt-4o-mini", 8000),  # not called
+            ]
+        )
+        ledger = SqlCostLedger("sqlite:///" + str(tmp_path / "spend.db"))
+        budget = CostBudget(
+            daily_limit=10, strict=True, prices={"gpt-4o": GPT_4O, "gpt-4o-mini": DEAR_MINI}
+        )
+        layer = driver.cost_tracked(chain, budget=budget, ledger=ledger)
+        held = await held_by(driver, layer, ledger, hanging, **call)
+    # Without a call cap, 8,000 tokens at the second member's price is the dearest
+    # combination; the old default (4,096 tokens at the dearest price) held about half.
+    assert held == worst_case(driver, output_tokens, DEAR_MINI)
+    if not call:
+        assert held > worst_case(driver, DEFAULT_MAX_OUTPUT_TOKENS, DEAR_MINI)
+
+
+@pytest.mark.parametrize(
+    ("cap", "call", "expected"),
+    [(None, {}, None), (8000, {}, 8000), (8000, {"max_tokens": 100}, 100)],
+    ids=["assumed-cap", "own-cap", "call-max-tokens-wins"],
+)
+async def test_a_real_openai_models_hold_is_its_own_output_cap(
+    driver: Any, tmp_path: Path, cap: int | None, call: dict[str, Any], expected: int | None
+) -> None:
+    mini = ModelPrice("0.15", "0.60")
+    with FaultInjectingServer(default_fault=Fault.hang()) as hanging:
+        openai = driver.capped_openai(hanging.openai_base_url, "gpt-4o-mini", cap)
+        ledger = SqlCostLedger("sqlite:///" + str(tmp_path / "spend.db"))
+        budget = CostBudget(daily_limit=10, strict=True, prices={"gpt-4o-mini": mini})
+        layer = driver.cost_tracked(openai, budget=budget, ledger=ledger)
+        held = await held_by(driver, layer, ledger, hanging, **call)
+    if expected is None:
+        # LangChain's profile maximum (above the core's default), LlamaIndex's default.
+        expected = driver.assumed_output_cap(openai)
+        assert expected >= DEFAULT_MAX_OUTPUT_TOKENS
+    assert held == worst_case(driver, expected, mini)
 
 
 class Refused(Exception):

@@ -17,13 +17,14 @@ if _HERE not in sys.path:
 from cost_driver import LangChainCost, LlamaIndexCost  # noqa: E402
 from driver import MODES, Driver, LangChainDriver, LlamaIndexDriver, Mode  # noqa: E402
 from fallback_driver import LangChainFallback, LlamaIndexFallback  # noqa: E402
+from store_driver import LangChainStores, LlamaIndexStores  # noqa: E402
 
 
-class LangChain(LangChainFallback, LangChainCost, LangChainDriver):
+class LangChain(LangChainFallback, LangChainCost, LangChainStores, LangChainDriver):
     """Everything the suite drives in LangChain."""
 
 
-class LlamaIndex(LlamaIndexFallback, LlamaIndexCost, LlamaIndexDriver):
+class LlamaIndex(LlamaIndexFallback, LlamaIndexCost, LlamaIndexStores, LlamaIndexDriver):
     """Everything the suite drives in LlamaIndex."""
 
 

@@ -279,6 +279,55 @@ class LangChainCost:
             max_retries=0,
         )
 
+    def records_of(self, model: Any) -> list[Any]:
+        """What the framework and its tracers record about ``model``: LangChain's
+        serialized form (which for our wrappers carries the repr), its identifying,
+        invocation and LangSmith parameters, and pydantic's dump (for embeddings, which
+        are no runnables, what ``dumpd`` makes of them)."""
+        from langchain_core.language_models import BaseChatModel
+        from langchain_core.load import dumpd
+
+        if not isinstance(model, BaseChatModel):
+            return [dumpd(model)]
+        return [
+            dumpd(model),
+            model.to_json(),
+            model._identifying_params,
+            model.asdict(),
+            model._get_invocation_params(stop=["\n"]),
+            model._get_ls_params(),
+            model.model_dump(),
+        ]
+
+    def traced_call(self, build: Any) -> list[str]:
+        """Build a model with ``build(**options)``, call it once with a callback handler
+        attached; the reprs of what the callbacks received when the run started."""
+        from langchain_core.callbacks import BaseCallbackHandler
+
+        starts: list[str] = []
+
+        class Recorder(BaseCallbackHandler):
+            def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+                starts.append(repr({"serialized": serialized, **kwargs}))
+
+        build().invoke("hello", config={"callbacks": [Recorder()]})
+        return starts
+
+    def derived(self, model: Any) -> list[Any]:
+        """What the framework derives from a chat model: bound tools, structured output."""
+        from langchain_core.tools import tool
+        from pydantic import BaseModel
+
+        @tool
+        def lookup(city: str) -> str:
+            """Look up a city."""
+            return city
+
+        class Answer(BaseModel):
+            city: str
+
+        return [model.bind_tools([lookup]), model.with_structured_output(Answer)]
+
     # -- retries ----------------------------------------------------------------------
 
     def flaky_embeddings(self, *errors: BaseException) -> Any:
@@ -371,6 +420,34 @@ class LangChainCost:
             timeout=10,
             rate_limiter=limiter,
         )
+
+    def capped_openai(self, base_url: str, model: str, cap: int | None) -> Any:
+        """The framework's OpenAI chat model for ``model`` at ``base_url``, its output
+        capped at ``cap`` (``None``: no cap of its own), with no retries."""
+        from langchain_openai import ChatOpenAI
+
+        options: dict[str, Any] = {} if cap is None else {"max_tokens": cap}
+        return ChatOpenAI(
+            model=model,
+            base_url=base_url,
+            api_key="t",  # type: ignore[arg-type]
+            max_retries=0,
+            **options,
+        )
+
+    def assumed_output_cap(self, model: Any) -> int:
+        """The output cap the budget assumes for a real model with none of its own: its
+        LangChain profile's documented maximum."""
+        assert model.profile is not None
+        return int(model.profile["max_output_tokens"])
+
+    async def other_requests(self, model: Any, asynchronous: bool) -> int:
+        """Send the requests of the framework's other call shape (a batch of two prompts);
+        the number of requests it sends."""
+        prompts = ["one", "two"]
+        replies = await model.abatch(prompts) if asynchronous else model.batch(prompts)
+        assert len(replies) == len(prompts)
+        return len(prompts)
 
 
 class LlamaIndexCost:
@@ -581,6 +658,55 @@ class LlamaIndexCost:
 
         return KeyedEmbedding()
 
+    def records_of(self, model: Any) -> list[Any]:
+        """What LlamaIndex puts in events and callback payloads (``to_dict``), pydantic's
+        dumps, and the LLM's metadata."""
+        records = [model.to_dict(), model.to_json(), model.model_dump(), model.dict()]
+        metadata = getattr(model, "metadata", None)
+        return records if metadata is None else [*records, metadata]
+
+    def traced_call(self, build: Any) -> list[str]:
+        """Build a model with ``build(callback_manager=...)`` and chat once with an
+        instrumentation handler and a debug callback attached; the reprs of every event
+        dispatched and every LLM callback payload."""
+        from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+        from llama_index.core.instrumentation import get_dispatcher
+        from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+        events: list[Any] = []
+
+        class Recorder(BaseEventHandler):
+            @classmethod
+            def class_name(cls) -> str:
+                return "SecretsEventRecorder"
+
+            def handle(self, event: Any, **kwargs: Any) -> None:
+                events.append(event)
+
+        debug = LlamaDebugHandler()
+        model = build(callback_manager=CallbackManager([debug]))
+        root = get_dispatcher()
+        handler = Recorder()
+        root.add_event_handler(handler)
+        try:
+            self.run_sync(model, "hello")
+        finally:
+            root.event_handlers.remove(handler)
+        pairs = debug.get_event_pairs(CBEventType.LLM)
+        assert events
+        assert pairs
+        texts = [text for event in events for text in (repr(event), repr(event.model_dump()))]
+        return texts + [repr(event.payload) for pair in pairs for event in pair]
+
+    def derived(self, model: Any) -> list[Any]:
+        """What the framework derives from an LLM: a structured LLM."""
+        from pydantic import BaseModel
+
+        class Answer(BaseModel):
+            city: str
+
+        return [model.as_structured_llm(Answer)]
+
     def flaky_embeddings(self, *errors: BaseException) -> Any:
         from llama_index.core.embeddings import MockEmbedding
         from pydantic import PrivateAttr
@@ -679,3 +805,22 @@ class LlamaIndexCost:
             timeout=10,
             rate_limiter=limiter,
         )
+
+    def capped_openai(self, base_url: str, model: str, cap: int | None) -> Any:
+        from llama_index.llms.openai import OpenAI
+
+        options: dict[str, Any] = {} if cap is None else {"max_tokens": cap}
+        return OpenAI(model=model, api_base=base_url, api_key="t", max_retries=0, **options)
+
+    def assumed_output_cap(self, model: Any) -> int:
+        """LlamaIndex's models document no maximum: the core's default."""
+        from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
+
+        return DEFAULT_MAX_OUTPUT_TOKENS
+
+    async def other_requests(self, model: Any, asynchronous: bool) -> int:
+        """A completion (LlamaIndex's other call shape): one request."""
+        prompt = "Capital of France?"
+        reply = await model.acomplete(prompt) if asynchronous else model.complete(prompt)
+        assert reply.text
+        return 1

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cost_driver import EMBED_SHAPES
 from driver import PROMPT, STREAMS, Mode
 
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
-from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
+from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
 from llm_resilience.ratelimit import TokenBucketRateLimiter
+from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.tokens import count_message_tokens, count_tokens
 
 # One token in and out costs 1 and 2 millionths: costs stay readable.
 BUDGET = CostBudget(input_price_per_mtok=1, output_price_per_mtok=2, daily_limit=10)
@@ -222,6 +229,79 @@ def test_a_strict_hold_covers_the_dearest_fallback_member(driver: Any) -> None:
     assert [entry.model for entry in ledger.entries()] == ["cheap-model"]
 
 
+async def held_by(driver: Any, layer: Any, ledger: Any, server: Any, **call: Any) -> Decimal:
+    """The strict hold of one call, read from the ledger while the provider hangs on it."""
+    task = asyncio.create_task(driver.run(layer, "acall", **call))
+    while not server.requests:  # noqa: ASYNC110 - the server's record, polled
+        await asyncio.sleep(0.005)
+    held: Decimal = ledger.spend("day")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ledger.spend("day") == 0  # the hold of the cancelled call is released
+    return held
+
+
+def worst_case(driver: Any, output_tokens: int, price: ModelPrice) -> Decimal:
+    prompt = count_message_tokens([(driver.prompt_role, PROMPT)])
+    return (prompt * price.input_per_mtok + output_tokens * price.output_per_mtok) / 10**6
+
+
+# The second member is dearer per token in and out than the first at any cap its framework
+# assumes for it (LangChain reads its profile's maximum, LlamaIndex assumes 4,096).
+GPT_4O, DEAR_MINI = ModelPrice("2.50", 10), ModelPrice(3, 30)
+
+
+@pytest.mark.parametrize(
+    ("call", "output_tokens"),
+    [({}, 8000), ({"max_tokens": 100}, 100)],
+    ids=["members-own-caps", "call-max-tokens-caps-every-member"],
+)
+async def test_a_strict_hold_covers_a_real_member_allowed_8000_output_tokens_at_its_price(
+    driver: Any, tmp_path: Path, call: dict[str, Any], output_tokens: int
+) -> None:
+    with FaultInjectingServer(default_fault=Fault.hang()) as hanging:
+        chain = driver.fallback(
+            [
+                driver.capped_openai(hanging.openai_base_url, "gpt-4o", None),
+                driver.capped_openai(hanging.openai_base_url, "gpt-4o-mini", 8000),  # not called
+            ]
+        )
+        ledger = SqlCostLedger("sqlite:///" + str(tmp_path / "spend.db"))
+        budget = CostBudget(
+            daily_limit=10, strict=True, prices={"gpt-4o": GPT_4O, "gpt-4o-mini": DEAR_MINI}
+        )
+        layer = driver.cost_tracked(chain, budget=budget, ledger=ledger)
+        held = await held_by(driver, layer, ledger, hanging, **call)
+    # Without a call cap, 8,000 tokens at the second member's price is the dearest
+    # combination; the old default (4,096 tokens at the dearest price) held about half.
+    assert held == worst_case(driver, output_tokens, DEAR_MINI)
+    if not call:
+        assert held > worst_case(driver, DEFAULT_MAX_OUTPUT_TOKENS, DEAR_MINI)
+
+
+@pytest.mark.parametrize(
+    ("cap", "call", "expected"),
+    [(None, {}, None), (8000, {}, 8000), (8000, {"max_tokens": 100}, 100)],
+    ids=["assumed-cap", "own-cap", "call-max-tokens-wins"],
+)
+async def test_a_real_openai_models_hold_is_its_own_output_cap(
+    driver: Any, tmp_path: Path, cap: int | None, call: dict[str, Any], expected: int | None
+) -> None:
+    mini = ModelPrice("0.15", "0.60")
+    with FaultInjectingServer(default_fault=Fault.hang()) as hanging:
+        openai = driver.capped_openai(hanging.openai_base_url, "gpt-4o-mini", cap)
+        ledger = SqlCostLedger("sqlite:///" + str(tmp_path / "spend.db"))
+        budget = CostBudget(daily_limit=10, strict=True, prices={"gpt-4o-mini": mini})
+        layer = driver.cost_tracked(openai, budget=budget, ledger=ledger)
+        held = await held_by(driver, layer, ledger, hanging, **call)
+    if expected is None:
+        # LangChain's profile maximum (above the core's default), LlamaIndex's default.
+        expected = driver.assumed_output_cap(openai)
+        assert expected >= DEFAULT_MAX_OUTPUT_TOKENS
+    assert held == worst_case(driver, expected, mini)
+
+
 class Refused(Exception):
     """What :class:`AskedLimiter` raises once it has seen a call: the model is never called."""
 
@@ -269,3 +349,101 @@ async def test_the_budgets_hold_and_the_limiters_weight_use_one_output_cap(
     assert 0 < prompt < 50  # the estimated prompt of one short question
     for keyword in driver.output_cap_keywords:
         assert await weighed_and_held(driver, mode, **{keyword: 500}) == (prompt + 500, 500)
+
+
+# -- ledger failures, options ------------------------------------------------------------
+
+
+class BrokenLedger(InMemoryCostLedger):
+    """A ledger whose reads or whose writes fail, as a full or vanished disk does."""
+
+    def __init__(self, *, reads: bool, writes: bool) -> None:
+        super().__init__()
+        self.reads, self.writes = reads, writes
+
+    def spend(self, *args: Any, **kwargs: Any) -> Decimal:
+        if not self.reads:
+            raise OSError("disk gone")
+        return super().spend(*args, **kwargs)
+
+    def record(self, entry: Any) -> None:
+        if not self.writes:
+            raise OSError("disk full")
+        super().record(entry)
+
+
+@pytest.mark.parametrize(("reads", "writes"), [(False, True), (True, False)])
+async def test_ledger_failures_degrade_to_a_warning_and_the_call_succeeds(
+    driver: Any, mode: Mode, reads: bool, writes: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = BrokenLedger(reads=reads, writes=writes)
+    model = driver.cost_tracked(driver.answering("ok"), budget=BUDGET, ledger=ledger)
+
+    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
+        assert (await driver.run(model, mode)).text == "ok"
+
+    assert any(record.name == "llm_resilience.budget" for record in caplog.records)
+
+
+@pytest.mark.parametrize("layer", ["chat", "embeddings"])
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"budget": {"daily_limit": 1}}, TypeError, r"budget must be a CostBudget\(\.\.\.\)"),
+        ({"scope": 7}, TypeError, "scope must be text or None"),
+        ({"scope": ""}, ValueError, "scope"),
+    ],
+    ids=["budget-not-a-cost-budget", "scope-not-text", "scope-empty"],
+)
+def test_bad_options_fail_at_construction_naming_the_option(
+    driver: Any, layer: str, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    build, inner = (
+        (driver.cost_tracked, driver.answering())
+        if layer == "chat"
+        else (driver.cost_tracked_embeddings, driver.embeddings())
+    )
+
+    with pytest.raises(error, match=message):
+        build(inner, **{"budget": BUDGET, "ledger": InMemoryCostLedger(), **options})
+
+
+# -- embeddings ----------------------------------------------------------------------------
+
+EMBEDDING_BUDGET = CostBudget(embedding_price_per_mtok=1000, daily_limit=10)
+
+
+@pytest.mark.parametrize("shape", EMBED_SHAPES)
+async def test_every_embeddings_call_is_recorded_once_as_an_estimate_without_a_fakes_name(
+    driver: Any, shape: Any
+) -> None:
+    ledger = InMemoryCostLedger()
+    model = driver.cost_tracked_embeddings(
+        driver.embeddings(), budget=EMBEDDING_BUDGET, ledger=ledger, scope="tenant-1"
+    )
+    texts = ["hello world", "hello"] if "batch" in shape else ["hello world"]
+
+    assert await driver.embed(model, texts, shape) == len(texts)
+
+    [entry] = ledger.entries()
+    tokens = sum(count_tokens(text) for text in texts)
+    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (tokens, 0, True)
+    # Neither framework's fake embeddings have a name (LlamaIndex's say "unknown").
+    assert (entry.surface, entry.model, entry.scope) == ("embedding", None, "tenant-1")
+    assert entry.cost == Decimal(tokens) / 1000
+
+
+@pytest.mark.parametrize("shape", EMBED_SHAPES)
+async def test_a_spent_embeddings_budget_never_reaches_the_inner_model(
+    driver: Any, shape: Any
+) -> None:
+    inner = driver.flaky_embeddings()  # no errors: it only counts its requests
+    ledger = InMemoryCostLedger()
+    kill_switch = CostBudget(embedding_price_per_mtok=1, daily_limit=0)
+    model = driver.cost_tracked_embeddings(inner, budget=kill_switch, ledger=ledger)
+
+    with pytest.raises(BudgetExceededError):
+        await driver.embed(model, ["hello", "world"], shape)
+
+    assert inner.calls == 0
+    assert ledger.entries() == []

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from cost_driver import EMBED_SHAPES
 from driver import PROMPT, STREAMS, Mode
 
 from llm_resilience.errors import RateLimitQueueFullError, RequestExceedsCapacityError
@@ -296,6 +297,25 @@ def test_bad_options_raise_an_error_naming_them(
         assert word in str(raised.value)
 
 
+@pytest.mark.parametrize("kind", ["chat", "embeddings"])
+def test_an_inner_of_the_wrong_kind_is_refused_with_a_type_error_naming_the_kind(
+    driver: Any, kind: str
+) -> None:
+    # A chat layer over embeddings, an embeddings layer over a chat model.
+    if kind == "chat":
+        build, wrong = driver.rate_limited, driver.embeddings(2)
+    else:
+        build, wrong = driver.rate_limited_embeddings, driver.answering()
+    with pytest.raises(TypeError) as raised:
+        build(wrong, requests_per_minute=60)
+
+    message = str(raised.value)
+    assert message.startswith(f"inner must be a {driver.framework_title} ")
+    meant = message.split("got")[0].lower()  # the kind asked for, before the one given
+    assert ("embedding" in meant) is (kind == "embeddings")
+    assert type(wrong).__name__ in message
+
+
 # -- embeddings ----------------------------------------------------------------------------
 
 
@@ -326,3 +346,17 @@ def test_a_misspelled_option_is_refused_naming_the_one_meant_not_dropped(driver:
         driver.rate_limited(driver.answering(), **misspelled)
     with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
         driver.rate_limited_embeddings(driver.embeddings(), **misspelled)
+
+
+@pytest.mark.parametrize("shape", EMBED_SHAPES)
+async def test_a_refused_embeddings_permit_never_reaches_the_inner_model(
+    driver: Any, shape: Any
+) -> None:
+    inner = driver.flaky_embeddings()  # no errors: it only counts its requests
+    limiter = SpyLimiter(error=RateLimitQueueFullError(1))
+    embeddings = driver.rate_limited_embeddings(inner, limiter=limiter)
+
+    with pytest.raises(RateLimitQueueFullError):
+        await driver.embed(embeddings, ["a", "b"], shape)
+
+    assert inner.calls == 0

@@ -2,8 +2,9 @@
 
 Importing an adapter registers the core limiters as virtual subclasses of its framework's
 ``BaseRateLimiter``, so the framework's own OpenAI model accepts one and takes one permit
-per request. The model talks HTTP to a local fault-injecting server; the limiter runs on a
-frozen clock, so its count of permits is exact.
+per request, in every call shape (LangChain's batches and LlamaIndex's completions too).
+The model talks HTTP to a local fault-injecting server; the limiter runs on a frozen
+clock, so its count of permits is exact.
 """
 
 from __future__ import annotations
@@ -76,6 +77,20 @@ async def test_the_frameworks_openai_model_takes_one_permit_per_call(
 
     assert len(server.requests) == 1
     assert permits_left(limiter) == 60 - 1
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_the_frameworks_other_call_shape_takes_one_permit_per_request(
+    driver: Any, asynchronous: bool, server: FaultInjectingServer
+) -> None:
+    # LangChain's batch of two prompts, LlamaIndex's completion.
+    limiter = TokenBucketRateLimiter(60, clock=FrozenClock())
+    model = driver.openai_in_slot(server.openai_base_url, limiter)
+
+    sent = await driver.other_requests(model, asynchronous)
+
+    assert len(server.requests) == sent
+    assert permits_left(limiter) == 60 - sent
 
 
 async def test_a_call_over_budget_waits_in_the_slot_and_goes_when_its_permit_comes(

@@ -1,4 +1,5 @@
-"""No wrapper of either adapter shows a member's credentials: repr, str, errors.
+"""No wrapper of either adapter shows a member's credentials: repr, str, errors, what the
+framework derives from it (tools, structured output), its dumps and what its tracers get.
 
 The members are the real provider classes, built with keys, auth headers and URLs that
 carry passwords (constructing them needs no network; they are never called). The rule
@@ -7,6 +8,7 @@ itself (what is a secret) is tested once, in ``tests/core/test_redact.py``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -113,3 +115,57 @@ def test_a_wrappers_own_error_messages_name_types_not_members(driver: Any) -> No
     for message in errors:
         assert_no_secret(message)
     assert type(embeddings).__name__ in errors[1]
+
+
+def test_a_fallback_repr_still_names_its_members_and_their_models_with_credentials_masked(
+    driver: Any,
+) -> None:
+    openai, anthropic = driver.keyed_openai(), driver.keyed_anthropic()
+    text = repr(driver.fallback([openai, anthropic]))
+    assert f"{type(openai).__name__}(" in text
+    assert f"{type(anthropic).__name__}(" in text
+    assert "='gpt-4o'" in text
+    assert "model='claude-sonnet-4-5'" in text
+    assert re.search(r"api_key=(SecretStr\()?'\*{10}'", text)
+    assert "default_headers={'Authorization': '**********'}" in text
+    assert "api_base='https://team:**********@gateway.example/v1'" in text
+
+
+def stack(driver: Any, *members: Any, **options: Any) -> Any:
+    """CostTracked(RateLimited(Fallback(members))), as the builder makes it."""
+    limited = driver.rate_limited(keyed_fallback(driver, *members), requests_per_minute=60)
+    return driver.cost_tracked(limited, budget=BUDGET, ledger=InMemoryCostLedger(), **options)
+
+
+def test_what_the_framework_derives_from_a_stack_prints_without_credentials(
+    driver: Any,
+) -> None:
+    model = stack(driver)
+    for derived in driver.derived(model):
+        for text in shown(derived):
+            assert_no_secret(text)
+        assert f"{type(model).__name__}(" in repr(derived)
+
+
+def test_serializing_a_stack_for_tracing_adds_no_credential(driver: Any) -> None:
+    model = stack(driver)
+    limited = driver.rate_limited_embeddings(driver.keyed_embeddings(), requests_per_minute=60)
+    embeddings = driver.cost_tracked_embeddings(limited, budget=BUDGET)
+    records = driver.records_of(model)
+    assert records
+    for record in records + driver.records_of(embeddings):
+        assert_no_secret(repr(record))
+
+
+def test_a_traced_call_through_a_stack_sends_no_credential_to_the_frameworks_tracers(
+    driver: Any,
+) -> None:
+    # The offline primary answers, so the keyed real members are carried but never called.
+    def build(**options: Any) -> Any:
+        members = (driver.answering(), driver.keyed_openai(), driver.keyed_anthropic())
+        return stack(driver, *members, **options)
+
+    traced = driver.traced_call(build)
+    assert traced
+    for text in traced:
+        assert_no_secret(text)

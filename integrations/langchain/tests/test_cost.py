@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_anthropic import ChatAnthropic
-from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models import FakeListChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableBinding
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from langchain_llm_resilience import CostTrackedChatModel, CostTrackedEmbeddings, FallbackChatModel
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel
 from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
-from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import FaultInjectingServer
 from llm_resilience.tokens import count_message_tokens, count_tokens
 
 PRICES = {"input_price_per_mtok": 3, "output_price_per_mtok": 15}
@@ -166,150 +162,9 @@ def test_tools_pass_through_and_tool_calls_are_recorded() -> None:
     assert len(ledger.entries()) == 1
 
 
-class BrokenLedger(InMemoryCostLedger):
-    def __init__(self, *, reads: bool, writes: bool) -> None:
-        super().__init__()
-        self.reads, self.writes = reads, writes
-
-    def spend(self, *args: Any, **kwargs: Any) -> Decimal:
-        if not self.reads:
-            raise OSError("disk gone")
-        return super().spend(*args, **kwargs)
-
-    def record(self, entry: Any) -> None:
-        if not self.writes:
-            raise OSError("disk full")
-        super().record(entry)
-
-
-@pytest.mark.parametrize(("reads", "writes"), [(False, True), (True, False)])
-def test_ledger_failures_degrade_to_a_warning_and_the_call_succeeds(
-    reads: bool, writes: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    ledger = BrokenLedger(reads=reads, writes=writes)
-    model = CostTrackedChatModel(
-        inner=ScriptedChatModel(responses=["ok"]),
-        budget=CostBudget(**PRICES, daily_limit=1),
-        ledger=ledger,
-    )
-    with caplog.at_level(logging.WARNING, logger="llm_resilience.budget"):
-        assert model.invoke("x").content == "ok"
-    assert any(r.name == "llm_resilience.budget" for r in caplog.records)
-
-
-async def test_embeddings_are_estimated_recorded_per_batch_and_refused_when_spent() -> None:
-    ledger = InMemoryCostLedger()
-    embeddings = CostTrackedEmbeddings(
-        inner=DeterministicFakeEmbedding(size=4),
-        budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit="0.0000001"),
-        ledger=ledger,
-    )
-    embeddings.embed_documents(["hello world", "hello"])
-    (entry,) = ledger.entries()
-    assert (entry.input_tokens, entry.output_tokens, entry.estimated) == (3, 0, True)
-    assert entry.model is None  # the fake embeddings have no name
-    assert entry.cost == Decimal("0.00000006")
-    await embeddings.aembed_query("hello world")
-    assert len(ledger.entries()) == 2
-    with pytest.raises(BudgetExceededError):
-        embeddings.embed_query("more")  # 0.0000001 reached
-    assert len(ledger.entries()) == 2
-
-
-@pytest.mark.parametrize(
-    ("params", "error", "word"),
-    [
-        ({"budget": {"daily_limit": 1}}, TypeError, "budget"),
-        ({"scope": ""}, ValueError, "scope"),
-    ],
-)
-def test_bad_options_fail_at_construction_naming_the_option(
-    params: dict[str, Any], error: type[Exception], word: str
-) -> None:
-    options: dict[str, Any] = {
-        "inner": ScriptedChatModel(),
-        "budget": CostBudget(**PRICES, daily_limit=1),
-    }
-    options.update(params)
-    with pytest.raises(error, match=word):
-        CostTrackedChatModel(**options)
-
-
-# -- strict holds up to each member's own output cap -----------------------------------------
-
-
-async def held_by(
-    model: CostTrackedChatModel, ledger: SqlCostLedger, server: FaultInjectingServer, **call: Any
-) -> Decimal:
-    """The strict hold of one call, read from the ledger while the provider hangs on it."""
-    task = asyncio.create_task(model.ainvoke("x", **call))
-    while not server.requests:  # noqa: ASYNC110 - the server's record, polled
-        await asyncio.sleep(0.005)
-    held = ledger.spend("day")
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert ledger.spend("day") == 0  # the hold of the cancelled call is released
-    return held
-
-
-def worst_case(output_tokens: int, price: ModelPrice) -> Decimal:
-    prompt = count_message_tokens([("human", "x")])
-    return (prompt * price.input_per_mtok + output_tokens * price.output_per_mtok) / 10**6
-
-
-MINI, SONNET = ModelPrice("0.15", "0.60"), ModelPrice(3, 15)
-
-
-async def test_a_strict_hold_covers_a_real_member_allowed_8000_output_tokens_at_its_price(
-    tmp_path: Path,
-) -> None:
-    with FaultInjectingServer(default_fault=Fault.hang()) as server:
-        chain = FallbackChatModel(
-            models=[
-                ChatOpenAI(  # no max_tokens: its profile's documented maximum applies
-                    model="gpt-4o-mini", base_url=server.openai_base_url, api_key="t"
-                ),  # type: ignore[arg-type]
-                ChatAnthropic(  # never called: constructed for its cap and price only
-                    model="claude-sonnet-4-5",
-                    base_url=server.anthropic_base_url,
-                    api_key="t",
-                    max_tokens=8000,
-                ),  # type: ignore[call-arg]
-            ]
-        )
-        prices = {"gpt-4o-mini": MINI, "claude-sonnet-4-5": SONNET}
-        model, ledger = sql_tracked(tmp_path, chain, strict=True, prices=prices)
-        held = await held_by(model, ledger, server)
-    # 8,000 output tokens at the Anthropic member's price, the dearest combination; the
-    # old default (4,096 tokens at the dearest price) would have held about half.
-    assert held == worst_case(8000, SONNET)
-    assert held > worst_case(DEFAULT_MAX_OUTPUT_TOKENS, SONNET)
-
-
-@pytest.mark.parametrize(
-    ("options", "call", "expected"),
-    [
-        ({}, {}, "profile"),
-        ({"max_completion_tokens": 8000}, {}, 8000),
-        ({"max_tokens": 8000}, {"max_tokens": 100}, 100),
-    ],
-    ids=["profile-maximum", "own-max-completion-tokens", "call-max-tokens-wins"],
-)
-async def test_a_real_openai_models_hold_is_its_own_output_cap(
-    tmp_path: Path, options: dict[str, Any], call: dict[str, Any], expected: Any
-) -> None:
-    with FaultInjectingServer(default_fault=Fault.hang()) as server:
-        openai = ChatOpenAI(
-            model="gpt-4o-mini", base_url=server.openai_base_url, api_key="t", **options
-        )  # type: ignore[arg-type]
-        model, ledger = sql_tracked(tmp_path, openai, strict=True, prices={"gpt-4o-mini": MINI})
-        held = await held_by(model, ledger, server, **call)
-    if expected == "profile":
-        assert openai.profile is not None
-        expected = openai.profile["max_output_tokens"]
-        assert expected > DEFAULT_MAX_OUTPUT_TOKENS
-    assert held == worst_case(expected, MINI)
+# Ledger failures, bad options, the embeddings layer and strict holds up to each real
+# member's own output cap (its profile's maximum without one), for both adapters:
+# tests/behaviour/test_cost.py.
 
 
 def test_a_cost_tracked_model_dumps_to_json_with_its_prices_and_limits_as_exact_text(

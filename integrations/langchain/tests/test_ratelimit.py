@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from langchain_core.runnables import RunnableBinding
 from langchain_core.tools import tool
 from pydantic import BaseModel
 
-from langchain_llm_resilience import RateLimitedChatModel, RateLimitedEmbeddings
+from langchain_llm_resilience import RateLimitedChatModel
 from langchain_llm_resilience.testing import ScriptedChatModel
 from llm_resilience import TokenBucketRateLimiter
 
@@ -80,6 +79,5 @@ def test_tools_and_structured_output_pass_through_and_still_take_permits() -> No
     assert len(limiter.acquired) == 2
 
 
-def test_embeddings_reject_an_inner_that_is_not_embeddings() -> None:
-    with pytest.raises(TypeError, match="inner"):
-        RateLimitedEmbeddings(inner="text-embedding-3-small", requests_per_minute=60)  # type: ignore[arg-type]
+# An inner of the wrong kind, for both adapters and both layers:
+# tests/behaviour/test_ratelimit.py.

@@ -34,9 +34,9 @@ from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_er
 from pydantic import BaseModel, Field, PrivateAttr
 
 from llm_resilience import BudgetExceededError, CostBudget
-from llm_resilience.budget import DEFAULT_MAX_OUTPUT_TOKENS, ModelPrice
+from llm_resilience.budget import ModelPrice
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
-from llm_resilience.testing import Fault, FaultInjectingServer
+from llm_resilience.testing import FaultInjectingServer
 from llm_resilience.tokens import count_message_tokens, count_tokens
 
 CHAT = ["chat", "achat", "stream_chat", "astream_chat"]
@@ -670,62 +670,10 @@ async def test_every_embedding_request_is_recorded_once_as_an_estimate(
     assert [entry.cost for entry in recorded] == [Decimal(n) / 1000 for n in expected]
 
 
-def test_an_embedding_model_without_a_name_records_no_model_as_in_langchain() -> None:
-    inner = MockEmbedding(embed_dim=3)  # LlamaIndex names it "unknown"
-    model = CostTrackedEmbedding(
-        inner=inner, budget=CostBudget(daily_limit=10), ledger=InMemoryCostLedger()
-    )
-    model.get_text_embedding("hello")
-    [entry] = entries(model)
-    assert inner.model_name == "unknown"
-    assert entry.model is None
-
-
-class CountingEmbedding(MockEmbedding):
-    _requests: int = PrivateAttr(default=0)
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        self._requests += 1
-        return self._get_vector()
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        self._requests += 1
-        return self._get_vector()
-
-
-@pytest.mark.parametrize("shape", ["query", "aquery", "batch", "abatch"])
-async def test_a_spent_embedding_budget_never_reaches_the_inner_model(shape: str) -> None:
-    inner = CountingEmbedding(embed_dim=3)
-    model = CostTrackedEmbedding(inner=inner, budget=KILL_SWITCH, ledger=InMemoryCostLedger())
-
-    with pytest.raises(BudgetExceededError):
-        await embed(model, shape)
-
-    assert inner._requests == 0
-    assert entries(model) == []
-
-
 # -- options -------------------------------------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"budget": {"daily_limit": 1}}, "budget must be a CostBudget\\(\\.\\.\\.\\)"),
-        ({"budget": BUDGET, "scope": 7}, "scope must be text or None"),
-    ],
-)
-@pytest.mark.parametrize("layer", [CostTrackedLLM, CostTrackedEmbedding])
-def test_bad_options_raise_a_type_error_naming_them(
-    layer: type[Any], options: dict[str, Any], message: str
-) -> None:
-    inner = FakeFunctionCallingLLM() if layer is CostTrackedLLM else MockEmbedding(embed_dim=2)
-
-    with pytest.raises(TypeError, match=message):
-        layer(inner=inner, **options)
+# Bad options of both layers, a nameless embedding model and a spent embeddings budget,
+# for both adapters: tests/behaviour/test_cost.py.
 
 
 def test_a_bad_per_call_budget_scope_is_refused_before_the_inner_call() -> None:
@@ -812,52 +760,5 @@ async def test_a_real_openai_llm_records_its_reported_usage_or_an_estimate(
         assert entry.output_tokens == count_tokens("Paris is the capital of France.")
 
 
-# -- strict holds up to each member's own output cap -----------------------------------------
-
-
-async def held_by(llm: CostTrackedLLM, server: FaultInjectingServer, **call: Any) -> Decimal:
-    """The strict hold of one call, read from the ledger while the provider hangs on it."""
-    task = asyncio.create_task(llm.achat(MESSAGES, **call))
-    while not server.requests:  # noqa: ASYNC110 - the server's record, polled
-        await asyncio.sleep(0.005)
-    held: Decimal = llm.ledger.spend("day")
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert llm.ledger.spend("day") == 0  # the hold of the cancelled call is released
-    return held
-
-
-def worst_case(output_tokens: int, price: ModelPrice) -> Decimal:
-    prompt = count_message_tokens(PROMPT)
-    return (prompt * price.input_per_mtok + output_tokens * price.output_per_mtok) / 10**6
-
-
-GPT_4O, MINI = ModelPrice("2.50", 10), ModelPrice(1, 10)
-
-
-@pytest.mark.parametrize(
-    ("call", "output_tokens", "price"),
-    [({}, 8000, MINI), ({"max_tokens": 100}, 100, GPT_4O)],
-    ids=["members-own-caps", "call-max-tokens-caps-every-member"],
-)
-async def test_a_strict_hold_covers_a_real_member_allowed_8000_output_tokens_at_its_price(
-    tmp_path: Path, call: dict[str, Any], output_tokens: int, price: ModelPrice
-) -> None:
-    openai_llms = pytest.importorskip("llama_index.llms.openai")
-    with FaultInjectingServer(default_fault=Fault.hang()) as hanging:
-        options = {"api_base": hanging.openai_base_url, "api_key": "t", "max_retries": 0}
-        chain = FallbackLLM(
-            llms=[
-                openai_llms.OpenAI(model="gpt-4o", **options),  # no cap: 4,096 assumed
-                openai_llms.OpenAI(model="gpt-4o-mini", max_tokens=8000, **options),  # not called
-            ]
-        )
-        budget = CostBudget(
-            daily_limit=10, strict=True, prices={"gpt-4o": GPT_4O, "gpt-4o-mini": MINI}
-        )
-        held = await held_by(sql_tracked(tmp_path, chain, budget=budget), hanging, **call)
-    # Without a call cap, 8,000 tokens at the second member's price is the dearest
-    # combination; the old default (4,096 tokens at the dearest price) held about half.
-    assert held == worst_case(output_tokens, price)
-    assert worst_case(8000, MINI) > worst_case(DEFAULT_MAX_OUTPUT_TOKENS, GPT_4O)
+# The strict hold of a fallback whose real members have caps of their own, for both
+# adapters: tests/behaviour/test_cost.py.

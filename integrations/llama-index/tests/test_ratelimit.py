@@ -399,15 +399,10 @@ def test_the_inner_llms_own_rate_limiter_still_applies() -> None:
     assert own.acquired == [(0, "chat")]
 
 
-# -- options -------------------------------------------------------------------------------
-
-
-def test_an_inner_that_is_not_an_llm_is_refused() -> None:
-    with pytest.raises(TypeError, match="inner must be a LlamaIndex LLM"):
-        RateLimitedLLM(inner=MockEmbedding(embed_dim=2), requests_per_minute=60)  # type: ignore[arg-type]
-
-
 # -- embeddings ----------------------------------------------------------------------------
+
+# A refused permit and an inner of the wrong kind, for both adapters and both layers:
+# tests/behaviour/test_ratelimit.py.
 
 
 async def embed(model: Any, shape: str) -> list[list[float]]:
@@ -442,17 +437,6 @@ async def test_an_embedding_call_takes_one_permit_per_provider_request(
     assert limiter.acquired == [(0, "embedding")] * requests
     assert inner.requests == requests
     assert recorder.count("EmbeddingStartEvent") == recorder.count("EmbeddingEndEvent") == requests
-
-
-@pytest.mark.parametrize("shape", ["query", "aquery", "batch", "abatch"])
-async def test_a_refused_embedding_permit_never_reaches_the_inner_model(shape: str) -> None:
-    inner = CountingEmbedding(embed_dim=3)
-    model = RateLimitedEmbedding(inner=inner, limiter=SpyLimiter(error=RateLimitQueueFullError(1)))
-
-    with pytest.raises(RateLimitQueueFullError):
-        await embed(model, shape)
-
-    assert inner.requests == 0
 
 
 def test_the_embedding_layer_keeps_the_inner_models_name_and_batch_size() -> None:

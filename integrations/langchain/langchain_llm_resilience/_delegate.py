@@ -381,6 +381,16 @@ class DelegatingChatModel(BaseChatModel, WrapsOne):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
+    def __init__(self, **data: Any) -> None:
+        inner = data.get("inner")
+        if not isinstance(inner, BaseChatModel):
+            # pydantic's ValidationError would not say what a layer wraps.
+            raise TypeError(
+                "inner must be a LangChain chat model (BaseChatModel); got "
+                f"{type(inner).__module__}.{type(inner).__qualname__}"
+            )
+        super().__init__(**data)
+
     # -- what subclasses define ---------------------------------------------------------
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> Any:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -46,3 +48,33 @@ def redis_url() -> str:
     """URL of the test Redis database (skips, or fails under CI)."""
     _require("Redis", "127.0.0.1", 6379)
     return REDIS_URL
+
+
+#: LangChain's provider packages keep one HTTP client per base URL for the whole process
+#: (``functools.lru_cache``). Tests start a fault server per test on an ephemeral port, and
+#: pytest-asyncio runs each test in an event loop of its own: when a port comes round again,
+#: the cached async client still holds keep-alive connections opened in an earlier test's
+#: (closed) loop to an earlier server, and its next request fails with a connection error.
+#: A process with one loop and one provider never meets this; the suite empties the caches
+#: after each test.
+_CACHED_CLIENTS = {
+    "langchain_anthropic._client_utils": (
+        "_get_default_httpx_client",
+        "_get_default_async_httpx_client",
+    ),
+    "langchain_openai.chat_models._client_utils": (
+        "_cached_sync_httpx_client",
+        "_cached_async_httpx_client",
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_http_client_shared_across_tests() -> Iterator[None]:
+    yield
+    for module_name, names in _CACHED_CLIENTS.items():
+        module = sys.modules.get(module_name)
+        for name in names:
+            cached = getattr(module, name, None)
+            if cached is not None and hasattr(cached, "cache_clear"):
+                cached.cache_clear()

@@ -17,6 +17,12 @@ Usage(input_tokens=12, output_tokens=30, estimated=False)
 * Embeddings: always estimated over the input texts; output is 0.
 * Counts as providers send them (:func:`token_count`): an int >= 0, never a bool; a
   whole float only where an SDK declares its counts floats (Cohere's billed units).
+* Steps a provider bills apart from its top-level counts (:func:`billed_apart`):
+  Anthropic's server-side compaction, whose summarising step is an entry of
+  ``usage.iterations``; adapters hand the provider's raw usage to
+  :func:`with_billed_apart`, which adds them to the reported counts. An answer that
+  shows a compaction's summary but no such step (a framework that drops the raw
+  usage) has the step estimated (:func:`with_unreported_compaction`).
 * A call's output cap (:func:`output_cap`), for a strict budget's hold and a token
   limiter's weight alike: the call's own ``max_tokens``, ``max_completion_tokens`` or
   ``max_output_tokens``, else the cap the model states (:func:`model_output_cap`).
@@ -37,11 +43,13 @@ from llm_resilience import checks
 from llm_resilience.tokens import count_message_tokens, count_tokens
 
 __all__ = [
+    "BILLED_APART",
     "DETAIL_FIELDS",
     "OUTPUT_CAP_NAMES",
     "StreamUsage",
     "TokenDetails",
     "Usage",
+    "billed_apart",
     "chat_usage",
     "embedding_usage",
     "estimate_request_tokens",
@@ -51,6 +59,8 @@ __all__ = [
     "partial_stream_usage",
     "reported_usage",
     "token_count",
+    "with_billed_apart",
+    "with_unreported_compaction",
 ]
 
 #: The names of an output cap, as a call's keyword and as a model's field: OpenAI's
@@ -400,6 +410,167 @@ def reported_usage(
     for name in DETAIL_FIELDS:
         assign(usage, name, getattr(fitted, name))
     return usage
+
+
+#: The ``type`` of each ``usage.iterations`` entry a provider bills on top of its
+#: top-level counts: Anthropic's server-side compaction (the summarising step).
+BILLED_APART = ("compaction",)
+
+
+def billed_apart(provider_usage: object) -> Usage | None:
+    """What ``provider_usage`` bills on top of its top-level counts, or None when nothing.
+
+    ``provider_usage`` is the provider's own usage report, as its SDK or framework hands
+    it over (a mapping or an SDK object). Anthropic's server-side compaction summarises
+    the conversation in a sampling step of its own before the answer: ``iterations``
+    lists each step, the ``"compaction"`` entries first and then the answer's
+    ``"message"`` entry, and the top-level counts are those of the steps that are not
+    compaction (Anthropic's docs: the top-level input and output tokens exclude the
+    compaction iteration's; the total is the sum over the iterations). So the bill is
+    the top-level counts plus every entry of a type in :data:`BILLED_APART`, which
+    equals the sum over the iterations when they list the message step too, and stays
+    right when they do not. Other entries are left alone: a ``"message"`` step is in
+    the top-level counts already, an advisor's sub-inference (``"advisor_message"``)
+    runs on another model at that model's prices, and a server-side fallback's
+    (``"fallback_message"``) stands for the step that served.
+
+    Each entry's input is its ``input_tokens`` plus its cache reads and writes, as
+    :class:`Usage` counts input (the writes split by lifetime in ``cache_creation``
+    when it says so); an entry without an input and an output count is skipped.
+
+    >>> billed_apart({"input_tokens": 229, "output_tokens": 5, "iterations": [
+    ...     {"type": "compaction", "input_tokens": 100, "output_tokens": 131,
+    ...      "cache_read_input_tokens": 0, "cache_creation_input_tokens": 55096},
+    ...     {"type": "message", "input_tokens": 229, "output_tokens": 5}]})
+    Usage(input_tokens=55196, output_tokens=131, estimated=False, cache_read_tokens=0, \
+cache_write_tokens=55096)
+    >>> billed_apart({"input_tokens": 229, "output_tokens": 5}) is None
+    True
+    """
+    iterations = _field(provider_usage, "iterations")
+    if not isinstance(iterations, Sequence) or isinstance(iterations, str | bytes):
+        return None
+    billed: Usage | None = None
+    for step in iterations:
+        if _field(step, "type") not in BILLED_APART:
+            continue
+        plain = token_count(_field(step, "input_tokens"))
+        output = token_count(_field(step, "output_tokens"))
+        if plain is None or output is None:
+            continue
+        read, written, written_1h = _cache_counts(step)
+        before = billed if billed is not None else Usage(0, 0, estimated=False)
+        billed = Usage(
+            before.input_tokens + plain + (read or 0) + (written or 0),
+            before.output_tokens + output,
+            estimated=False,
+            cache_read_tokens=_plus(before.cache_read_tokens, read),
+            cache_write_tokens=_plus(before.cache_write_tokens, written),
+            cache_write_1h_tokens=_plus(before.cache_write_1h_tokens, written_1h),
+        )
+    return billed
+
+
+def with_billed_apart(
+    reported_input: int | None,
+    reported_output: int | None,
+    details: TokenDetails | None,
+    provider_usage: object,
+) -> tuple[int | None, int | None, TokenDetails | None]:
+    """The reported counts with what ``provider_usage`` bills apart added to them
+    (:func:`billed_apart`): the counts an adapter then reads as the provider's report.
+
+    ``reported_input`` (cache reads and writes included, as :class:`Usage` counts it),
+    ``reported_output`` and ``details`` are the top-level counts as the adapter read
+    them; each gets the compaction steps' own. A count that was not reported stays
+    None, so a report without its top-level counts is still no report. Without
+    anything billed apart the three come back as given.
+
+    >>> usage = {"iterations": [{"type": "compaction", "input_tokens": 100,
+    ...     "output_tokens": 131, "cache_creation_input_tokens": 55096}]}
+    >>> with_billed_apart(229, 5, None, usage)
+    (55425, 136, TokenDetails(cache_read_tokens=None, cache_write_tokens=55096, \
+cache_write_1h_tokens=None, reasoning_tokens=None))
+    """
+    extra = billed_apart(provider_usage) if provider_usage is not None else None
+    if extra is None:
+        return reported_input, reported_output, details
+    now = details if details is not None else _NO_DETAILS
+    combined = TokenDetails(
+        _plus(now.cache_read_tokens, extra.cache_read_tokens),
+        _plus(now.cache_write_tokens, extra.cache_write_tokens),
+        _plus(now.cache_write_1h_tokens, extra.cache_write_1h_tokens),
+        now.reasoning_tokens,
+    )
+    added_in = reported_input + extra.input_tokens if _is_count(reported_input) else None
+    added_out = reported_output + extra.output_tokens if _is_count(reported_output) else None
+    return added_in, added_out, combined
+
+
+def with_unreported_compaction(
+    usage: Usage,
+    *,
+    prompt: Sequence[tuple[str, str]],
+    summaries: Sequence[str],
+    provider_usage: object = None,
+) -> Usage:
+    """``usage`` with the compaction steps it leaves out estimated, flagged ``estimated``.
+
+    ``summaries`` are the texts of the compaction blocks the answer carried (one per
+    summarising step; ``""`` for a block without text), ``provider_usage`` the raw usage
+    the adapter has, if any. When the answer carried none, or ``provider_usage`` reports
+    the steps (:func:`billed_apart`: they are in the counts already), ``usage`` comes back
+    as it is. Otherwise the framework dropped the steps' counts (langchain-anthropic's
+    stream chunks keep only the top-level ones): each step is estimated with
+    ``cl100k_base``, its input as the prompt's tokens (the step summarises the
+    conversation sent) and its output as its summary's. Whatever the step wrote to or
+    read from the cache is not known, so it is priced as plain input: an estimate, not
+    the bill, but not the step left out.
+
+    >>> with_unreported_compaction(Usage(229, 5, False), prompt=[("user", "hello world")],
+    ...     summaries=["The user said hello."])
+    Usage(input_tokens=238, output_tokens=10, estimated=True)
+    """
+    if not summaries or billed_apart(provider_usage) is not None:
+        return usage
+    return Usage(
+        usage.input_tokens + len(summaries) * count_message_tokens(prompt),
+        usage.output_tokens + sum(count_tokens(summary) for summary in summaries),
+        estimated=True,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        cache_write_1h_tokens=usage.cache_write_1h_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+    )
+
+
+def _cache_counts(step: object) -> tuple[int | None, int | None, int | None]:
+    """An Anthropic usage's cache reads, writes and one-hour writes (None: not said)."""
+    read = token_count(_field(step, "cache_read_input_tokens"))
+    written = token_count(_field(step, "cache_creation_input_tokens"))
+    lifetimes = _field(step, "cache_creation")
+    five_minutes = token_count(_field(lifetimes, "ephemeral_5m_input_tokens"))
+    one_hour = token_count(_field(lifetimes, "ephemeral_1h_input_tokens"))
+    by_lifetime = (five_minutes or 0) + (one_hour or 0)
+    if by_lifetime > 0:
+        return read, by_lifetime, one_hour
+    return read, written, None
+
+
+def _plus(current: int | None, more: int | None) -> int | None:
+    """Two optional counts added; None only when neither was reported."""
+    if current is None and more is None:
+        return None
+    return (current or 0) + (more or 0)
+
+
+def _field(container: object, key: str) -> object:
+    """``container[key]`` of a mapping, else its attribute ``key``; None when absent."""
+    if container is None:
+        return None
+    if isinstance(container, Mapping):
+        return container.get(key)
+    return getattr(container, key, None)
 
 
 def _is_count(value: int | None) -> TypeGuard[int]:

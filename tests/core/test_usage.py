@@ -11,11 +11,16 @@ from llm_resilience.money import cost_of
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import (
     StreamUsage,
+    TokenDetails,
     Usage,
+    billed_apart,
     chat_usage,
     embedding_usage,
     estimate_request_tokens,
     partial_stream_usage,
+    reported_usage,
+    with_billed_apart,
+    with_unreported_compaction,
 )
 
 PROMPT = [("system", "Be brief."), ("user", "What is the capital of France?")]
@@ -148,3 +153,126 @@ def test_streamed_usage_ignores_what_is_not_a_count() -> None:
     assert (usage.input_tokens, usage.output_tokens) == (None, None)
     usage.add(0, 5)
     assert (usage.input_tokens, usage.output_tokens) == (0, 5)
+
+
+# -- steps billed apart from the top-level counts (Anthropic's compaction) -------------------
+
+# A recorded compacted call: the top-level counts are the answer's own step (229 in, 5 out);
+# the summarising step before it read 100 tokens and wrote 55,096 to the cache, then wrote
+# 131 tokens of summary.
+COMPACTION = {
+    "type": "compaction",
+    "input_tokens": 100,
+    "output_tokens": 131,
+    "cache_read_input_tokens": 0,
+    "cache_creation_input_tokens": 55_096,
+    "cache_creation": {"ephemeral_5m_input_tokens": 55_096, "ephemeral_1h_input_tokens": 0},
+}
+MESSAGE_STEP = {
+    "type": "message",
+    "input_tokens": 229,
+    "output_tokens": 5,
+    "cache_read_input_tokens": 0,
+    "cache_creation_input_tokens": 0,
+}
+COMPACTED = {
+    "input_tokens": 229,
+    "output_tokens": 5,
+    "cache_read_input_tokens": 0,
+    "cache_creation_input_tokens": 0,
+    "iterations": [COMPACTION, MESSAGE_STEP],
+}
+SONNET = ModelPrice(3, 15, cache_read_price_per_mtok="0.30", cache_write_price_per_mtok="3.75")
+
+
+def test_a_compaction_step_in_the_iterations_is_billed_on_top_of_the_top_level_counts() -> None:
+    counts = with_billed_apart(229, 5, TokenDetails(0, 0), COMPACTED)
+    usage = reported_usage(*counts[:2], prompt=PROMPT, details=counts[2])
+
+    assert usage == Usage(
+        55_425, 136, False, cache_read_tokens=0, cache_write_tokens=55_096, cache_write_1h_tokens=0
+    )
+    # 329 uncached x $3 + 55,096 written x $3.75 + 136 out x $15, per million tokens:
+    # 275 times the 0.000762 the top-level counts alone cost.
+    assert cost_of(usage, SONNET) == Decimal("0.209637")
+    assert cost_of(Usage(229, 5, False), SONNET) == Decimal("0.000762")
+
+
+def test_the_bill_is_the_sum_over_the_iterations_when_they_list_the_message_step() -> None:
+    extra = billed_apart(COMPACTED)
+    assert extra is not None
+    steps = [COMPACTION, MESSAGE_STEP]
+    assert 229 + extra.input_tokens == sum(
+        step["input_tokens"] + step["cache_creation_input_tokens"] for step in steps
+    )
+    assert 5 + extra.output_tokens == sum(step["output_tokens"] for step in steps)
+
+
+def test_only_compaction_steps_are_added_never_the_message_advisor_or_fallback_steps() -> None:
+    others = [
+        MESSAGE_STEP,
+        {**MESSAGE_STEP, "type": "advisor_message", "model": "claude-opus-4-6"},
+        {**MESSAGE_STEP, "type": "fallback_message", "model": "claude-sonnet-4-5"},
+    ]
+    assert billed_apart({**COMPACTED, "iterations": others}) is None
+    assert with_billed_apart(229, 5, None, {"iterations": others}) == (229, 5, None)
+    assert with_billed_apart(229, 5, None, {"input_tokens": 229, "output_tokens": 5}) == (
+        229,
+        5,
+        None,
+    )
+
+
+def test_an_on_demand_compaction_with_zero_top_level_counts_is_still_a_report() -> None:
+    # On-demand compaction reports 0 at the top level: with the step added it is a report,
+    # not the "0 means missing" of an integration that fills a gap with 0.
+    counts = with_billed_apart(0, 0, None, {"iterations": [COMPACTION]})
+    usage = reported_usage(*counts[:2], prompt=PROMPT, details=counts[2])
+    assert usage == Usage(
+        55_196, 131, False, cache_read_tokens=0, cache_write_tokens=55_096, cache_write_1h_tokens=0
+    )
+
+
+def test_compaction_steps_are_read_from_sdk_objects_and_add_up_with_their_lifetimes() -> None:
+    class Step:  # an SDK model: attributes, not keys
+        type = "compaction"
+        input_tokens, output_tokens = 10, 20
+        cache_read_input_tokens, cache_creation_input_tokens = 300, 0
+        cache_creation = {"ephemeral_5m_input_tokens": 40, "ephemeral_1h_input_tokens": 60}
+
+    class Report:
+        iterations = [Step(), Step(), {"type": "compaction", "input_tokens": "n/a"}]
+
+    assert billed_apart(Report()) == Usage(
+        820, 40, False, cache_read_tokens=600, cache_write_tokens=200, cache_write_1h_tokens=120
+    )
+
+
+def test_a_count_not_reported_at_the_top_level_stays_unreported() -> None:
+    assert with_billed_apart(None, 5, None, COMPACTED)[:2] == (None, 136)
+
+
+def test_a_summary_without_its_steps_counts_is_estimated_from_the_prompt_and_the_summary() -> None:
+    # langchain-anthropic's stream chunks keep the top-level counts and the summary block.
+    reported = Usage(229, 5, False, cache_read_tokens=20)
+    summary = "The user asked about the renewal clause."
+
+    usage = with_unreported_compaction(reported, prompt=PROMPT, summaries=[summary])
+
+    assert usage == Usage(
+        229 + count_message_tokens(PROMPT),
+        5 + count_tokens(summary),
+        estimated=True,
+        cache_read_tokens=20,
+    )
+    # Two compactions, two steps; and nothing to estimate where the steps are reported
+    # or no summary came.
+    twice = with_unreported_compaction(reported, prompt=PROMPT, summaries=[summary, ""])
+    assert twice.input_tokens == 229 + 2 * count_message_tokens(PROMPT)
+    assert (
+        with_unreported_compaction(
+            reported, prompt=PROMPT, summaries=[summary], provider_usage=COMPACTED
+        )
+        == reported
+    )
+    assert with_unreported_compaction(reported, prompt=PROMPT, summaries=[]) is reported

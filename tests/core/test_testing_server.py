@@ -196,6 +196,101 @@ async def test_async_anthropic_client_gets_the_reply_and_the_stream(
 # -- tool calls --------------------------------------------------------------------------
 
 
+def compacted_steps(usage: Any) -> list[tuple[str, int, int, int, int]]:
+    """Each ``usage.iterations`` entry: type, input, output, cache writes, cache reads."""
+    return [
+        (
+            step.type,
+            step.input_tokens,
+            step.output_tokens,
+            step.cache_creation_input_tokens,
+            step.cache_read_input_tokens,
+        )
+        for step in usage.iterations
+    ]
+
+
+def test_a_compacted_answer_reports_its_summarising_step_apart_as_the_beta_sdk_reads_it(
+    server: FaultInjectingServer,
+) -> None:
+    server.script(
+        Fault.compacted(input_tokens=100, output_tokens=131, cache_write_5m=55_096, summary="S.")
+    )
+    message = anthropic_client(server).beta.messages.create(
+        model="claude-sonnet-4-6", max_tokens=64, messages=ANTHROPIC_MESSAGES
+    )
+
+    assert [block.type for block in message.content] == ["compaction", "text"]
+    assert (message.content[0].content, message.content[1].text) == ("S.", REPLY)
+    # The top-level counts are the answer's step alone: the compaction is billed apart.
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (6, 6)
+    assert compacted_steps(message.usage) == [
+        ("compaction", 100, 131, 55_096, 0),
+        ("message", 6, 6, 0, 0),
+    ]
+    assert message.context_management.applied_edits == []
+
+
+def test_a_compacted_stream_opens_with_the_summary_step_and_ends_with_every_step(
+    server: FaultInjectingServer,
+) -> None:
+    server.script(Fault.compacted(input_tokens=100, output_tokens=131, cache_read=40))
+    with anthropic_client(server).beta.messages.stream(
+        model="claude-sonnet-4-6", max_tokens=64, messages=ANTHROPIC_MESSAGES
+    ) as stream:
+        events = list(stream)
+        message = stream.get_final_message()
+
+    start = events[0]
+    assert start.type == "message_start"
+    # The API's stream opens with the first sampling step's input: the summary's.
+    assert (start.message.usage.input_tokens, start.message.usage.cache_read_input_tokens) == (
+        100,
+        40,
+    )
+    assert [block.type for block in message.content] == ["compaction", "text"]
+    assert message.content[0].content == "Summary of the earlier conversation."
+    assert message.content[1].text == REPLY
+    assert compacted_steps(message.usage) == [
+        ("compaction", 100, 131, 0, 40),
+        ("message", 6, 6, 0, 0),
+    ]
+
+
+def test_a_compacted_answer_without_its_summary_keeps_the_steps_and_other_routes_ignore_it(
+    server: FaultInjectingServer,
+) -> None:
+    server.script(
+        Fault.compacted(input_tokens=1, output_tokens=2, summary=None),
+        Fault.compacted(input_tokens=1, output_tokens=2),
+    )
+    message = anthropic_client(server).beta.messages.create(
+        model="claude-sonnet-4-6", max_tokens=64, messages=ANTHROPIC_MESSAGES
+    )
+    assert [block.type for block in message.content] == ["text"]
+    assert compacted_steps(message.usage)[0] == ("compaction", 1, 2, 0, 0)
+
+    answer = ask_openai(openai_client(server))
+    assert answer.choices[0].message.content == REPLY
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"input_tokens": -1, "output_tokens": 2}, "input_tokens"),
+        ({"input_tokens": 1, "output_tokens": True}, "output_tokens"),
+        ({"input_tokens": 1, "output_tokens": 2, "cache_write_1h": 1.5}, "cache_write_1h"),
+    ],
+)
+def test_a_compaction_with_a_count_that_is_no_count_is_refused_naming_it(
+    options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        Fault.compacted(**options)
+    with pytest.raises(TypeError, match="summary"):
+        Fault.compacted(input_tokens=1, output_tokens=2, summary=True)  # type: ignore[arg-type]
+
+
 def test_openai_weather_question_with_tools_gets_a_call_to_the_first_tool(
     server: FaultInjectingServer,
 ) -> None:

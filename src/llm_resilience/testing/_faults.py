@@ -25,6 +25,7 @@ FaultKind = Literal[
     "prefill_rejected",
     "content_filtered",
     "error_event",
+    "compacted",
 ]
 
 
@@ -36,6 +37,8 @@ _FAULT_OPTIONS = (
     "seconds",
     "after_chunks",
     "delay_per_chunk",
+    "compaction",
+    "summary",
 )
 
 
@@ -55,6 +58,8 @@ class Fault:
     seconds: float | None = None
     after_chunks: int | None = None
     delay_per_chunk: float | None = None
+    compaction: Mapping[str, int] | None = field(default=None, compare=False)
+    summary: str | None = None
 
     def __repr__(self) -> str:
         # Only the options that are set, so a script reads like the calls that built it.
@@ -274,6 +279,51 @@ class Fault:
         if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
             raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
         return cls("error_event", status_code=code, after_chunks=after_chunks)
+
+    @classmethod
+    def compacted(
+        cls,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read: int = 0,
+        cache_write_5m: int = 0,
+        cache_write_1h: int = 0,
+        summary: str | None = "Summary of the earlier conversation.",
+    ) -> Fault:
+        """Answer normally after Anthropic's server-side compaction summarised the
+        conversation first (on the Anthropic route; every other route answers normally).
+
+        The summarising step is billed apart: the answer's ``usage.iterations`` lists it
+        as an entry of ``type: "compaction"`` with these counts (``cache_read``, and the
+        cache writes split by lifetime, each an int >= 0), followed by the ``"message"``
+        entry of the answer itself, whose counts the top-level usage repeats and which
+        leave the compaction out. The iterations come in the body and, for a stream, in
+        the final ``message_delta`` (its ``message_start`` reports the summarising step's
+        input, as the API's does). The answer's content opens with the ``compaction``
+        block the API sends, whose text is ``summary`` (a stream: ``content_block_start``
+        and one ``compaction_delta`` at index 0, the answer's text at index 1);
+        ``summary=None`` leaves the block out and keeps the usage, for clients that
+        cannot parse the block.
+
+        >>> Fault.compacted(input_tokens=100, output_tokens=131, cache_write_5m=55_096)
+        Fault(kind='compacted', compaction={'input_tokens': 100, 'output_tokens': 131, \
+'cache_read': 0, 'cache_write_5m': 55096, 'cache_write_1h': 0}, \
+summary='Summary of the earlier conversation.')
+        """
+        counts = {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cache_read": cache_read,
+            "cache_write_5m": cache_write_5m,
+            "cache_write_1h": cache_write_1h,
+        }
+        for option, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{option} must be an integer >= 0; got {value!r}")
+        if summary is not None and not isinstance(summary, str):
+            raise TypeError(f"summary must be a string or None; got {summary!r}")
+        return cls("compacted", compaction=counts, summary=summary)
 
     @classmethod
     def refuse(cls) -> Fault:

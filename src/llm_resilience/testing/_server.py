@@ -423,6 +423,8 @@ class _Handler(BaseHTTPRequestHandler):
             tool,
             filtered_after=filtered,
             details=usage_details_option(owner.usage_details),
+            compaction=fault.compaction if fault.kind == "compacted" else None,
+            summary=fault.summary,
         )
         delay = fault.delay_per_chunk or 0.0
         first_token_delay = (fault.seconds or 0.0) if fault.kind == "slow_first_token" else 0.0

@@ -2,7 +2,9 @@
 errors, answers, named SSE events from ``message_start`` to ``message_stop``.
 
 A final assistant message is a prefill: one ending in whitespace is refused with
-Anthropic's 400, as the API does.
+Anthropic's 400, as the API does. An answer after a compaction (``Fault.compacted``)
+reports the summarising step in ``usage.iterations`` and may open with its
+``compaction`` block.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ _ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
 }
 _TRAILING_WHITESPACE = "messages: final assistant content cannot end with trailing whitespace"
 _STOP = b"event: message_stop\n" + sse({"type": "message_stop"})
+# What a compacted answer's ``context_management`` says: compaction is no listed edit.
+_NO_EDITS: dict[str, Any] = {"applied_edits": []}
 
 
 def _event(data: dict[str, Any]) -> bytes:
@@ -61,7 +65,29 @@ def _usage(answer: Answer, output_tokens: int) -> dict[str, Any]:
     if answer.reasoning_tokens and output_tokens == answer.output_tokens:
         # Only with the final output count: the thinking is part of it.
         usage["output_tokens_details"] = {"thinking_tokens": answer.reasoning_tokens}
+    if answer.compaction is not None and output_tokens == answer.output_tokens:
+        # With the final counts only: the top-level counts are the message's alone.
+        message = {key: value for key, value in usage.items() if key != "output_tokens_details"}
+        usage["iterations"] = [
+            _compaction_iteration(answer.compaction),
+            {**message, "type": "message"},
+        ]
     return usage
+
+
+def _compaction_iteration(counts: Mapping[str, int]) -> dict[str, Any]:
+    five_minutes, one_hour = counts["cache_write_5m"], counts["cache_write_1h"]
+    return {
+        "type": "compaction",
+        "input_tokens": counts["input_tokens"],
+        "output_tokens": counts["output_tokens"],
+        "cache_creation_input_tokens": five_minutes + one_hour,
+        "cache_read_input_tokens": counts["cache_read"],
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": five_minutes,
+            "ephemeral_1h_input_tokens": one_hour,
+        },
+    }
 
 
 def _block(answer: Answer, *, streaming: bool) -> dict[str, Any]:
@@ -77,31 +103,53 @@ def _block(answer: Answer, *, streaming: bool) -> dict[str, Any]:
 
 def _message(answer: Answer, *, streaming: bool) -> dict[str, Any]:
     done = not streaming
-    return {
+    content = [_block(answer, streaming=False)]
+    if answer.summary is not None:
+        content.insert(0, {"type": "compaction", "content": answer.summary})
+    message = {
         "id": answer.id,
         "type": "message",
         "role": "assistant",
         "model": answer.model,
-        "content": [_block(answer, streaming=False)] if done else [],
+        "content": content if done else [],
         "stop_reason": answer.finish if done else None,
         "stop_sequence": None,
         "usage": _usage(answer, answer.output_tokens if done else 1),
     }
+    if answer.compaction is not None and done:
+        message["context_management"] = _NO_EDITS
+    elif answer.compaction is not None:
+        # A stream opens with the first sampling step's input, the summary's (as the API
+        # sends it); the final counts come in ``message_delta``.
+        opening = _compaction_iteration(answer.compaction)
+        opening["output_tokens"] = 1
+        del opening["type"]
+        message["usage"] = opening
+    return message
 
 
 def _events(answer: Answer) -> Iterator[tuple[bytes, Phase]]:
     message = _message(answer, streaming=True)
     yield _event({"type": "message_start", "message": message}), "head"
+    index = 0
+    if answer.summary is not None:
+        # The summary comes whole in one delta, before the answer's own block.
+        summary = {"type": "compaction", "content": None}
+        yield _event({"type": "content_block_start", "index": 0, "content_block": summary}), "head"
+        delta = {"type": "compaction_delta", "content": answer.summary}
+        yield _event({"type": "content_block_delta", "index": 0, "delta": delta}), "head"
+        yield _event({"type": "content_block_stop", "index": 0}), "head"
+        index = 1
     block = _block(answer, streaming=True)
-    yield _event({"type": "content_block_start", "index": 0, "content_block": block}), "head"
+    yield _event({"type": "content_block_start", "index": index, "content_block": block}), "head"
     yield _event({"type": "ping"}), "head"
     for piece in answer.pieces:
         if answer.tool is not None:
             delta = {"type": "input_json_delta", "partial_json": piece}
         else:
             delta = {"type": "text_delta", "text": piece}
-        yield _event({"type": "content_block_delta", "index": 0, "delta": delta}), "content"
-    yield _event({"type": "content_block_stop", "index": 0}), "tail"
+        yield _event({"type": "content_block_delta", "index": index, "delta": delta}), "content"
+    yield _event({"type": "content_block_stop", "index": index}), "tail"
     yield (
         _event(
             {
@@ -109,6 +157,7 @@ def _events(answer: Answer) -> Iterator[tuple[bytes, Phase]]:
                 "delta": {"stop_reason": answer.finish, "stop_sequence": None},
                 # Cumulative, as the API sends it now; LangChain reads input here.
                 "usage": _usage(answer, answer.output_tokens),
+                **({"context_management": _NO_EDITS} if answer.compaction is not None else {}),
             }
         ),
         "tail",

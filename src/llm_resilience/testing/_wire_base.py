@@ -279,10 +279,16 @@ class Answer:
         *,
         filtered_after: int | None = None,
         details: Mapping[str, int] | None = None,
+        compaction: Mapping[str, int] | None = None,
+        summary: str | None = None,
     ) -> None:
         self.wire = wire
         self.provider = wire.name
         self.details = dict(details or {})
+        #: The counts of a compaction step billed apart (``Fault.compacted``), or None.
+        self.compaction = dict(compaction) if compaction is not None else None
+        #: The text of the compaction block the answer opens with, or None (no block).
+        self.summary = summary if compaction is not None else None
         self.payload = payload
         self.tool = tool
         self.model = str(payload.get("model") or "fault-server-model")

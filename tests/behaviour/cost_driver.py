@@ -100,6 +100,34 @@ class LangChainCost:
 
     # -- real clients on a local server -----------------------------------------------
 
+    #: The call shapes in which :meth:`provider_client`'s Anthropic client fails on a
+    #: compacted answer: langchain-anthropic's stream, off the beta API, reads the
+    #: ``context_management`` of ``message_delta`` as an SDK object and it is a dict
+    #: (``AttributeError``).
+    compaction_breaks: ClassVar[tuple[str, ...]] = ("stream", "astream")
+    #: The same for :meth:`compacting_anthropic` (the beta API parses it).
+    compaction_beta_breaks: ClassVar[tuple[str, ...]] = ()
+    #: The call shapes whose answers reach the cost layer without Anthropic's raw usage
+    #: (langchain-anthropic's stream chunks keep only the top-level counts).
+    compaction_unreported: ClassVar[tuple[str, ...]] = ("stream", "astream")
+
+    def compacting_anthropic(self, server: Any, model: str) -> Any:
+        """The framework's Anthropic client for ``model`` with server-side compaction
+        switched on, as the framework's docs do it (the beta and its edit), on
+        ``server``."""
+        from langchain_anthropic import ChatAnthropic
+
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model_name=model,
+            base_url=server.anthropic_base_url,
+            api_key="sk-FAKE-anthropic",  # type: ignore[arg-type]
+            max_retries=0,
+            timeout=10,
+            stop=None,
+            betas=["compact-2026-01-12"],
+            context_management={"edits": [{"type": "compact_20260112"}]},
+        )
+
     def provider_client(self, provider: str, server: Any, model: str) -> Any:
         """The framework's own client of ``provider`` (``anthropic``, ``openai``,
         ``bedrock``, ``groq``) for ``model``, talking to ``server`` (a
@@ -501,6 +529,29 @@ class LlamaIndexCost:
         from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
         return model.chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kwargs)
+
+    #: llama-index-llms-anthropic's chat reads the compaction block as a text block
+    #: without text (pydantic's ``ValidationError``), beta header or not.
+    compaction_breaks: ClassVar[tuple[str, ...]] = ("call", "acall")
+    compaction_beta_breaks: ClassVar[tuple[str, ...]] = ("call", "acall")
+    #: Every answer keeps its raw usage (``raw["usage"]``, a stream's last chunk's too).
+    compaction_unreported: ClassVar[tuple[str, ...]] = ()
+
+    def compacting_anthropic(self, server: Any, model: str) -> Any:
+        from llama_index.llms.anthropic import Anthropic
+
+        # The integration has no beta option: the header and the edit go with each request.
+        return Anthropic(
+            model=model,
+            base_url=server.anthropic_base_url,
+            api_key="sk-FAKE-anthropic",
+            max_retries=0,
+            timeout=10,
+            additional_kwargs={
+                "extra_headers": {"anthropic-beta": "compact-2026-01-12"},
+                "extra_body": {"context_management": {"edits": [{"type": "compact_20260112"}]}},
+            },
+        )
 
     def provider_client(self, provider: str, server: Any, model: str) -> Any:
         if provider == "anthropic":

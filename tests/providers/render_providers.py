@@ -234,6 +234,53 @@ v1's `meta` (LlamaIndex's `Cohere` calls v1): `ChatCohere` puts `tokens` in a ca
 `meta.billed_units`. Cohere's answers name no model: the entry names the member that
 served. Cohere's `cached_tokens` (prompt tokens that hit its cache) reach neither
 framework, so no cache split is recorded for it.
+
+## Anthropic's compaction
+
+When Anthropic's server-side compaction summarises a conversation, the summary is a
+sampling step of its own, billed like any other, and the answer's top-level `usage`
+leaves it out. Reading of the API: `usage.iterations` lists every sampling step of the
+request, each with its own `input_tokens`, `output_tokens` and cache counts: first the
+`"compaction"` steps, then the answer's own `"message"` step, whose counts the top-level
+ones repeat (the SDK's `BetaCompactionIterationUsage` and `BetaMessageIterationUsage`;
+Anthropic's compaction docs say the top-level counts exclude the compaction step and the
+bill is the sum over the iterations; a recorded response has exactly those two steps).
+So the cost layers bill the top-level counts plus every `"compaction"` step
+(`llm_resilience.usage.billed_apart`): the sum over the iterations when they list the
+message step, and still right if they did not. The other step types are not added: an
+advisor's sub-inference (`"advisor_message"`) is another model at its own prices, and a
+server-side fallback's `"fallback_message"` stands for the step that served. A stream
+opens (`message_start`) with the summary step's input and ends (`message_delta`) with the
+answer's counts and the iterations; the final entry is the sum, never the opening count.
+
+`Fault.compacted(...)` makes the fault server answer so (a summary block first, the
+iterations in the body and in a stream's `message_delta`), and
+`tests/behaviour/test_cost.py` replays it through each framework's real client under
+the cost layer, in every call shape. What each client does with it (langchain-anthropic
+1.7, llama-index-llms-anthropic 0.12.3):
+
+- `ChatAnthropic` calls: the raw usage, iterations included, is in
+  `response_metadata["usage"]`: billed exactly.
+- `ChatAnthropic` streams through the beta API (`betas=["compact-2026-01-12"]`, as its
+  docs switch compaction on): they parse, but the chunks keep only the top-level counts
+  (`usage_metadata` of `message_delta`). The summary block does reach the chunks, so the
+  summarising step is estimated (`cl100k_base`: its input as the prompt, its output as
+  the summary; any cache writes priced as plain input) and the entry is marked
+  `estimated=True`. An estimate, much closer than the step left out.
+- `ChatAnthropic` streams without `betas`: the SDK's non-beta types keep the
+  `context_management` of `message_delta` as a plain dict, and
+  `_make_message_chunk_from_anthropic_event` calls `.model_dump()` on it: an
+  `AttributeError` from langchain-anthropic, at the end of every compacted stream.
+- LlamaIndex's `Anthropic` streams: the last chunk's `raw["usage"]` has the iterations:
+  billed exactly.
+- LlamaIndex's `Anthropic.chat`/`achat`: the non-beta SDK types read the compaction block
+  as a text block without text, and the integration's `TextBlock(text=None)` raises
+  pydantic's `ValidationError`, with the beta header or without. Its answer's raw usage
+  would be billed (the behaviour suite checks it on an answer without the block).
+
+Where the client fails, the cost layer does not hide or change it: the same exception
+type and message reach the caller as from the bare client, nothing is recorded and a
+strict hold is released (`test_a_client_that_cannot_parse_a_compacted_answer_fails_as_it_does_alone`).
 """
 
 _NOT_COVERED = """## Not covered yet

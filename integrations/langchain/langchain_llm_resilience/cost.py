@@ -35,6 +35,8 @@ from llm_resilience.usage import (
     partial_stream_usage,
     reported_usage,
     token_count,
+    with_billed_apart,
+    with_unreported_compaction,
 )
 
 __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
@@ -115,14 +117,54 @@ def _token_count(metadata: Any) -> dict[str, int] | None:
 _COUNT_KEYS = ("input_tokens", "output_tokens")
 
 
-def _reported(messages: list[BaseMessage], usage: Any) -> Usage | None:
-    """The provider's usage (an ``usage_metadata`` or None) if it is a report, else None."""
+def billed_counts(usage: Any, metadata: Any) -> tuple[int | None, int | None, TokenDetails | None]:
+    """The counts of a ``usage_metadata`` (or None), with what the provider's raw usage
+    bills apart added (:func:`~llm_resilience.usage.with_billed_apart`): langchain-anthropic
+    keeps that raw usage, Anthropic's compaction steps in its ``iterations`` included, in
+    a call's ``response_metadata["usage"]``."""
     counts = usage or {}
+    raw = metadata.get("usage") if isinstance(metadata, dict) else None
+    return with_billed_apart(
+        counts.get("input_tokens"), counts.get("output_tokens"), token_details(counts), raw
+    )
+
+
+def _summaries(*contents: Any) -> list[str]:
+    """The texts of the compaction blocks (Anthropic's summaries) in message contents, one
+    per block: a stream's chunks carry a block's text in pieces under its ``index``."""
+    found: dict[object, str] = {}
+    for content in contents:
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "compaction":
+                text = block.get("content")
+                key = block.get("index", len(found))
+                found[key] = found.get(key, "") + (text if isinstance(text, str) else "")
+    return list(found.values())
+
+
+def _with_summaries(usage: Usage, call: MeteredCall, contents: list[Any], metadata: Any) -> Usage:
+    """``usage`` with the compaction steps it leaves out estimated (langchain-anthropic's
+    stream chunks keep only the top-level counts): the core's rule."""
+    summaries = _summaries(*contents)
+    if not summaries:
+        return usage
+    raw = metadata.get("usage") if isinstance(metadata, dict) else None
+    return with_unreported_compaction(
+        usage, prompt=call.prompt, summaries=summaries, provider_usage=raw
+    )
+
+
+def _reported(messages: list[BaseMessage], usage: Any, metadata: Any = None) -> Usage | None:
+    """The provider's usage (an ``usage_metadata`` or None, and the answer's
+    ``response_metadata``) if it is a report, else None."""
+    reported_in, reported_out, details = billed_counts(usage, metadata)
     return reported_usage(
-        counts.get("input_tokens"),
-        counts.get("output_tokens"),
+        reported_in,
+        reported_out,
         prompt=_SOME_PROMPT if messages else (),
-        details=token_details(counts),
+        details=details,
     )
 
 
@@ -309,17 +351,17 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     def _usage(self, call: MeteredCall, messages: list[BaseMessage], message: BaseMessage) -> Usage:
         reported = getattr(message, "usage_metadata", None)
-        usage = _reported(messages, reported)
+        usage = _reported(messages, reported, message.response_metadata)
         if usage is None:  # estimated: only now are the prompt and the answer's text read
-            counts = reported or {}
+            reported_in, reported_out, details = billed_counts(reported, message.response_metadata)
             usage = chat_usage(
-                counts.get("input_tokens"),
-                counts.get("output_tokens"),
+                reported_in,
+                reported_out,
                 prompt=call.prompt,
                 response_text=message.text,
-                details=token_details(counts),
+                details=details,
             )
-        return usage
+        return _with_summaries(usage, call, [message.content], message.response_metadata)
 
     def _streamed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -331,7 +373,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         if parts is None:
             return None
         reported, metadata = parts
-        usage = _reported(messages, reported or _token_count(metadata))
+        usage = _reported(messages, reported or _token_count(metadata), metadata)
         return None if usage is None else (usage, metadata)
 
     def _end_stream(
@@ -342,7 +384,8 @@ class CostTrackedChatModel(DelegatingChatModel):
             super()._end_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        call.settle(read[0], named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
+        usage = _with_summaries(read[0], call, [c.message.content for c in chunks], read[1])
+        call.settle(usage, named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
 
     async def _aend_stream(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -352,21 +395,27 @@ class CostTrackedChatModel(DelegatingChatModel):
             await super()._aend_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        await call.asettle(read[0], named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
+        usage = _with_summaries(read[0], call, [c.message.content for c in chunks], read[1])
+        await call.asettle(usage, named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
 
     def _consumed(self, call: MeteredCall, chunks: list[ChatGenerationChunk]) -> tuple[Any, Any]:
         """What a stream closed early consumed (None: nothing to record), and its metadata."""
         merged = merge_chat_generation_chunks(chunks)
         message = merged.message if merged is not None else None
-        reported = getattr(message, "usage_metadata", None) or {}
+        metadata = message.response_metadata if message is not None else {}
+        reported_in, reported_out, details = billed_counts(
+            getattr(message, "usage_metadata", None), metadata
+        )
         usage = partial_stream_usage(
-            reported.get("input_tokens"),
-            reported.get("output_tokens"),
+            reported_in,
+            reported_out,
             prompt=call.prompt,
             deltas=[chunk.message.text for chunk in chunks],
-            details=token_details(reported),
+            details=details,
         )
-        return usage, message.response_metadata if message is not None else {}
+        if usage is not None:
+            usage = _with_summaries(usage, call, [c.message.content for c in chunks], metadata)
+        return usage, metadata
 
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
         call: MeteredCall = context

@@ -52,7 +52,7 @@ from langchain_llm_resilience._restart import (
     arestart_hook,
     restart_hook,
 )
-from langchain_llm_resilience.cost import token_details
+from langchain_llm_resilience.cost import billed_counts
 from llm_resilience.budget import served_model
 from llm_resilience.fallback import (
     Cooldown,
@@ -443,6 +443,7 @@ class FallbackChatModel(BaseChatModel, Probeable):
         prompt = [(message.type, message.text) for message in messages]
 
         def read(index: int, outcome: Any) -> tuple[Usage, str | None] | None:
+            metadata: dict[str, Any] = {}
             if isinstance(outcome, list):  # a stream's chunks; LangChain's usage adds up
                 usage = None
                 for chunk in outcome:
@@ -451,14 +452,11 @@ class FallbackChatModel(BaseChatModel, Probeable):
             else:  # a call's (index, ChatResult)
                 message: BaseMessage = outcome[1].generations[0].message
                 usage = getattr(message, "usage_metadata", None)
-                named = served_model(message.response_metadata.get("model_name"))
-            counts: dict[str, Any] = dict(usage or {})
-            reported = reported_usage(
-                counts.get("input_tokens"),
-                counts.get("output_tokens"),
-                prompt=prompt,
-                details=token_details(counts),
-            )
+                metadata = message.response_metadata
+                named = served_model(metadata.get("model_name"))
+            # With what the raw usage bills apart (Anthropic's compaction steps).
+            reported_in, reported_out, details = billed_counts(usage, metadata)
+            reported = reported_usage(reported_in, reported_out, prompt=prompt, details=details)
             if reported is None:
                 return None
             member = self.models[index]

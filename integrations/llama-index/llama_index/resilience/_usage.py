@@ -42,6 +42,11 @@ in its last chunk's ``raw.x_groq.usage`` without being asked (``stream_options``
 OpenAI's usage chunk too; the largest total counts, so never twice); its cached tokens
 and reasoning tokens are inside ``prompt_tokens``/``completion_tokens`` as OpenAI's.
 
+Anthropic's server-side compaction bills its summarising step apart from the counts
+above, as a ``"compaction"`` entry of ``usage.iterations``: the raw usage
+(``raw["usage"]`` of a call and of a stream's ``message_delta`` chunk) goes to the core
+(:func:`~llm_resilience.usage.with_billed_apart`), which adds it.
+
 The serving model is ``raw.model`` when the provider reports it.
 """
 
@@ -54,7 +59,7 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
 
 from llm_resilience.served import SERVED_BY_KEY
-from llm_resilience.usage import StreamUsage, TokenDetails, token_count
+from llm_resilience.usage import StreamUsage, TokenDetails, token_count, with_billed_apart
 
 __all__ = [
     "StreamTally",
@@ -122,14 +127,21 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
         places.append(_field(response.message.additional_kwargs, "usage"))
     places.append(_field(_event_data(response.raw), "usage"))
     partial: tuple[int | None, int | None] | None = gemini
+    found: tuple[int | None, int | None] = (None, None)
     for place in places:
         counts = _counts(place)
         if counts is None:
             continue
         if None not in counts:
-            return counts
+            found = counts
+            break
         partial = partial or counts
-    return partial or (None, None)
+    else:
+        found = partial or found
+    # Anthropic bills a compaction step in ``raw["usage"].iterations``, apart from the
+    # counts above: the core adds it.
+    billed_in, billed_out, _ = with_billed_apart(*found, None, _field(response.raw, "usage"))
+    return billed_in, billed_out
 
 
 def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
@@ -152,11 +164,9 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
     if isinstance(response, ChatResponse):
         places.append(_field(response.message.additional_kwargs, "usage"))
     places.append(_field(_event_data(response.raw), "usage"))
-    for place in places:
-        details = _details(place)
-        if details != _NONE:
-            return details
-    return _NONE
+    found = next((d for d in map(_details, places) if d != _NONE), _NONE)
+    _, _, billed = with_billed_apart(0, 0, found, _field(response.raw, "usage"))
+    return billed if billed is not None else _NONE
 
 
 def _groq_usage(response: ChatResponse | CompletionResponse) -> Any:

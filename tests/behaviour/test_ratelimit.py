@@ -11,6 +11,7 @@ from driver import PROMPT, STREAMS, Mode
 
 from llm_resilience.errors import RateLimitQueueFullError, RequestExceedsCapacityError
 from llm_resilience.ratelimit import TokenBucketRateLimiter
+from llm_resilience.testing import Fault, FaultInjectingServer
 from llm_resilience.usage import estimate_request_tokens
 
 
@@ -360,3 +361,25 @@ async def test_a_refused_embeddings_permit_never_reaches_the_inner_model(
         await driver.embed(embeddings, ["a", "b"], shape)
 
     assert inner.calls == 0
+
+
+async def test_a_compacted_answer_is_reconciled_with_its_summarising_step(
+    driver: Any, mode: Mode
+) -> None:
+    # Anthropic counts the compaction step against its token limits as it bills it: 55,425
+    # in and 136 out, of which the top-level counts say 229 and 5.
+    limiter = SpyLimiter(tokens_per_minute=1_000_000)
+    with FaultInjectingServer(reply="The contract renews every year.") as server:
+        summary = None if mode in driver.compaction_beta_breaks else "A summary."
+        server.script(
+            Fault.compacted(
+                input_tokens=100, output_tokens=131, cache_write_5m=55_096, summary=summary
+            )
+        )
+        inner = driver.compacting_anthropic(server, "claude-sonnet-4-5")
+        model = driver.rate_limited(inner, limiter=limiter)
+        await driver.run(model, mode, prompt=" ".join(["clause"] * 229), max_tokens=200)
+
+    [(_, actual)] = limiter.reconciled
+    # langchain-anthropic's stream chunks keep only the top-level counts.
+    assert actual == (234 if mode in driver.compaction_unreported else 55_561)

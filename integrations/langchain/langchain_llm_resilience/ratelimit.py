@@ -34,7 +34,7 @@ from llm_resilience.ratelimit import (
     request_weight,
     weighs_tokens,
 )
-from llm_resilience.usage import output_cap
+from llm_resilience.usage import output_cap, with_billed_apart
 
 __all__ = ["RateLimitedChatModel", "RateLimitedEmbeddings"]
 
@@ -127,11 +127,20 @@ class RateLimitedChatModel(DelegatingChatModel):
         if message is None or not self._reads_answer(context):
             return
         usage = getattr(message, "usage_metadata", None) or {}
+        metadata = message.response_metadata
+        # With what the raw usage bills apart (Anthropic's compaction steps): they count
+        # against the provider's token limits too.
+        reported_in, reported_out, _ = with_billed_apart(
+            usage.get("input_tokens"),
+            usage.get("output_tokens"),
+            None,
+            metadata.get("usage") if isinstance(metadata, dict) else None,
+        )
         reconcile_with_usage(
             self.rate_limiter_in_use,
             context,
-            usage.get("input_tokens"),
-            usage.get("output_tokens"),
+            reported_in,
+            reported_out,
             prompt=prompt_pairs(messages),
         )
 

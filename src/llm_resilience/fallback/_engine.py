@@ -292,11 +292,13 @@ class FallbackChain(Generic[ClientT]):
     # -- bookkeeping shared by every call shape ------------------------------------
 
     def _order(self, needs: RequestNeeds | Sequence[RequestNeeds] | None = None) -> list[int]:
+        # What the request needs comes first: the breaker orders only the members that
+        # can take it, so a capable member cooling down is still asked when it is the
+        # soonest back among them, and an incapable one never stands in for it.
+        capable = self._routing.eligible(list(range(len(self.clients))), needs)
         if self._breaker is None:
-            order = list(range(len(self.clients)))
-        else:
-            order = self._breaker.order(len(self.clients))
-        return self._routing.eligible(order, needs)
+            return capable
+        return self._breaker.order(capable)
 
     def _failed(self, index: int, error: BaseException | None) -> None:
         if self._breaker is not None:

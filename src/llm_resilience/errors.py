@@ -141,7 +141,9 @@ class NoCapableMemberError(LLMResilienceError, ValueError):
     profile or a declared :class:`~llm_resilience.fallback.MemberProfile`) to lack
     something the request carries. ``missing`` maps each member's position to the
     capabilities it lacks (``"tool_calling"``, ``"image_inputs"``,
-    ``"structured_output"``). Not transient: another provider cannot change the request.
+    ``"structured_output"``), for every member. A ``cooldown`` never causes it: a capable
+    member cooling down is still asked when no capable member is ready. Not transient:
+    another provider cannot change the request.
     """
 
     def __init__(self, missing: dict[int, tuple[str, ...]]) -> None:

@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, NamedTuple
 
 import pytest
-from driver import PROMPT, Mode, Reply
+from driver import PROMPT, STREAMS, Mode, Reply
 from langchain_core.language_models import FakeListChatModel
 from llama_index.core.llms import MockLLM
+from pydantic import BaseModel
 
 from llm_resilience.testing import FaultInjectingServer
 
@@ -44,6 +45,12 @@ def wire_pair(request: pytest.FixtureRequest) -> tuple[str, str]:
     """A ``PAIRS`` parameter as ``(primary's wire, secondary's wire)``."""
     first, second = str(request.param).split("-")
     return first, second
+
+
+class Capital(BaseModel):
+    """A country's capital city, as a structured-output request asks for it."""
+
+    city: str
 
 
 class Restart(NamedTuple):
@@ -327,6 +334,49 @@ class LangChainFallback:
         calls = getattr(self.message_of(reply), "tool_calls", [])
         return reply, [call["name"] for call in calls]
 
+    def tool_calling(self, tool_name: str, arguments: dict[str, Any], text: str) -> Any:
+        """A member that calls ``tool_name`` when offered it (LangChain's scripted fake
+        reads the ``arguments`` from the prompt, which must name the tool and hold them)
+        and answers after the tool's result."""
+        return self.answering(text)
+
+    async def run_structured(self, chain: Any, mode: Mode, prompt: str) -> Any:
+        """``chain`` asked ``prompt`` for a :class:`Capital` through a structured-output
+        variant made for this one request (``with_structured_output``): the parsed answer."""
+        structured = chain.with_structured_output(Capital)
+        if mode == "call":
+            return structured.invoke(prompt)
+        if mode == "acall":
+            return await structured.ainvoke(prompt)
+        if mode == "stream":
+            return list(structured.stream(prompt))[-1]
+        return [parsed async for parsed in structured.astream(prompt)][-1]
+
+    def structured_member(self) -> Any:
+        """A member that answers a :class:`Capital` request (the scripted fake fills any
+        schema from the prompt)."""
+        return self.answering()
+
+    async def run_agent(self, chain: Any, mode: Mode, prompt: str, tool: Callable[..., Any]) -> str:
+        """An agent over ``chain`` with ``tool`` (a function), run on ``prompt`` to its end:
+        LangChain's ``create_agent``, run by ``invoke``/``ainvoke``/``stream``/``astream``
+        (the last state streamed). Returns the agent's last message's text."""
+        from langchain.agents import create_agent
+        from langchain_core.messages import HumanMessage
+        from langchain_core.tools import tool as as_tool
+
+        agent = create_agent(chain, tools=[as_tool(tool)])
+        request = {"messages": [HumanMessage(prompt)]}
+        if mode == "call":
+            state = agent.invoke(request)
+        elif mode == "acall":
+            state = await agent.ainvoke(request)
+        elif mode == "stream":
+            state = list(agent.stream(request, stream_mode="values"))[-1]
+        else:
+            state = [step async for step in agent.astream(request, stream_mode="values")][-1]
+        return str(state["messages"][-1].text)
+
     # -- streams not yet read -------------------------------------------------------------
 
     def text_of(self, chunk: Any) -> str:
@@ -602,6 +652,33 @@ class LlamaIndexFallback:
         reply = Reply(responses[-1].message.content or "", responses)
         calls = chain.get_tool_calls_from_response(responses[-1], error_on_no_tool_call=False)
         return reply, [call.tool_name for call in calls]
+
+    def tool_calling(self, tool_name: str, arguments: dict[str, Any], text: str) -> Any:
+        from llama_index.core.llms.llm import ToolSelection
+        from llama_index.resilience.testing import FakeFunctionCallingLLM
+
+        call = ToolSelection(tool_id="call_1", tool_name=tool_name, tool_kwargs=arguments)
+        return FakeFunctionCallingLLM(tool_call=call, text=text)
+
+    async def run_structured(self, chain: Any, mode: Mode, prompt: str) -> Any:
+        """(``as_structured_llm``, called in ``mode``: the last response's ``raw``.)"""
+        reply = await self.run(chain.as_structured_llm(Capital), mode, prompt)
+        return reply.responses[-1].raw
+
+    def structured_member(self) -> Any:
+        return self.tool_calling("Capital", {"city": "Paris"}, "Paris.")
+
+    async def run_agent(self, chain: Any, mode: Mode, prompt: str, tool: Callable[..., Any]) -> str:
+        """(A ``FunctionAgent``, whose run is async in every mode: streaming in the stream
+        modes.)"""
+        from llama_index.core.agent.workflow import FunctionAgent
+        from llama_index.core.tools import FunctionTool
+
+        agent = FunctionAgent(
+            tools=[FunctionTool.from_defaults(fn=tool)], llm=chain, streaming=mode in STREAMS
+        )
+        result = await agent.run(prompt)
+        return str(result.response.content)
 
     # -- streams not yet read -------------------------------------------------------------
 

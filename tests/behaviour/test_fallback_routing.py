@@ -16,6 +16,7 @@ import openai
 import pytest
 from driver import Mode
 
+from llm_resilience import Cooldown
 from llm_resilience.errors import NoCapableMemberError
 from llm_resilience.fallback import MemberProfile
 from llm_resilience.testing import Fault, FaultInjectingServer
@@ -141,6 +142,31 @@ async def test_tools_with_no_capable_member_raise_before_any_call(
         await driver.run_with_tool(model, mode, WEATHER)
 
     assert asked(servers) == [0, 0, 0]
+
+
+async def test_a_tool_request_is_sent_to_the_only_capable_member_while_it_cools_down(
+    driver: Any, mode: Mode, servers: list[FaultInjectingServer]
+) -> None:
+    servers[1].script(Fault.status(503), Fault.status(503))
+    model = chain(
+        driver,
+        servers,
+        "gpt-4o-mini",
+        "gpt-4.1-mini",
+        member_profiles=[NO_TOOLS, None],
+        cooldown=Cooldown(failures=2, window=60, duration=60),
+    )
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            await driver.run_with_tool(model, mode, WEATHER)
+    assert [member.state for member in model.health()] == ["closed", "open"]
+
+    reply, tools_called = await driver.run_with_tool(model, mode, WEATHER)
+
+    assert tools_called == ["get_weather"]
+    assert driver.served_by(reply) == 1
+    assert asked(servers) == [0, 3, 0]
+    assert [member.state for member in model.health()] == ["closed", "closed"]
 
 
 def test_member_profiles_of_the_wrong_length_are_refused_naming_the_option(

@@ -80,6 +80,36 @@ def test_health_counts_failures_in_the_window_then_shows_the_open_deadline() -> 
     assert chain.health()[0].state == "half_open"
 
 
+def test_a_variant_of_the_chain_shares_its_circuit_both_ways_and_keeps_its_options() -> None:
+    clock = FakeClock()
+    calls: list[int] = []
+    chain = FallbackChain(
+        [answering(calls, 0, [ConnectionError()] * 9), answering(calls, 1, [])],
+        cooldown=Cooldown(failures=2, window=60, duration=30),
+        per_client_timeout=30,
+        clock=clock,
+    )
+    bound = chain.variant([answering(calls, 0, [ConnectionError()] * 9), answering(calls, 1, [])])
+    assert bound.durations == chain.durations
+    assert bound.cooldown is chain.cooldown
+
+    chain.invoke(call)  # one failure through the chain, one through the variant: open
+    bound.invoke(call)
+
+    assert calls == [0, 1, 0, 1]
+    assert chain.health() == bound.health()
+    assert chain.health()[0].state == "open"
+    calls.clear()
+    assert (chain.invoke(call), bound.invoke(call)) == ("answer 1", "answer 1")
+    assert calls == [1, 1]
+
+
+def test_a_variant_holds_one_client_per_member() -> None:
+    chain = FallbackChain(["a", "b"], cooldown=Cooldown())
+    with pytest.raises(ValueError, match=r"one client per member \(2\); got 3"):
+        chain.variant(["a", "b", "c"])
+
+
 def test_after_the_cooldown_one_failed_trial_reopens_the_member_for_a_full_duration() -> None:
     clock = FakeClock()
     calls: list[int] = []

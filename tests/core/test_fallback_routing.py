@@ -405,6 +405,91 @@ def test_a_request_no_member_can_take_raises_naming_what_it_needs(shape: str) ->
     assert not is_transient(raised.value)
 
 
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+NO_TOOLS = MemberProfile(tool_calling=False)
+TOOLS = RequestNeeds(tool_calling=True)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_tool_request_goes_to_the_one_capable_member_while_it_cools_down(shape: str) -> None:
+    no_tools = Member("no-tools")
+    capable = Member("capable", ConnectionError("connection reset"))
+    chain = FallbackChain(
+        [no_tools, capable],
+        member_profiles=[NO_TOOLS, None],
+        cooldown=Cooldown(failures=2, window=60, duration=30),
+        clock=FakeClock(),
+    )
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            run(shape, chain, needs=TOOLS)
+    assert [member.state for member in chain.health()] == ["closed", "open"]
+    capable.error = None
+
+    assert run(shape, chain, needs=TOOLS) == "capable"
+    assert (no_tools.calls, capable.calls) == (0, 3)
+    assert chain.health()[1].state == "closed"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_when_every_member_cools_down_the_capable_one_whose_cooldown_ends_first_is_tried(
+    shape: str,
+) -> None:
+    clock = FakeClock()
+    no_tools = Member("no-tools", ConnectionError("connection reset"))
+    first = Member("first")
+    second = Member("second")
+    chain = FallbackChain(
+        [no_tools, first, second],
+        member_profiles=[NO_TOOLS, None, None],
+        cooldown=Cooldown(failures=1, window=60, duration=30),
+        clock=clock,
+    )
+    assert run(shape, chain) == "first"  # the member without tools opens first (until 1030)
+    clock.now += 1
+    first.error = ConnectionError("connection reset")
+    assert run(shape, chain) == "second"  # then ``first`` (until 1031)
+    clock.now += 1
+    second.error = ConnectionError("connection reset")
+    with pytest.raises(ConnectionError):
+        run(shape, chain)  # then ``second`` (until 1032): every member cools down
+    assert [member.state for member in chain.health()] == ["open", "open", "open"]
+    first.error = second.error = None
+
+    assert run(shape, chain, needs=TOOLS) == "first"
+    assert (no_tools.calls, first.calls, second.calls) == (1, 3, 2)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_no_capable_member_names_every_member_even_one_cooling_down(shape: str) -> None:
+    cooling = Member("cooling", ConnectionError("connection reset"))
+    other = Member("other")
+    chain = FallbackChain(
+        [cooling, other],
+        member_profiles=[NO_TOOLS, NO_TOOLS],
+        cooldown=Cooldown(failures=1, window=60, duration=30),
+        clock=FakeClock(),
+    )
+    assert run(shape, chain) == "other"
+    assert chain.health()[0].state == "open"
+
+    with pytest.raises(NoCapableMemberError) as raised:
+        run(shape, chain, needs=TOOLS)
+
+    assert raised.value.missing == {0: ("tool_calling",), 1: ("tool_calling",)}
+    assert "member 0 lacks tool_calling; member 1 lacks tool_calling" in str(raised.value)
+    assert (cooling.calls, other.calls) == (1, 1)
+
+
 def test_needs_may_differ_per_member() -> None:
     # One member answers structured output natively, the other through a tool call.
     native = Member("native")

@@ -110,7 +110,8 @@ class FallbackChatModel(BaseChatModel, Probeable):
     event still fires, with ``"continued": True``.
 
     ``bind_tools`` and ``with_structured_output`` bind every member (each in its own
-    provider's format), so a fallback keeps the tools. Attributes the chain does not have
+    provider's format), so a fallback keeps the tools, and share this chain's ``cooldown``
+    circuit (``create_agent`` binds at every step). Attributes the chain does not have
     are read from the first member, as ``with_fallbacks`` reads them
     (``model.model_name``, ``model.temperature``); writes stay on the chain, whose
     options are fixed at construction (setting one raises pydantic's frozen-field
@@ -473,7 +474,12 @@ class FallbackChatModel(BaseChatModel, Probeable):
         fields = {name: getattr(self, name) for name in type(self).model_fields}
         fields["models"] = models
         fields["member_kwargs"] = member_kwargs
-        return type(self)(**fields)
+        rebound = type(self)(**fields)
+        # One circuit for the chain and every binding of it: create_agent binds its tools
+        # at every step, and each step must see the failures the last one met.
+        chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
+        private_state(rebound)["_chain"] = chain.variant(models)
+        return rebound
 
     def bind_tools(
         self,
@@ -485,7 +491,8 @@ class FallbackChatModel(BaseChatModel, Probeable):
         """Bind ``tools`` to every member, each in its own provider's format.
 
         Returns a binding of a new ``FallbackChatModel`` whose calls pass each member
-        its own tool arguments.
+        its own tool arguments; it shares this chain's circuit
+        (:meth:`FallbackChain.variant`): the chain's :meth:`health` counts its calls too.
         """
         # Tracing-only arguments belong to the wrapper's own run, where LangChain's entry
         # points pop them into the run's options; members never see them.

@@ -32,8 +32,10 @@ Rules, in short (``docs/fallback.md`` has the long form):
   the next client on the same request; the first to produce content wins and the other
   is cancelled (a sync call's loser runs to its end on its worker, its result discarded);
 * an optional :class:`Cooldown` skips, for a while, a client that keeps failing, then
-  gives it one trial call before using it again; :meth:`FallbackChain.health` reads
-  each client's circuit (:class:`MemberHealth`).
+  gives it one trial call before using it again; when every client that can take a
+  request is cooling down, the one of them back soonest is tried anyway.
+  :meth:`FallbackChain.health` reads each client's circuit (:class:`MemberHealth`), which
+  :meth:`FallbackChain.variant` (the chain bound to tools or an output format) shares.
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
 ``_breaker`` (the cooldown breaker), ``_capabilities`` (what a member, and so the chain,

@@ -12,7 +12,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -83,12 +83,15 @@ class _Breaker:
         self.chain_id = next(_chain_ids)
         watch_circuit(self)
 
-    def order(self, size: int) -> list[int]:
+    def order(self, candidates: Sequence[int]) -> list[int]:
+        """``candidates`` (the clients that may take the request, in chain order) in the
+        order to try them: those not cooling down, then those with a trial call out; when
+        every candidate cools down, the one whose cooldown ends first, alone."""
         now = self._clock()
         with self._lock:
             ready: list[int] = []
             trial_out: list[int] = []
-            for i in range(size):
+            for i in candidates:
                 if self._open_until[i] > now:
                     continue
                 if not self._half_open[i]:
@@ -100,7 +103,7 @@ class _Breaker:
                 else:
                     trial_out.append(i)
             if ready or trial_out:
-                for i in range(size):
+                for i in candidates:
                     if self._open_until[i] > now:
                         logger.info(
                             "Client %d is cooling down for another %.1fs; skipping it.",
@@ -109,7 +112,8 @@ class _Breaker:
                         )
                 # A client with a trial call out is still better than no answer.
                 return ready + trial_out
-            soonest = min(range(size), key=lambda i: self._open_until[i])
+            # Never refuse a request without asking anyone: the soonest back is asked.
+            soonest = min(candidates, key=lambda i: self._open_until[i])
             return [soonest]
 
     def failed(self, index: int, error: BaseException | None) -> None:

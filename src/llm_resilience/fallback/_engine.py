@@ -228,6 +228,40 @@ class FallbackChain(Generic[ClientT]):
         """The clients, in the order they are tried (the core's layer contract)."""
         return self.clients
 
+    def variant(self, clients: Sequence[ClientT]) -> FallbackChain[ClientT]:
+        """This chain over ``clients``, each a variant of the member at its position (the
+        same model with tools or an output format bound), sharing this chain's memory.
+
+        The variant keeps every option and shares, member by member, the circuit
+        (failures, cooldowns, trial calls) and what the chain learnt of its members (one
+        that refused an assistant prefill): a failure met through either counts for both,
+        and :meth:`health` of either reads it. An adapter whose framework makes a new
+        model for each binding (LangChain's ``bind_tools``, which ``create_agent`` calls
+        at every step) builds its bound chain with it, so the binding never forgets.
+        Raises ``ValueError`` when ``clients`` does not hold one client per member.
+
+        >>> chain = FallbackChain(["a", "b"], cooldown=Cooldown(failures=1))
+        >>> def attempt(index, client):
+        ...     if index == 0:
+        ...         raise ConnectionError("connection reset")
+        ...     return f"answered by {client}"
+        >>> chain.variant(["a with tools", "b with tools"]).invoke(attempt)
+        'answered by b with tools'
+        >>> [member.state for member in chain.health()]
+        ['open', 'closed']
+        """
+        clients = tuple(clients)
+        if len(clients) != len(self.clients):
+            raise ValueError(
+                f"a variant of a chain holds one client per member ({len(self.clients)}); "
+                f"got {len(clients)}"
+            )
+        variant: FallbackChain[ClientT] = object.__new__(FallbackChain)
+        for name in FallbackChain.__slots__:
+            setattr(variant, name, getattr(self, name))
+        variant.clients = clients
+        return variant
+
     @property
     def durations(self) -> dict[str, float | None]:
         """Every duration option of the chain, read back as seconds as ``float`` (None: off).
@@ -258,11 +292,13 @@ class FallbackChain(Generic[ClientT]):
     # -- bookkeeping shared by every call shape ------------------------------------
 
     def _order(self, needs: RequestNeeds | Sequence[RequestNeeds] | None = None) -> list[int]:
+        # What the request needs comes first: the breaker orders only the members that
+        # can take it, so a capable member cooling down is still asked when it is the
+        # soonest back among them, and an incapable one never stands in for it.
+        capable = self._routing.eligible(list(range(len(self.clients))), needs)
         if self._breaker is None:
-            order = list(range(len(self.clients)))
-        else:
-            order = self._breaker.order(len(self.clients))
-        return self._routing.eligible(order, needs)
+            return capable
+        return self._breaker.order(capable)
 
     def _failed(self, index: int, error: BaseException | None) -> None:
         if self._breaker is not None:

@@ -10,6 +10,10 @@ meter forwards to it). Without an SDK every call is a no-op.
   ``surface``, ``gen_ai.operation.name``, ``gen_ai.token.type``.
 * ``llm_resilience.llm.cost``: counter, in the prices' currency; attributes ``surface``,
   ``gen_ai.operation.name``.
+* ``llm_resilience.budget.unpriced``: counter, ledger entries priced by a guess: the
+  budget's surface prices (``rule=default``) or an alias priced by its one dated key
+  (``rule=alias``); attributes ``surface``, ``rule`` and ``gen_ai.request.model`` (the
+  served name, ``""`` when none was named).
 * ``llm_resilience.ledger.pending``: up-down counter, ledger writes waiting in memory for
   the database to answer again; attribute ``backend`` (sqlite, postgresql).
 * ``llm_resilience.ledger.dropped``: counter, pending writes given up (the queue was full,
@@ -31,6 +35,7 @@ from decimal import Decimal
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "BUDGET_UNPRICED",
     "CIRCUIT_FAILURES",
     "CIRCUIT_STATE",
     "LEDGER_DROPPED",
@@ -41,6 +46,7 @@ __all__ = [
     "RATELIMIT_WAIT",
     "Outcome",
     "Surface",
+    "record_guessed_price",
     "record_ledger_dropped",
     "record_ledger_pending",
     "record_llm_usage",
@@ -52,6 +58,7 @@ METER_NAME = "llm_resilience"
 RATELIMIT_WAIT = "llm_resilience.ratelimit.wait.duration"
 LLM_TOKENS = "llm_resilience.llm.tokens"
 LLM_COST = "llm_resilience.llm.cost"
+BUDGET_UNPRICED = "llm_resilience.budget.unpriced"
 LEDGER_PENDING = "llm_resilience.ledger.pending"
 LEDGER_DROPPED = "llm_resilience.ledger.dropped"
 CIRCUIT_STATE = "llm_resilience.fallback.circuit.state"
@@ -140,6 +147,16 @@ def record_llm_usage(
     _instrument(
         "counter", LLM_COST, "{currency}", "Cost of LLM calls, in the prices' currency."
     ).add(float(cost), {"surface": surface, "gen_ai.operation.name": operation})
+
+
+def record_guessed_price(*, model: str | None, rule: str, surface: str) -> None:
+    """Count one ledger entry priced by a guess (``rule``: ``default`` or ``alias``)."""
+    _instrument(
+        "counter",
+        BUDGET_UNPRICED,
+        "{entry}",
+        "Ledger entries priced by the surface prices or an alias's one dated key.",
+    ).add(1, {"surface": surface, "rule": rule, "gen_ai.request.model": model or ""})
 
 
 def record_ledger_pending(change: int, *, backend: str) -> None:

@@ -120,14 +120,16 @@ async def test_a_stream_that_fails_mid_way_records_nothing_and_releases_its_hold
 async def test_the_entry_names_and_prices_the_fallback_member_that_served(
     driver: Any, mode: Mode
 ) -> None:
-    chain = driver.fallback([driver.failing(model="primary"), driver.answering(model="cheap-2025")])
+    chain = driver.fallback(
+        [driver.failing(model="primary"), driver.answering(model="cheap-2025-01-31")]
+    )
     budget = CostBudget(daily_limit=10, prices={"cheap": ModelPrice(1000, 1000)})
     layer, ledger = tracked(driver, chain, budget)
 
     reply = await driver.run(layer, mode)
 
     [entry] = ledger.entries()
-    assert entry.model == "cheap-2025"  # priced by its family's prefix
+    assert entry.model == "cheap-2025-01-31"  # a dated snapshot, priced by its alias
     assert entry.cost == Decimal(sum(driver.reported_usage(reply))) * 1000 / 10**6
 
 

@@ -591,7 +591,11 @@ def counter_points(reader: Any) -> dict[str, dict[tuple[tuple[str, Any], ...], A
     for resource in data.resource_metrics if data else ():
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
-                if metric.name in (telemetry.LLM_TOKENS, telemetry.LLM_COST):
+                if metric.name in (
+                    telemetry.LLM_TOKENS,
+                    telemetry.LLM_COST,
+                    telemetry.BUDGET_UNPRICED,
+                ):
                     points = found.setdefault(metric.name, {})
                     for point in metric.data.data_points:
                         points[tuple(sorted(point.attributes.items()))] = point.value

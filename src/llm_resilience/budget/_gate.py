@@ -20,6 +20,7 @@ from llm_resilience.budget._ledger import (
     unreleased,
     unwritable,
 )
+from llm_resilience.budget._matching import warn_guessed_price
 from llm_resilience.budget._models import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     ServingModel,
@@ -30,7 +31,7 @@ from llm_resilience.budget._options import CostBudget
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation
 from llm_resilience.ledger._protocol import CheckedLimits, batch_reader, check_scope, checked_entry
-from llm_resilience.money import cost_of
+from llm_resilience.money import ModelPrice, cost_of
 from llm_resilience.telemetry import record_llm_usage
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import Usage
@@ -504,9 +505,16 @@ class BudgetTicket:
         await shielded(ledger.arecord(entry), lambda exc: unwritable(exc, surface, ledger))
         return entry
 
+    def _price(self, served: str | None) -> ModelPrice:
+        """The price an entry of ``served`` is recorded at; a guessed one is counted."""
+        budget = self._gate.budget
+        match = budget.price_match(served)
+        warn_guessed_price(served, match, self.surface)
+        return budget.price_for(None) if match.price is None else match.price
+
     def _hedge_entry(self, usage: Usage, model: str | None) -> LedgerEntry:
         served = model if model is not None else self.model
-        cost = cost_of(usage, self._gate.budget.price_for(served), surface=self.surface)
+        cost = cost_of(usage, self._price(served), surface=self.surface)
         record_llm_usage(
             surface=self.surface,
             input_tokens=usage.input_tokens,
@@ -534,7 +542,7 @@ class BudgetTicket:
             return None
         self._done = True
         served = model if model is not None else self.model
-        price = self._gate.budget.price_for(served)
+        price = self._price(served)
         cost = cost_of(usage, price, surface=self.surface)
         record_llm_usage(
             surface=self.surface,

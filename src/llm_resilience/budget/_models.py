@@ -3,7 +3,7 @@ names, the dearest of them, and the price a model's name matches."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +17,6 @@ __all__ = [
     "ServingModel",
     "dearest_model",
     "first_count",
-    "matching_price",
     "served_model",
     "serving_models",
 ]
@@ -58,22 +57,6 @@ class ServingModel:
             raise TypeError(f"ServingModel.name must be a non-empty str or None, got {self.name!r}")
         if self.max_output_tokens is not None:
             checks.count("ServingModel.max_output_tokens", self.max_output_tokens)
-
-
-def matching_price(prices: Mapping[str, ModelPrice], model: str | None) -> ModelPrice | None:
-    """The price of ``model`` in ``prices``: its exact name, else the longest configured
-    prefix it starts with (``"gpt-4o"`` prices ``"gpt-4o-2024-08-06"``), else None.
-
-    >>> matching_price({"gpt-4o": ModelPrice(2, 8)}, "gpt-4o-2024-08-06").output_per_mtok
-    Decimal('8')
-    """
-    if model is None or not prices:
-        return None
-    exact = prices.get(model)
-    if exact is not None:
-        return exact
-    prefixes = [name for name in prices if model.startswith(name)]
-    return prices[max(prefixes, key=len)] if prefixes else None
 
 
 def serving_models(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
 
-from llm_resilience.budget._models import matching_price
+from llm_resilience.budget._matching import PriceMatch, match_price
 from llm_resilience.ledger import Window
 from llm_resilience.ledger._protocol import Limit
 from llm_resilience.money import ModelPrice, Money, money, optional_money
@@ -39,8 +39,10 @@ class CostBudget:
       spend (every scope together).
 
     ``prices`` maps model names to :class:`ModelPrice`, applied to the model that actually
-    served: the exact name first, then the longest configured prefix the served name starts
-    with (``"gpt-4o"`` prices ``"gpt-4o-2024-08-06"``), else the three surface prices.
+    served: the exact name first, then the alias of a dated snapshot (``"gpt-4o"`` prices
+    ``"gpt-4o-2024-08-06"``, never ``"gpt-4o-mini"``), then the one dated key of an alias
+    (``"claude-sonnet-4-5-20250929"`` prices ``"claude-sonnet-4-5"``), else the three
+    surface prices; the last two warn once per model (``llm_resilience.budget._matching``).
 
     ``strict=True`` reserves each call's worst-case cost at the gate, so concurrent calls
     cannot overshoot a limit (see :class:`BudgetGate`). Without it the gate is a pre-call
@@ -58,7 +60,7 @@ class CostBudget:
     daily_limit: Decimal | None
     #: Limit of a UTC month, scoped like ``daily_limit``.
     monthly_limit: Decimal | None
-    #: Per-model prices (read-only), keyed by exact model name or name prefix.
+    #: Per-model prices (read-only), keyed by model name: an alias or a dated snapshot.
     prices: Mapping[str, ModelPrice] = field(hash=False)
     #: Limit of the global spend of a UTC day, for every call, scoped or not.
     global_daily_limit: Decimal | None
@@ -127,14 +129,24 @@ class CostBudget:
         )
 
     def price_for(self, model: str | None) -> ModelPrice:
-        """The price of ``model``: exact name, else longest matching prefix, else surface prices.
+        """The price of ``model``: exact name, else its alias or snapshot, else surface prices.
 
         >>> budget = CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)})
         >>> budget.price_for("gpt-4o-2024-08-06").output_per_mtok
         Decimal('8')
         """
-        matched = matching_price(self.prices, model)
+        matched = match_price(self.prices, model).price
         return self._surface_price if matched is None else matched
+
+    def price_match(self, model: str | None) -> PriceMatch:
+        """The price ``model`` takes and the rule that chose it (price None: surface prices).
+
+        >>> CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)}).price_match(
+        ...     "gpt-4o-mini"
+        ... ).rule
+        'default'
+        """
+        return match_price(self.prices, model)
 
     def limits_for(self, scope: str | None) -> list[Limit]:
         """The limits gating a call of ``scope``, day first: ``(window, spend scope, limit)``.

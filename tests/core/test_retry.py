@@ -120,6 +120,32 @@ def test_no_wait_is_longer_than_max_delay() -> None:
     assert slept == [2.0, 4.0, 5.0, 5.0, 5.0]
 
 
+def test_a_zero_base_delay_retries_at_once() -> None:
+    policy, slept = recording_policy(base_delay=0)
+    flaky = Flaky(ConnectionError("reset"), openai_error(503))
+
+    assert policy.call(flaky) == "ok"
+    assert flaky.calls == 3
+    assert slept == [0.0, 0.0]
+    assert policy.delays() == (0.0, 0.0, 0.0)
+
+
+async def test_a_zero_base_delay_retries_async_calls_at_once() -> None:
+    policy, slept = recording_policy(base_delay=timedelta(0))
+    flaky = Flaky(ConnectionError("reset"))
+
+    assert await policy.acall(flaky.acall) == "ok"
+    assert slept == [0.0]
+
+
+def test_a_zero_max_delay_never_waits_whatever_the_jitter_or_retry_after() -> None:
+    policy, slept = recording_policy(max_delay=0, jitter=1)
+    flaky = Flaky(ConnectionError(), openai_error(429, {"retry-after": "5"}))
+
+    assert policy.call(flaky) == "ok"
+    assert slept == [0.0, 0.0]
+
+
 def test_one_attempt_means_the_call_is_never_retried() -> None:
     policy, slept = recording_policy(attempts=1)
     flaky = Flaky(ConnectionError())
@@ -396,9 +422,15 @@ async def test_a_custom_configuration_built_on_is_retryable_keeps_the_refusals()
         (lambda: RetryPolicy(attempts=101), "RetryPolicy.attempts"),
         (lambda: RetryPolicy(attempts=True), "RetryPolicy.attempts"),
         (lambda: RetryPolicy(attempts="4"), "RetryPolicy.attempts"),
-        (lambda: RetryPolicy(base_delay=0), "RetryPolicy.base_delay must be greater than 0"),
+        (
+            lambda: RetryPolicy(base_delay=-1),
+            r"RetryPolicy.base_delay must be 0 \(no wait\) or more seconds; got -1",
+        ),
         (lambda: RetryPolicy(base_delay="1"), "RetryPolicy.base_delay must be"),
-        (lambda: RetryPolicy(max_delay=-1), "RetryPolicy.max_delay must be greater than 0"),
+        (
+            lambda: RetryPolicy(max_delay=timedelta(seconds=-1)),
+            r"RetryPolicy.max_delay must be 0 \(no wait\) or more seconds",
+        ),
         (lambda: RetryPolicy(max_delay=float("nan")), "RetryPolicy.max_delay"),
         (lambda: RetryPolicy(jitter=-0.5), r"RetryPolicy.jitter must be 0 \(no jitter\) or more"),
         (lambda: RetryPolicy(permanent_status_codes={200}), "between 400 and 599"),

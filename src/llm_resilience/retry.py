@@ -135,6 +135,21 @@ def _delay(option: str, value: object, zero: str) -> float:
     return amount
 
 
+# The defaults look ``time.sleep``, ``asyncio.sleep`` and ``time.time`` up on every use
+# (not bound at import or construction), as the limiters read their clock: patching them
+# (a test's monkeypatch, freezegun) reaches every policy built with the defaults.
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+async def _asleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def _now() -> float:
+    return time.time()
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class RetryPolicy:
     """How often and how patiently to retry a call; see the module docstring for what.
@@ -168,14 +183,13 @@ class RetryPolicy:
     permanent_status_codes: frozenset[int] = field(
         default=DEFAULT_PERMANENT_STATUS_CODES, repr=False
     )
-    #: Waits between sync tries.
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
-    #: Waits between async tries.
-    asleep: Callable[[float], Awaitable[None]] = field(
-        default=asyncio.sleep, repr=False, compare=False
-    )
-    #: The wall clock (seconds since the epoch), to read a ``Retry-After`` date.
-    now: Callable[[], float] = field(default=time.time, repr=False, compare=False)
+    #: Waits between sync tries (default: ``time.sleep``, looked up at each wait).
+    sleep: Callable[[float], None] = field(default=_sleep, repr=False, compare=False)
+    #: Waits between async tries (default: ``asyncio.sleep``, looked up at each wait).
+    asleep: Callable[[float], Awaitable[None]] = field(default=_asleep, repr=False, compare=False)
+    #: The wall clock (seconds since the epoch), to read a ``Retry-After`` date (default:
+    #: ``time.time``, looked up at each reading).
+    now: Callable[[], float] = field(default=_now, repr=False, compare=False)
     _tenacity: Mapping[str, Any] | None = field(
         default=None, repr=False, compare=True, hash=False, init=False
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -410,6 +411,61 @@ async def test_a_custom_configuration_built_on_is_retryable_keeps_the_refusals()
     with pytest.raises(BudgetExceededError):
         await policy.acall(flaky.acall)
     assert flaky.calls == 2
+
+
+# -- sleeps and the clock, looked up when used ---------------------------------------------
+
+
+def test_the_default_sleep_is_looked_up_at_each_wait_so_patching_time_sleep_reaches_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = RetryPolicy(jitter=0)  # built before the patch, as a module-level policy is
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+
+    assert policy.call(Flaky(ConnectionError(), ConnectionError())) == "ok"
+    assert slept == [1.0, 2.0]  # recorded, not slept for real
+
+
+async def test_the_default_async_sleep_is_looked_up_at_each_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = RetryPolicy(jitter=0)
+    slept: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", recorded)
+
+    assert await policy.acall(Flaky(ConnectionError(), ConnectionError()).acall) == "ok"
+    assert slept == [1.0, 2.0]
+
+
+def test_a_patched_wall_clock_reaches_the_default_policy_reading_a_retry_after_date(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = RetryPolicy(jitter=0)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    frozen = datetime(2031, 3, 4, 12, 0, tzinfo=UTC).timestamp()
+    date = email.utils.formatdate(frozen + 7, usegmt=True)
+    monkeypatch.setattr(time, "time", lambda: frozen)  # as freezegun's freeze_time does
+
+    assert policy.call(Flaky(openai_error(429, {"retry-after": date}))) == "ok"
+    assert slept == [7.0]  # against the real clock the date is years away: backoff's 1.0
+
+
+def test_a_sleep_passed_in_still_wins_over_a_patched_time_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mine: list[float] = []
+    patched: list[float] = []
+    policy = RetryPolicy(jitter=0, sleep=mine.append)
+    monkeypatch.setattr(time, "sleep", patched.append)
+
+    assert policy.call(Flaky(ConnectionError())) == "ok"
+    assert (mine, patched) == ([1.0], [])
 
 
 # -- construction --------------------------------------------------------------------------

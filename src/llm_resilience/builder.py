@@ -331,7 +331,8 @@ class ResiliencePlan:
         (raising ``ValueError`` if neither is); name them, e.g. ``surfaces=["chat"]``, to
         leave one out, in which case each must be registered. Spend goes to ``ledger``,
         else to the ``use_sql_cost_ledger`` ledger, else to one ``InMemoryCostLedger``
-        (which resets with the process; a warning says so); the surfaces share it. A
+        (which resets with the process: one WARNING names ``SqlCostLedger``, as a
+        ``CostTracked*`` wrapper given no ledger does); the surfaces share it. A
         surface already budgeted keeps its first configuration.
 
         Opening the SQL ledger is the one call to a dependency a builder makes; it is
@@ -477,9 +478,11 @@ class ResiliencePlan:
                 url, options = self._sql_ledger
                 self._default_ledger = SqlCostLedger(url, **options)
             else:
-                from llm_resilience.ledger import InMemoryCostLedger
+                # The gate's own default and warning, once for every surface of this budget:
+                # the wrappers get this ledger by name, so they do not warn again.
+                from llm_resilience.budget._ledger import default_ledger
 
-                self._default_ledger = InMemoryCostLedger()
+                self._default_ledger = default_ledger()
         return self._default_ledger
 
 

@@ -181,6 +181,30 @@ async def test_one_permit_covers_a_whole_fallback_sequence_with_a_failing_primar
     ledger.close()
 
 
+def test_budgeting_without_a_ledger_warns_once_as_a_bare_cost_layer_does(
+    driver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llm_resilience"):
+        driver.cost_tracked(driver.answering(), budget=BUDGET)
+    (bare,) = [record.getMessage() for record in caplog.records]
+    assert "SqlCostLedger" in bare
+    caplog.clear()
+
+    with caplog.at_level(logging.WARNING, logger="llm_resilience"):
+        builder = (
+            driver.builder()
+            .register_chat(driver.answering())
+            .register_embeddings(driver.embeddings(8))
+            .use_cost_budgeting(BUDGET)
+            .use_cost_budgeting(BUDGET)  # idempotent: no second ledger, no second warning
+        )
+        builder.build()
+        stack = builder.build()
+    assert [record.getMessage() for record in caplog.records] == [bare]
+    assert [record.name for record in caplog.records] == ["llm_resilience.budget"]
+    assert stack.chat.gate.ledger is stack.embeddings.gate.ledger
+
+
 def test_a_surface_of_the_wrong_framework_type_is_refused_at_registration(driver: Any) -> None:
     title = driver.framework_title
     with pytest.raises(TypeError, match=rf"register_chat\(model\) must be a {title}"):

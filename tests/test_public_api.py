@@ -66,3 +66,15 @@ def test_importing_the_core_face_loads_none_of_its_modules() -> None:
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", probe], check=True)
+
+
+def test_to_dataframe_is_on_the_core_face_and_loads_pandas_only_when_called() -> None:
+    probe = (
+        "import sys, llm_resilience, llm_resilience.frames; "
+        "from llm_resilience import to_dataframe; "
+        "assert to_dataframe is llm_resilience.frames.to_dataframe; "
+        "assert 'pandas' not in sys.modules, 'imported pandas'; "
+        "to_dataframe([]); "
+        "assert 'pandas' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)

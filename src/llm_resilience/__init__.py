@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         RequestNeeds,
         StreamRestart,
     )
+    from llm_resilience.frames import to_dataframe
     from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
     from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
     from llm_resilience.retry import RetryPolicy
@@ -82,6 +83,7 @@ __all__ = [
     "__version__",
     "count_tokens",
     "is_transient",
+    "to_dataframe",
 ]
 
 

@@ -14,6 +14,9 @@ built with the layer's fields as keywords) and the classes each surface accepts
   all-or-nothing: a surface they are asked to wrap that has nothing registered raises
   ``ValueError`` at once, and nothing is wrapped.
 - ``configure_resilience`` re-configures: the last policy wins, still one retry layer.
+- A surface is registered once: registering it again (the same object, another one, or a
+  member of the fallback chain) raises ``ValueError`` at that call, with advice that builds,
+  and leaves the plan as it was.
 - ``build()`` refuses (``ValueError`` naming the call and the surface) a surface registered
   after a layer meant to wrap it, since that surface would silently escape the layer.
 
@@ -131,7 +134,14 @@ class ResiliencePlan:
     Configure a plan from one thread; the objects it builds are safe to share.
     """
 
-    __slots__ = ("_default_ledger", "_late", "_sql_ledger", "_steps", "_surfaces")
+    __slots__ = (
+        "_default_ledger",
+        "_late",
+        "_registered",
+        "_sql_ledger",
+        "_steps",
+        "_surfaces",
+    )
 
     #: The framework named when a surface is refused (`"LangChain"`, `"LlamaIndex"`).
     _framework: ClassVar[str] = ""
@@ -147,6 +157,9 @@ class ResiliencePlan:
         self._steps: list[_Step] = []
         # (call that came too late, the earlier call that meant to wrap its surface, surface)
         self._late: list[tuple[str, str, Surface]] = []
+        # Each surface's registration, in time or late: the call, and what it was given
+        # (the model, or the chain's members).
+        self._registered: dict[Surface, tuple[str, tuple[Any, ...]]] = {}
         self._sql_ledger: tuple[str, dict[str, Any]] | None = None
         self._default_ledger: CostLedger | None = None
 
@@ -197,20 +210,62 @@ class ResiliencePlan:
     def _register(self, surface: Surface, value: Any, option: str) -> Self:
         call = _REGISTER_CALL[surface]
         self._check_surface(surface, value, f"{call}({option})")
-        self._store(call, surface, value)
+        self._refuse_twice(call, surface, (value,))
+        self._store(call, surface, value, (value,))
         return self
 
-    def _store(self, call: str, surface: Surface, value: Any) -> None:
+    def _refuse_twice(self, call: str, surface: Surface, given: Sequence[Any]) -> None:
+        """Raise ``ValueError`` at the call if ``surface`` is registered already, with
+        advice that builds: a builder holds one object per surface, registered once."""
+        if surface not in self._registered:
+            return
+        earlier, held = self._registered[surface]
+        label = {"chat": "chat model", "embeddings": "embeddings model"}.get(
+            surface, _label(surface)
+        )
+        if call == "use_fallback_chain":
+            drop = "drop that register_chat and " if earlier == "register_chat" else ""
+            raise ValueError(
+                f"use_fallback_chain registers the chat model, but one is already registered "
+                f"(by {earlier}): {drop}put every model in use_fallback_chain's list instead"
+            )
+        if any(item is value for item in held for value in given):
+            if earlier == "use_fallback_chain":
+                raise ValueError(
+                    f"{call}: this {label} is already registered, as a member of "
+                    f"use_fallback_chain's chain (the chat model the layers wrap): drop this "
+                    f"{call}"
+                )
+            raise ValueError(
+                f"{call}: this {label} is already registered, by an earlier {earlier}: "
+                f"register each surface once, before the calls meant to wrap it, and drop "
+                f"this {call}"
+            )
+        if earlier == "use_fallback_chain":
+            advice = (
+                "to have the chain try this model too, put it in use_fallback_chain's list "
+                "and drop this register_chat"
+            )
+        elif surface == "chat":
+            advice = (
+                "to try both in turn, replace both register_chat calls with one "
+                "use_fallback_chain([first, second]); to wrap this one on its own, give it "
+                "a ResilienceBuilder() of its own"
+            )
+        else:
+            advice = "to wrap this one too, give it a ResilienceBuilder() of its own"
+        raise ValueError(
+            f"{call}: another {label} is already registered, by {earlier}, and a builder "
+            f"holds one: {advice}"
+        )
+
+    def _store(self, call: str, surface: Surface, value: Any, given: tuple[Any, ...]) -> None:
+        self._registered[surface] = (call, given)
         meant = [step.call for step in self._steps if surface in step.covers]
         if meant:
             # Refused by build(), which names both calls: the layer would miss this surface.
             self._late.append((call, meant[0], surface))
             return
-        if surface in self._surfaces:
-            hint = " (use_fallback_chain puts several behind one)" if surface == "chat" else ""
-            raise ValueError(
-                f"{call}: a {_label(surface)} is already registered, and a builder holds one{hint}"
-            )
         self._surfaces[surface] = _SurfaceState(value)
 
     # -- layers -----------------------------------------------------------------
@@ -222,12 +277,7 @@ class ResiliencePlan:
         checked now. Raises ``ValueError`` if a chat model is already registered: pass it
         in ``models`` instead.
         """
-        if "chat" in self._surfaces:
-            raise ValueError(
-                "use_fallback_chain registers the chat surface, but a chat model is already "
-                "registered (register_chat or an earlier use_fallback_chain): put every model "
-                "in use_fallback_chain's list instead"
-            )
+        self._refuse_twice("use_fallback_chain", "chat", ())
         if isinstance(models, (str, bytes)) or not isinstance(models, Sequence):
             raise TypeError(
                 f"use_fallback_chain needs a list of models, primary first; "
@@ -236,7 +286,7 @@ class ResiliencePlan:
         for index, member in enumerate(models):
             self._check_surface("chat", member, f"use_fallback_chain(models[{index}])")
         chain = self._fallback_chain(list(models), options)
-        self._store("use_fallback_chain", "chat", chain)
+        self._store("use_fallback_chain", "chat", chain, tuple(models))
         self._steps.append(_Step("use_fallback_chain", frozenset({"chat"})))
         return self
 
@@ -331,7 +381,8 @@ class ResiliencePlan:
         (raising ``ValueError`` if neither is); name them, e.g. ``surfaces=["chat"]``, to
         leave one out, in which case each must be registered. Spend goes to ``ledger``,
         else to the ``use_sql_cost_ledger`` ledger, else to one ``InMemoryCostLedger``
-        (which resets with the process; a warning says so); the surfaces share it. A
+        (which resets with the process: one WARNING names ``SqlCostLedger``, as a
+        ``CostTracked*`` wrapper given no ledger does); the surfaces share it. A
         surface already budgeted keeps its first configuration.
 
         Opening the SQL ledger is the one call to a dependency a builder makes; it is
@@ -477,9 +528,11 @@ class ResiliencePlan:
                 url, options = self._sql_ledger
                 self._default_ledger = SqlCostLedger(url, **options)
             else:
-                from llm_resilience.ledger import InMemoryCostLedger
+                # The gate's own default and warning, once for every surface of this budget:
+                # the wrappers get this ledger by name, so they do not warn again.
+                from llm_resilience.budget._ledger import default_ledger
 
-                self._default_ledger = InMemoryCostLedger()
+                self._default_ledger = default_ledger()
         return self._default_ledger
 
 

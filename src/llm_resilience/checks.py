@@ -71,10 +71,23 @@ class OptionTypeError(TypeError, ValueError):
 
 
 def seconds(
-    option: str, value: object, *, allow_none: bool = False, maximum: timedelta = MAX_DURATION
+    option: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    zero: str | None = None,
+    maximum: timedelta = MAX_DURATION,
 ) -> float | None:
     """A duration option as seconds: None (when allowed), an int or float, or a timedelta,
-    greater than 0 and at most ``maximum``."""
+    greater than 0 (or 0 itself, when ``zero`` says what 0 means) and at most ``maximum``.
+
+    >>> seconds("RetryPolicy.base_delay", 0, zero="no wait")
+    0.0
+    >>> seconds("RetryPolicy.base_delay", -1, zero="no wait")
+    Traceback (most recent call last):
+    ...
+    ValueError: RetryPolicy.base_delay must be 0 (no wait) or more seconds; got -1
+    """
     if value is None and allow_none:
         return None
     if isinstance(value, timedelta):
@@ -90,8 +103,9 @@ def seconds(
             f"{option} must be {allowed}a number of seconds (int or float) or a "
             f"datetime.timedelta; got {value!r} ({type(value).__name__})"
         )
-    if math.isnan(amount) or amount <= 0:
-        raise ValueError(f"{option} must be greater than 0 seconds; got {value!r}")
+    if math.isnan(amount) or amount < 0 or (amount == 0 and zero is None):
+        least = "greater than 0 seconds" if zero is None else f"0 ({zero}) or more seconds"
+        raise ValueError(f"{option} must be {least}; got {value!r}")
     limit = maximum.total_seconds()
     if amount > limit:
         days = f"{maximum.days} day" + ("" if maximum.days == 1 else "s")

@@ -5,9 +5,10 @@ pandas has no exact decimal dtype, so a frame carries cost twice: ``cost`` holds
 ``cost_float`` the nearest ``float64`` (for ``groupby(...).sum()``, ``resample`` and
 plots, where the last digits do not matter).
 
-pandas loads only when :func:`to_dataframe` is called, so ``import llm_resilience``
-never imports it; it comes with the ``pandas`` extra (``pip install
-"llm-resilience[pandas]"``).
+:func:`to_dataframe` is also on the face (``from llm_resilience import to_dataframe``).
+pandas loads only when it is called, so ``import llm_resilience`` never imports it; it
+comes with the ``pandas`` extra (``pip install "llm-resilience[pandas]"``), and without
+it the call raises ``ImportError`` naming that extra.
 
 >>> from datetime import UTC, datetime
 >>> from decimal import Decimal
@@ -28,6 +29,7 @@ from llm_resilience.ledger._protocol import DETAIL_COLUMNS, LedgerEntry
 if TYPE_CHECKING:
     import pandas as pd
 
+    from llm_resilience.ledger import CostLedger
     from llm_resilience.spend import SpendReport
 
 __all__ = ["ENTRY_COLUMNS", "REPORT_COLUMNS", "to_dataframe"]
@@ -68,15 +70,19 @@ REPORT_COLUMNS: dict[str, str] = {
 def _pandas() -> Any:
     try:
         import pandas
-    except ImportError as error:  # pragma: no cover - exercised only without the extra
+    except ImportError as error:
         raise ImportError(
-            'to_dataframe needs pandas: pip install "llm-resilience[pandas]"'
+            "to_dataframe needs pandas, which comes with the pandas extra: "
+            'pip install "llm-resilience[pandas]"'
         ) from error
     return pandas
 
 
-def to_dataframe(source: Iterable[LedgerEntry] | SpendReport) -> pd.DataFrame:
+def to_dataframe(source: Iterable[LedgerEntry] | SpendReport | CostLedger) -> pd.DataFrame:
     """A DataFrame of ledger entries (one row each) or of a spend report (one row per row).
+
+    ``from llm_resilience import to_dataframe``. Pass a ledger itself for all of its
+    entries, or ``ledger.entries(since, until, scope=..., model=..., kind=...)`` for some.
 
     >>> from datetime import UTC, datetime
     >>> from decimal import Decimal
@@ -84,7 +90,7 @@ def to_dataframe(source: Iterable[LedgerEntry] | SpendReport) -> pd.DataFrame:
     >>> ledger = InMemoryCostLedger()
     >>> ledger.record(LedgerEntry(datetime(2026, 11, 2, tzinfo=UTC), "ocr", pages=12,
     ...                           cost=Decimal("0.018"), model="mistral-ocr"))
-    >>> to_dataframe(ledger.entries())[["kind", "pages", "cost"]].to_dict("records")
+    >>> to_dataframe(ledger)[["kind", "pages", "cost"]].to_dict("records")
     [{'kind': 'ocr', 'pages': 12, 'cost': Decimal('0.018')}]
 
     Entries give the columns of :data:`ENTRY_COLUMNS`: ``timestamp`` as
@@ -101,16 +107,18 @@ def to_dataframe(source: Iterable[LedgerEntry] | SpendReport) -> pd.DataFrame:
     pandas = _pandas()
     if isinstance(source, SpendReport):
         return _report_frame(pandas, source)
+    if not isinstance(source, Iterable) and callable(getattr(source, "entries", None)):
+        source = source.entries()  # a ledger: every entry it holds, oldest first
     if isinstance(source, (str, bytes)) or not isinstance(source, Iterable):
         raise TypeError(
-            "to_dataframe takes an iterable of LedgerEntry or a SpendReport, "
+            "to_dataframe takes a ledger, an iterable of LedgerEntry or a SpendReport, "
             f"got {type(source).__name__}"
         )
     entries = list(source)
     for entry in entries:
         if not isinstance(entry, LedgerEntry):
             raise TypeError(
-                "to_dataframe takes an iterable of LedgerEntry or a SpendReport, "
+                "to_dataframe takes a ledger, an iterable of LedgerEntry or a SpendReport, "
                 f"got an item of type {type(entry).__name__}"
             )
     columns: dict[str, list[Any]] = {

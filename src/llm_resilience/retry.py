@@ -43,7 +43,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import tenacity
@@ -129,21 +128,26 @@ def _attempts(value: object) -> int:
     return checks.whole("RetryPolicy.attempts", value, minimum=1, maximum=MAX_ATTEMPTS)
 
 
-def _jitter(value: object) -> float:
-    zero = value == timedelta(0) if isinstance(value, timedelta) else value == 0
-    if zero and not isinstance(value, bool):
-        return 0.0
-    try:
-        amount = checks.seconds("RetryPolicy.jitter", value)
-    except checks.OptionTypeError:  # a wrong type keeps the shared message
-        raise
-    except ValueError:
-        raise ValueError(
-            f"RetryPolicy.jitter must be 0 (no jitter) or more seconds, at most 365 days; "
-            f"got {value!r}"
-        ) from None
+def _delay(option: str, value: object, zero: str) -> float:
+    # 0 is a legitimate wait here (tenacity's wait_none, Polly's zero delay): retry at once.
+    amount = checks.seconds(f"RetryPolicy.{option}", value, zero=zero)
     assert amount is not None
     return amount
+
+
+# The defaults look ``time.sleep``, ``asyncio.sleep`` and ``time.time`` up on every use
+# (not bound at import or construction), as the limiters read their clock: patching them
+# (a test's monkeypatch, freezegun) reaches every policy built with the defaults.
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+async def _asleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def _now() -> float:
+    return time.time()
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -158,7 +162,8 @@ class RetryPolicy:
     ...
     ValueError: RetryPolicy.attempts must be an integer from 1 to 100, got 0
 
-    Durations are seconds (int or float) or a ``timedelta``. ``sleep``/``asleep`` and
+    Durations are seconds (int or float) or a ``timedelta``, 0 or more (0 is no wait;
+    a negative one raises ``ValueError`` naming the option). ``sleep``/``asleep`` and
     ``now`` (the wall clock, for ``Retry-After`` given as an HTTP date) are
     injectable so tests prove the schedule without waiting. :meth:`from_tenacity`
     builds a policy from your own tenacity arguments instead.
@@ -166,9 +171,10 @@ class RetryPolicy:
 
     #: Tries in all, the first included (1 means never retry).
     attempts: int = 4
-    #: Seconds before the first retry; each later wait doubles it.
+    #: Seconds before the first retry; each later wait doubles it (0: retry at once).
     base_delay: float = 1.0
-    #: The longest wait between two tries, and the longest ``Retry-After`` honoured.
+    #: The longest wait between two tries, and the longest ``Retry-After`` honoured
+    #: (0: never wait).
     max_delay: float = 30.0
     #: Up to this many seconds added at random to each backoff wait (0 for none), so
     #: many callers failing together do not retry together.
@@ -177,14 +183,13 @@ class RetryPolicy:
     permanent_status_codes: frozenset[int] = field(
         default=DEFAULT_PERMANENT_STATUS_CODES, repr=False
     )
-    #: Waits between sync tries.
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
-    #: Waits between async tries.
-    asleep: Callable[[float], Awaitable[None]] = field(
-        default=asyncio.sleep, repr=False, compare=False
-    )
-    #: The wall clock (seconds since the epoch), to read a ``Retry-After`` date.
-    now: Callable[[], float] = field(default=time.time, repr=False, compare=False)
+    #: Waits between sync tries (default: ``time.sleep``, looked up at each wait).
+    sleep: Callable[[float], None] = field(default=_sleep, repr=False, compare=False)
+    #: Waits between async tries (default: ``asyncio.sleep``, looked up at each wait).
+    asleep: Callable[[float], Awaitable[None]] = field(default=_asleep, repr=False, compare=False)
+    #: The wall clock (seconds since the epoch), to read a ``Retry-After`` date (default:
+    #: ``time.time``, looked up at each reading).
+    now: Callable[[], float] = field(default=_now, repr=False, compare=False)
     _tenacity: Mapping[str, Any] | None = field(
         default=None, repr=False, compare=True, hash=False, init=False
     )
@@ -192,9 +197,9 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "attempts", _attempts(self.attempts))
-        set_(self, "base_delay", checks.seconds("RetryPolicy.base_delay", self.base_delay))
-        set_(self, "max_delay", checks.seconds("RetryPolicy.max_delay", self.max_delay))
-        set_(self, "jitter", _jitter(self.jitter))
+        set_(self, "base_delay", _delay("base_delay", self.base_delay, "no wait"))
+        set_(self, "max_delay", _delay("max_delay", self.max_delay, "no wait"))
+        set_(self, "jitter", _delay("jitter", self.jitter, "no jitter"))
         codes = self.permanent_status_codes
         if isinstance(codes, (str, bytes)) or not isinstance(codes, Iterable):
             raise checks.OptionTypeError(

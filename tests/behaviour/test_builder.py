@@ -181,6 +181,48 @@ async def test_one_permit_covers_a_whole_fallback_sequence_with_a_failing_primar
     ledger.close()
 
 
+def test_budgeting_without_a_ledger_warns_once_as_a_bare_cost_layer_does(
+    driver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="llm_resilience"):
+        driver.cost_tracked(driver.answering(), budget=BUDGET)
+    (bare,) = [record.getMessage() for record in caplog.records]
+    assert "SqlCostLedger" in bare
+    caplog.clear()
+
+    with caplog.at_level(logging.WARNING, logger="llm_resilience"):
+        builder = (
+            driver.builder()
+            .register_chat(driver.answering())
+            .register_embeddings(driver.embeddings(8))
+            .use_cost_budgeting(BUDGET)
+            .use_cost_budgeting(BUDGET)  # idempotent: no second ledger, no second warning
+        )
+        builder.build()
+        stack = builder.build()
+    assert [record.getMessage() for record in caplog.records] == [bare]
+    assert [record.name for record in caplog.records] == ["llm_resilience.budget"]
+    assert stack.chat.gate.ledger is stack.embeddings.gate.ledger
+
+
+def test_a_surface_registered_twice_is_refused_at_the_call_and_the_builder_still_builds(
+    driver: Any,
+) -> None:
+    primary, secondary = driver.answering(model="a"), driver.answering(model="b")
+    chat = driver.builder().use_fallback_chain([primary, secondary])
+    with pytest.raises(ValueError, match="member of use_fallback_chain's chain"):
+        chat.register_chat(primary)
+    assert driver.members_of(chat.build().chat) == [primary, secondary]
+
+    embeddings = driver.embeddings(8)
+    retried = driver.builder().register_embeddings(embeddings).configure_resilience()
+    with pytest.raises(ValueError, match="drop this register_embeddings"):
+        retried.register_embeddings(embeddings)
+    built = retried.build().embeddings
+    assert isinstance(built, driver.layer_types()["retry_embeddings"])
+    assert built.inner is embeddings
+
+
 def test_a_surface_of_the_wrong_framework_type_is_refused_at_registration(driver: Any) -> None:
     title = driver.framework_title
     with pytest.raises(TypeError, match=rf"register_chat\(model\) must be a {title}"):

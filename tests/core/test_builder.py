@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -220,15 +221,6 @@ def test_configure_resilience_refuses_what_is_not_a_retry_policy() -> None:
         Plan().register_embeddings("embeddings").configure_resilience(3)
 
 
-def _late_chat_after_fallback(plan: Plan) -> None:
-    plan.use_fallback_chain(["a", "b"]).register_chat("late")
-
-
-def _late_chat_after_rate_limiting(plan: Plan) -> None:
-    plan.register_chat("chat").use_rate_limiting(chat_requests_per_minute=60)
-    plan.register_chat("late")
-
-
 def _late_chat_after_budgeting(plan: Plan) -> None:
     plan.register_embeddings("embeddings").use_cost_budgeting(BUDGET).register_chat("late")
 
@@ -240,11 +232,6 @@ def _late_fallback_chain_after_budgeting(plan: Plan) -> None:
 
 def _late_embeddings_after_retry(plan: Plan) -> None:
     plan.register_vector_store("store").configure_resilience().register_embeddings("late")
-
-
-def _late_embeddings_after_rate_limiting(plan: Plan) -> None:
-    plan.register_embeddings("embeddings").use_rate_limiting(embedding_requests_per_minute=60)
-    plan.register_embeddings("late")
 
 
 def _late_embeddings_after_budgeting(plan: Plan) -> None:
@@ -259,14 +246,6 @@ def _late_store_after_retry(plan: Plan) -> None:
     ("steps", "message"),
     [
         (
-            _late_chat_after_fallback,
-            "register_chat came after use_fallback_chain, which wraps the chat model",
-        ),
-        (
-            _late_chat_after_rate_limiting,
-            "register_chat came after use_rate_limiting, which wraps the chat model",
-        ),
-        (
             _late_chat_after_budgeting,
             "register_chat came after use_cost_budgeting, which wraps the chat model",
         ),
@@ -277,10 +256,6 @@ def _late_store_after_retry(plan: Plan) -> None:
         (
             _late_embeddings_after_retry,
             "register_embeddings came after configure_resilience, which wraps the embeddings",
-        ),
-        (
-            _late_embeddings_after_rate_limiting,
-            "register_embeddings came after use_rate_limiting, which wraps the embeddings",
         ),
         (
             _late_embeddings_after_budgeting,
@@ -329,9 +304,103 @@ def test_the_fallback_chain_checks_its_options_at_the_call() -> None:
         Plan().use_fallback_chain(["a", "b"], per_client_timeout=-1)
 
 
-def test_registering_a_surface_twice_is_refused_at_once() -> None:
-    with pytest.raises(ValueError, match="register_embeddings: a embeddings is already"):
-        Plan().register_embeddings("a").register_embeddings("b")
+def test_the_advice_of_a_late_registration_builds_when_followed() -> None:
+    plan = Plan().register_embeddings("embeddings").use_cost_budgeting(BUDGET)
+    plan.register_chat("late")
+    with pytest.raises(ValueError, match="call register_chat before use_cost_budgeting"):
+        plan.build()
+
+    followed = Plan().register_embeddings("embeddings").register_chat("late")
+    followed.use_cost_budgeting(BUDGET)
+    assert kinds(followed.build().chat) == ["BudgetLayer", "late"]
+
+
+# Each case: the calls up to the refused one, the refused call, the message, and the calls
+# its advice asks for instead (which must build).
+_TWICE: list[tuple[Callable[[Plan], Plan], Callable[[Plan], Plan], str, Callable[[], Plan]]] = [
+    (
+        lambda plan: plan.use_fallback_chain(["a", "b"]),
+        lambda plan: plan.register_chat("a"),
+        r"register_chat: this chat model is already registered, as a member of "
+        r"use_fallback_chain's chain .*: drop this register_chat",
+        lambda: Plan().use_fallback_chain(["a", "b"]),
+    ),
+    (
+        lambda plan: plan.use_fallback_chain(["a", "b"]),
+        lambda plan: plan.register_chat("c"),
+        r"register_chat: another chat model is already registered, by use_fallback_chain.*"
+        r"put it in use_fallback_chain's list and drop this register_chat",
+        lambda: Plan().use_fallback_chain(["a", "b", "c"]),
+    ),
+    (
+        lambda plan: plan.register_chat("a").use_rate_limiting(chat_requests_per_minute=60),
+        lambda plan: plan.register_chat("b"),
+        r"register_chat: another chat model is already registered, by register_chat.*"
+        r"replace both register_chat calls with one use_fallback_chain\(\[first, second\]\)",
+        lambda: (
+            Plan().use_fallback_chain(["a", "b"]).use_rate_limiting(chat_requests_per_minute=60)
+        ),
+    ),
+    (
+        lambda plan: plan.register_embeddings("e").configure_resilience(),
+        lambda plan: plan.register_embeddings("e"),
+        r"register_embeddings: this embeddings model is already registered, by an earlier "
+        r"register_embeddings: .*drop this register_embeddings",
+        lambda: Plan().register_embeddings("e").configure_resilience(),
+    ),
+    (
+        lambda plan: plan.register_embeddings("e").use_rate_limiting(
+            embedding_requests_per_minute=60
+        ),
+        lambda plan: plan.register_embeddings("f"),
+        r"register_embeddings: another embeddings model is already registered, by "
+        r"register_embeddings, and a builder holds one: .*ResilienceBuilder\(\) of its own",
+        lambda: Plan().register_embeddings("f").use_rate_limiting(embedding_requests_per_minute=60),
+    ),
+    (
+        lambda plan: plan.register_vector_store("store"),
+        lambda plan: plan.register_vector_store("store"),
+        "register_vector_store: this vector store is already registered",
+        lambda: Plan().register_vector_store("store"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("before", "twice", "message", "advised"),
+    _TWICE,
+    ids=[
+        "a-chain-member-again",
+        "another-model-after-the-chain",
+        "a-second-chat-model",
+        "the-same-embeddings-after-retry",
+        "a-second-embeddings-model",
+        "the-same-vector-store",
+    ],
+)
+def test_registering_a_surface_twice_is_refused_at_the_call_with_advice_that_builds(
+    before: Callable[[Plan], Plan],
+    twice: Callable[[Plan], Plan],
+    message: str,
+    advised: Callable[[], Plan],
+) -> None:
+    plan = before(Plan())
+    expected = plan.build()
+
+    with pytest.raises(ValueError, match=f"^{message}"):
+        twice(plan)
+    # Refused at the call, the plan is as it was: build() has nothing more to refuse.
+    assert [kinds(getattr(plan.build(), s)) for s in ("chat", "embeddings", "vector_store")] == [
+        kinds(getattr(expected, s)) for s in ("chat", "embeddings", "vector_store")
+    ]
+    assert advised().build() is not None  # the advice, followed, builds
+
+
+def test_the_fallback_chain_after_a_chat_model_advises_dropping_register_chat() -> None:
+    with pytest.raises(ValueError, match="drop that register_chat and put every model"):
+        Plan().register_chat("chat").use_fallback_chain(["chat", "b"])
+    with pytest.raises(ValueError, match=r"^use_fallback_chain registers the chat model"):
+        Plan().use_fallback_chain(["a", "b"]).use_fallback_chain(["c", "d"])
 
 
 def test_build_with_nothing_registered_says_what_to_register() -> None:

@@ -158,6 +158,19 @@ def test_a_persistent_503_is_retried_with_backoff_then_the_next_member_answers(
     assert (primary.tries, secondary.tries) == (3, 1)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_zero_delay_policy_asks_the_same_member_again_at_once(shape: str) -> None:
+    time = FakeTime()
+    primary = Member("primary", status_error(503), status_error(503), "primary answered")
+    chain = FallbackChain(
+        [primary, Member("secondary")],
+        clock=time.clock,
+        member_retry=policy(time, base_delay=0, max_delay=0),
+    )
+    assert run(chain, shape) == "primary answered"
+    assert (primary.tries, time.sleeps) == (3, [0.0, 0.0])
+
+
 @pytest.mark.parametrize("status", [500, 502, 504])
 def test_a_passing_server_error_is_retried_on_the_same_member(status: int) -> None:
     time = FakeTime()

@@ -137,8 +137,29 @@ def test_a_report_row_without_a_key_is_na() -> None:
     assert unscoped["calls"].iloc[0] == 11  # hours 0, 3, ..., 27 and the OCR job
 
 
+def test_a_ledger_itself_gives_the_frame_of_all_its_entries(tmp_path: Path) -> None:
+    from llm_resilience import to_dataframe as from_the_face
+
+    ledger = SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}")
+    for entry in _entries():
+        ledger.record(entry)
+
+    df = from_the_face(ledger)
+    assert len(df) == 31
+    assert df.equals(to_dataframe(ledger.entries()))
+    assert len(from_the_face(InMemoryCostLedger())) == 0
+    ledger.close()
+
+
+def test_without_pandas_the_error_names_the_pandas_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pandas", None)  # what an environment without it raises
+
+    with pytest.raises(ImportError, match=r'pandas extra: pip install "llm-resilience\[pandas\]"'):
+        to_dataframe([])
+
+
 def test_anything_but_entries_or_a_report_is_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="iterable of LedgerEntry or a SpendReport"):
+    with pytest.raises(TypeError, match="a ledger, an iterable of LedgerEntry or a SpendReport"):
         to_dataframe([{"cost": "0.1"}])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="got str"):
         to_dataframe("entries")  # type: ignore[arg-type]

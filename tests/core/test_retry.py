@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -118,6 +119,32 @@ def test_no_wait_is_longer_than_max_delay() -> None:
         policy.call(Flaky(*[ConnectionError() for _ in range(6)]))
 
     assert slept == [2.0, 4.0, 5.0, 5.0, 5.0]
+
+
+def test_a_zero_base_delay_retries_at_once() -> None:
+    policy, slept = recording_policy(base_delay=0)
+    flaky = Flaky(ConnectionError("reset"), openai_error(503))
+
+    assert policy.call(flaky) == "ok"
+    assert flaky.calls == 3
+    assert slept == [0.0, 0.0]
+    assert policy.delays() == (0.0, 0.0, 0.0)
+
+
+async def test_a_zero_base_delay_retries_async_calls_at_once() -> None:
+    policy, slept = recording_policy(base_delay=timedelta(0))
+    flaky = Flaky(ConnectionError("reset"))
+
+    assert await policy.acall(flaky.acall) == "ok"
+    assert slept == [0.0]
+
+
+def test_a_zero_max_delay_never_waits_whatever_the_jitter_or_retry_after() -> None:
+    policy, slept = recording_policy(max_delay=0, jitter=1)
+    flaky = Flaky(ConnectionError(), openai_error(429, {"retry-after": "5"}))
+
+    assert policy.call(flaky) == "ok"
+    assert slept == [0.0, 0.0]
 
 
 def test_one_attempt_means_the_call_is_never_retried() -> None:
@@ -386,6 +413,61 @@ async def test_a_custom_configuration_built_on_is_retryable_keeps_the_refusals()
     assert flaky.calls == 2
 
 
+# -- sleeps and the clock, looked up when used ---------------------------------------------
+
+
+def test_the_default_sleep_is_looked_up_at_each_wait_so_patching_time_sleep_reaches_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = RetryPolicy(jitter=0)  # built before the patch, as a module-level policy is
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+
+    assert policy.call(Flaky(ConnectionError(), ConnectionError())) == "ok"
+    assert slept == [1.0, 2.0]  # recorded, not slept for real
+
+
+async def test_the_default_async_sleep_is_looked_up_at_each_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = RetryPolicy(jitter=0)
+    slept: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", recorded)
+
+    assert await policy.acall(Flaky(ConnectionError(), ConnectionError()).acall) == "ok"
+    assert slept == [1.0, 2.0]
+
+
+def test_a_patched_wall_clock_reaches_the_default_policy_reading_a_retry_after_date(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = RetryPolicy(jitter=0)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    frozen = datetime(2031, 3, 4, 12, 0, tzinfo=UTC).timestamp()
+    date = email.utils.formatdate(frozen + 7, usegmt=True)
+    monkeypatch.setattr(time, "time", lambda: frozen)  # as freezegun's freeze_time does
+
+    assert policy.call(Flaky(openai_error(429, {"retry-after": date}))) == "ok"
+    assert slept == [7.0]  # against the real clock the date is years away: backoff's 1.0
+
+
+def test_a_sleep_passed_in_still_wins_over_a_patched_time_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mine: list[float] = []
+    patched: list[float] = []
+    policy = RetryPolicy(jitter=0, sleep=mine.append)
+    monkeypatch.setattr(time, "sleep", patched.append)
+
+    assert policy.call(Flaky(ConnectionError())) == "ok"
+    assert (mine, patched) == ([1.0], [])
+
+
 # -- construction --------------------------------------------------------------------------
 
 
@@ -396,9 +478,15 @@ async def test_a_custom_configuration_built_on_is_retryable_keeps_the_refusals()
         (lambda: RetryPolicy(attempts=101), "RetryPolicy.attempts"),
         (lambda: RetryPolicy(attempts=True), "RetryPolicy.attempts"),
         (lambda: RetryPolicy(attempts="4"), "RetryPolicy.attempts"),
-        (lambda: RetryPolicy(base_delay=0), "RetryPolicy.base_delay must be greater than 0"),
+        (
+            lambda: RetryPolicy(base_delay=-1),
+            r"RetryPolicy.base_delay must be 0 \(no wait\) or more seconds; got -1",
+        ),
         (lambda: RetryPolicy(base_delay="1"), "RetryPolicy.base_delay must be"),
-        (lambda: RetryPolicy(max_delay=-1), "RetryPolicy.max_delay must be greater than 0"),
+        (
+            lambda: RetryPolicy(max_delay=timedelta(seconds=-1)),
+            r"RetryPolicy.max_delay must be 0 \(no wait\) or more seconds",
+        ),
         (lambda: RetryPolicy(max_delay=float("nan")), "RetryPolicy.max_delay"),
         (lambda: RetryPolicy(jitter=-0.5), r"RetryPolicy.jitter must be 0 \(no jitter\) or more"),
         (lambda: RetryPolicy(permanent_status_codes={200}), "between 400 and 599"),

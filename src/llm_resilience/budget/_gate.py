@@ -13,6 +13,7 @@ from typing import Literal
 from llm_resilience import checks
 from llm_resilience.budget._ledger import (
     checked_ledger,
+    default_ledger,
     keep,
     ledger_name,
     release,
@@ -29,7 +30,7 @@ from llm_resilience.budget._models import (
 )
 from llm_resilience.budget._options import CostBudget
 from llm_resilience.errors import BudgetExceededError
-from llm_resilience.ledger import CostLedger, InMemoryCostLedger, LedgerEntry, Reservation
+from llm_resilience.ledger import CostLedger, LedgerEntry, Reservation
 from llm_resilience.ledger._protocol import CheckedLimits, batch_reader, check_scope, checked_entry
 from llm_resilience.money import ModelPrice, cost_of
 from llm_resilience.telemetry import record_llm_usage
@@ -46,11 +47,6 @@ logger = logging.getLogger("llm_resilience.budget")
 HEDGE_KIND = "hedge"
 
 Surface = Literal["chat", "embedding"]
-
-_IN_MEMORY_WARNING = (
-    "No persistent cost ledger: spend is kept in memory by InMemoryCostLedger and resets "
-    "when the process restarts. Pass SqlCostLedger(url) to keep it across restarts and workers."
-)
 
 
 def _utcnow() -> datetime:
@@ -110,12 +106,11 @@ class BudgetGate:
         #: Prices, limits and mode.
         self.budget = budget
         #: Where spend is recorded and read back.
-        self.ledger: CostLedger = InMemoryCostLedger() if ledger is None else checked_ledger(ledger)
+        # A ledger given by name, in memory or not, was a choice: only the default warns.
+        self.ledger: CostLedger = default_ledger() if ledger is None else checked_ledger(ledger)
         self._now = now
         #: The unscoped limits, computed once per budget (the budget is immutable).
         self._unscoped: tuple[CostBudget, CheckedLimits] | None = None
-        if ledger is None:  # a ledger given by name, in memory or not, was a choice
-            logger.warning(_IN_MEMORY_WARNING)
 
     def __repr__(self) -> str:
         return f"BudgetGate(budget={self.budget!r}, ledger={self.ledger!r})"
@@ -145,6 +140,7 @@ class BudgetGate:
         with a cap is held at its cap; a None ``model`` (a chain, which never answers
         itself) counts only when ``may_serve`` is empty.
 
+        >>> from llm_resilience.ledger import InMemoryCostLedger
         >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
         >>> gate.worst_case_cost("chat", estimated_input_tokens=1000)  # 4096 output assumed
         Decimal('0.06444')

@@ -8,11 +8,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from llm_resilience.ledger import CostLedger, Reservation
+from llm_resilience.ledger import CostLedger, InMemoryCostLedger, Reservation
 from llm_resilience.redact import scrubbed
 
 __all__ = [
     "checked_ledger",
+    "default_ledger",
     "keep",
     "ledger_name",
     "release",
@@ -38,6 +39,24 @@ _LEDGER_METHODS = (
 
 #: Ledger writes that outlive a cancelled caller, kept referenced until they end.
 _background: set[asyncio.Future[Any]] = set()
+
+
+_IN_MEMORY_WARNING = (
+    "No persistent cost ledger: spend is kept in memory by InMemoryCostLedger and resets "
+    "when the process restarts. Pass SqlCostLedger(url) to keep it across restarts and workers."
+)
+
+
+def default_ledger() -> InMemoryCostLedger:
+    """The ledger of a budget given none: a new ``InMemoryCostLedger``, and one WARNING
+    naming ``SqlCostLedger`` (in-memory spend resets when the process restarts).
+
+    Each caller that makes a default asks once: a gate given no ledger, or a builder
+    whose ``use_cost_budgeting`` got none (one ledger, so one warning, for all its
+    surfaces). An ``InMemoryCostLedger`` passed on purpose is never warned about.
+    """
+    logger.warning(_IN_MEMORY_WARNING)
+    return InMemoryCostLedger()
 
 
 def checked_ledger(ledger: object) -> CostLedger:

@@ -3,8 +3,13 @@
 The core's one built-in command (:mod:`llm_resilience.cli` registers it). It only reads:
 a SQLite file is checked to exist and opened read-only (``mode=ro``), a PostgreSQL
 session is read-only (``default_transaction_read_only``), and a database that holds no
-current ledger is reported, not created or migrated. Every failure is one line on stderr
-naming the URL with its password masked, never a traceback.
+current ledger is reported, not created or migrated. Nothing ends in a traceback: a
+failure to read is one line on stderr naming the URL with its password masked, and an
+option argparse refuses is its usage and one line naming the option.
+
+Stored text is data, never markup: the table shows it as stored (rich never reads it as
+markup, unprintable characters appear as escapes), and csv puts a ``'`` before a key that
+a spreadsheet would run as a formula.
 
 SQLAlchemy loads when the command runs, ``rich`` (the ``cli`` extra) only to draw the
 table, and without it the table is plain aligned text.
@@ -14,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import sys
 from datetime import UTC, date, datetime, timedelta
 from typing import IO, Any
 
+from llm_resilience import checks
 from llm_resilience.redact import scrubbed
 from llm_resilience.spend import GROUPINGS, SpendReport, SpendRow, spend_report
 
@@ -30,8 +37,9 @@ EXIT_OK = 0
 #: The database could not be read: missing or unreadable file, no ledger in it, a server
 #: that does not answer, a timeout.
 EXIT_DATABASE = 1
-#: The command was used wrongly: an unknown option or value, a bad date, a URL that is
-#: not a SQLite or PostgreSQL database URL (argparse exits 2 for its own errors too).
+#: The command was used wrongly: an unknown option or value, a bad date, a scope no
+#: ledger can hold, a URL that is not a SQLite or PostgreSQL database URL (argparse exits
+#: 2 for its own errors too).
 EXIT_USAGE = 2
 FORMATS = ("table", "csv", "json")
 _COLUMNS = ("cost", "calls", "input_tokens", "output_tokens", "estimated_calls")
@@ -45,8 +53,12 @@ Dates are UTC: YYYY-MM-DD, or an ISO 8601 time (without an offset it is UTC).
 Money is exact: csv and json carry it as decimal text. The database is only read:
 a missing SQLite file is not created.
 
+Stored text shows as stored (unprintable characters as escapes such as \\x1b); in csv a
+key that starts with = + - @, a tab or a CR gets a leading ' so that a spreadsheet does
+not run it (json keeps every key as stored).
+
 exit codes: 0 report written, 1 database problem (missing or unreadable file, not a
-ledger, server down, timeout), 2 usage error (bad option, date or URL)."""
+ledger, server down, timeout), 2 usage error (bad option, date, scope or URL)."""
 
 
 class _Problem(Exception):
@@ -57,26 +69,54 @@ class _Problem(Exception):
         self.code = code
 
 
-def _moment(text: str, *, end_of_day: bool) -> datetime:
+def _moment(text: str, *, end_of_day: bool) -> datetime | None:
+    """A bound in UTC, or None (no bound) for one past an end of the UTC times a
+    ``datetime`` holds that leaves nothing out: a --since before 0001-01-01, an --until
+    after 9999-12-31. One past an end that would leave everything out is refused."""
     try:
         if len(text) == 10:
             day = date.fromisoformat(text)
-            start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-            return start + timedelta(days=1) if end_of_day else start
+            moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
+            if end_of_day:
+                # A bare --until date includes its day; after 9999-12-31 there is none.
+                return None if day == date.max else moment + timedelta(days=1)
+            return moment
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a UTC date YYYY-MM-DD or an ISO 8601 time, got {text!r}"
         ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except OverflowError:
+        # Only an offset moves a time past an end: east of UTC in year 1, west in 9999.
+        offset = moment.utcoffset()
+        early = offset is not None and offset > timedelta(0)
+        if early != end_of_day:
+            return None
+        end = "before 0001-01-01 00:00, the first" if early else "after 9999-12-31, the last"
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is {end} UTC time a ledger can hold: the report would be empty"
+        ) from None
 
 
-def _since(text: str) -> datetime:
+def _since(text: str) -> datetime | None:
     return _moment(text, end_of_day=False)
 
 
-def _until(text: str) -> datetime:
+def _until(text: str) -> datetime | None:
     return _moment(text, end_of_day=True)
+
+
+def _scope(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a scope; leave --scope out for every scope")
+    try:
+        checked = checks.scope("scope", text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    assert checked is not None
+    return checked
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +132,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--by", choices=GROUPINGS, default="day", help="grouping (default: day)")
     parser.add_argument("--since", type=_since, metavar="DATE", help="first UTC date or time")
     parser.add_argument("--until", type=_until, metavar="DATE", help="last UTC date, or end time")
-    parser.add_argument("--scope", metavar="S", help="only this budget scope (default: all)")
+    parser.add_argument(
+        "--scope", type=_scope, metavar="S", help="only this budget scope (default: all)"
+    )
     parser.add_argument("--format", choices=FORMATS, default="table", help="default: table")
 
 
@@ -227,17 +269,50 @@ def _write_json(report: SpendReport, out: IO[str]) -> None:
     out.write("\n")
 
 
+#: First characters that make a spreadsheet read a cell as a formula (OWASP's list).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(text: str) -> str:
+    """A stored text cell a spreadsheet shows rather than runs: one that starts like a
+    formula gets a leading ``'``, as OWASP's CSV-injection advice says."""
+    return f"'{text}" if text.startswith(_FORMULA_STARTS) else text
+
+
 def _write_csv(report: SpendReport, out: IO[str]) -> None:
-    """One line per row, headed by the grouping's name; no total line (sum the rows)."""
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow((report.by, *_COLUMNS))
+    """One line per row, headed by the grouping's name; no total line (sum the rows).
+
+    The key is stored text (a model, scope, ...), so it is made inert (:func:`_inert`);
+    the numbers are ours and written as they are."""
+    # Rows end in "\n"; each is formatted with "\r\n" first, because the csv module only
+    # quotes a field that holds a character of its terminator: a bare CR must be quoted
+    # too, or a reader splits the row there.
+    line = io.StringIO()
+    writer = csv.writer(line, lineterminator="\r\n")
+
+    def write(cells: tuple[object, ...]) -> None:
+        line.seek(0)
+        line.truncate()
+        writer.writerow(cells)
+        out.write(line.getvalue()[:-2] + "\n")
+
+    write((report.by, *_COLUMNS))
     for row in report.rows:
         fields = _row_fields(row)
-        writer.writerow(("" if row.key is None else row.key, *(fields[c] for c in _COLUMNS)))
+        key = "" if row.key is None else _inert(row.key)
+        write((key, *(fields[c] for c in _COLUMNS)))
+
+
+def _shown(text: str) -> str:
+    """Stored text for a terminal: as stored, except that characters that are not
+    printable (escape sequences, newlines, bidi controls) appear as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _cells(report: SpendReport, row: SpendRow, total: bool) -> list[str]:
-    key = "total" if total else (row.key or _UNKNOWN.get(report.by, "(unknown)"))
+    key = "total" if total else _shown(row.key or _UNKNOWN.get(report.by, "(unknown)"))
     return [
         key,
         format(row.cost, "f"),
@@ -255,7 +330,7 @@ def _title(report: SpendReport) -> str:
     if report.until is not None:
         parts.append(f"until {report.until:%Y-%m-%d %H:%M} UTC")
     if report.scope is not None:
-        parts.append(f"scope {report.scope}")
+        parts.append(f"scope {_shown(report.scope)}")
     return ", ".join(parts)
 
 
@@ -267,24 +342,27 @@ def _write_table(report: SpendReport, out: IO[str]) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         _write_plain(_title(report), headers, body, total, out)
         return
-    table = Table(title=_title(report), show_footer=True)
+    # Every string as Text: rich reads markup ("[/x]", "[link=...]") and emoji codes in a
+    # plain str, and stored text must show as stored.
+    table = Table(title=Text(_title(report)), show_footer=True)
     for index, header in enumerate(headers):
         # Fold, never truncate: a cut cost would be a wrong number.
         table.add_column(
-            header,
-            footer=total[index],
+            Text(header),
+            footer=Text(total[index]),
             justify="left" if index == 0 else "right",
             overflow="fold",
         )
     for cells in body:
-        table.add_row(*cells)
+        table.add_row(*map(Text, cells))
     lines = [headers, *body, total]
     needed = sum(max(len(line[index]) for line in lines) + 3 for index in range(len(headers)))
     width = None if out.isatty() else max(80, needed + 1)
-    Console(file=out, width=width).print(table)
+    Console(file=out, width=width, markup=False, emoji=False, highlight=False).print(table)
 
 
 def _write_plain(

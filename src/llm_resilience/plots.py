@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llm_resilience.ledger._protocol import LedgerEntry, window_bounds
 from llm_resilience.money import exact_sum
@@ -94,6 +94,18 @@ def _model(entry: LedgerEntry) -> str:
     return entry.model if entry.model is not None else UNKNOWN_MODEL
 
 
+def _legend(axes: Axes, **options: Any) -> None:
+    """The legend of every labelled line and bar container, each label as written: a
+    model's name is text, never mathtext (``$...$``, which also fails to draw when it is
+    not valid TeX), and is listed even when it starts with ``_``, which matplotlib's own
+    collection of handles would skip."""
+    # matplotlib's own order, lines first; a bar container is no Artist to its stubs.
+    handles: list[Any] = [*axes.lines, *axes.containers]
+    legend = axes.legend(handles, [handle.get_label() for handle in handles], **options)
+    for text in legend.get_texts():
+        text.set_parse_math(False)
+
+
 def _money_label(amount: Decimal) -> str:
     return f"{amount:,}"
 
@@ -155,7 +167,7 @@ def plot_daily_spend(entries: Iterable[LedgerEntry], budget: CostBudget | None =
     axes.set_xlabel("day")
     if per_model_day or limit is not None:
         # Beside the axes, so it never hides a bar.
-        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+        _legend(axes, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     # Set, not autoscaled: a zero-height bar's sticky edge at a stack's top would cut the
     # headroom above the tallest day.
     top = max([*below, *([] if limit is None else [limit])], default=Decimal(0))
@@ -248,7 +260,7 @@ def plot_month_to_date(
         )
         axes.set_xlim(*_day_numbers([start.date(), end.date()]))
     axes.set_ylim(bottom=0)
-    axes.set_title(f"Month to date, {start:%Y-%m} (UTC)")
+    axes.set_title(f"Month to date, {start.date().isoformat()[:7]} (UTC)")
     axes.set_ylabel("cumulative cost")
     axes.set_xlabel("day")
     axes.legend(loc="upper left", fontsize="small")
@@ -295,7 +307,8 @@ def plot_token_mix(entries: Iterable[LedgerEntry]) -> Figure:
         width=width,
         label="output",
     )
-    axes.set_xticks(positions, models, rotation=20, ha="right")
+    # Model names as written: never mathtext ("$...$").
+    axes.set_xticks(positions, models, rotation=20, ha="right", parse_math=False)
     axes.set_title("Tokens per model")
     axes.set_ylabel("tokens")
     axes.legend(loc="upper right", fontsize="small")

@@ -133,6 +133,154 @@ def test_without_rich_the_table_is_plain_aligned_text(
     assert len({len(line) for line in lines[1:]}) == 1  # one width: aligned
 
 
+#: Stored text that rich would read as markup or emoji codes, or a terminal as escapes.
+ODD_SCOPES = ["[/x]", "[bold red]tenant-7[/]", ":thumbs_up:"]
+ODD_MODELS = ["[link=https://example.invalid]gpt[/link]", "\x1b[31mred\x1b[0m", "left\u202eright"]
+#: Stored text a spreadsheet would run as a formula (OWASP's first characters), and not;
+#: a scope holds no tab or CR (no control character), a model may.
+FORMULAS = ["=cmd|' /C calc'!A0", "+1", "-0.5", "@SUM(A1)", "\tx", "\rx", "a=b"]
+#: Models that end a CSV row early unless quoted.
+BREAKS = ["two\nlines", "carriage\rreturn"]
+
+
+@pytest.fixture
+def odd_ledger_file(tmp_path: Path) -> Path:
+    """A SQLite ledger whose scopes and models are text no output may interpret."""
+    path = tmp_path / "odd.db"
+    ledger = SqlCostLedger(f"sqlite:///{path}")
+    for scope, model in zip(ODD_SCOPES, ODD_MODELS, strict=True):
+        ledger.record(LedgerEntry(T0, "chat", 1, 1, Decimal("0.5"), model=model, scope=scope))
+    for text in FORMULAS:
+        scope = None if text[0] in "\t\r" else text
+        ledger.record(LedgerEntry(T0, "chat", 1, 1, Decimal("0.25"), model=text, scope=scope))
+    for text in BREAKS:
+        ledger.record(LedgerEntry(T0, "chat", 1, 1, Decimal("0.125"), model=text))
+    ledger.close()
+    return path
+
+
+def _without_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("rich", "rich.console", "rich.table", "rich.text"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_a_scope_that_is_rich_markup_is_drawn_as_stored_by_the_console_script(
+    odd_ledger_file: Path,
+) -> None:
+    script = Path(sys.executable).with_name("llm-resilience")
+    result = subprocess.run(
+        [str(script), "spend", "--db", f"sqlite:///{odd_ledger_file}", "--by", "scope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, "")  # was a MarkupError traceback
+    for scope in ODD_SCOPES:
+        assert f"│ {scope} " in result.stdout
+
+
+@pytest.mark.parametrize("rich", [True, False], ids=["rich", "plain"])
+def test_stored_text_in_every_cell_and_title_of_the_table_is_shown_as_stored(
+    rich: bool,
+    odd_ledger_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if not rich:
+        _without_rich(monkeypatch)
+    db = ["spend", "--db", f"sqlite:///{odd_ledger_file}"]
+    code, out, err = _run([*db, "--by", "model"], capsys)
+    assert (code, err) == (0, "")
+    assert "[link=https://example.invalid]gpt[/link]" in out  # not a hyperlink to "gpt"
+    # Escape sequences and bidi controls appear as escapes, never reach the terminal.
+    assert "\x1b" not in out
+    assert "\u202e" not in out
+    assert "\\x1b[31mred\\x1b[0m" in out
+    assert "left\\u202eright" in out
+    for scope in ODD_SCOPES:
+        code, out, err = _run([*db, "--by", "scope", "--scope", scope], capsys)
+        assert (code, err) == (0, "")
+        assert f"Spend by scope, scope {scope}" in out  # the title
+        assert scope in out.split("Spend by scope, scope", 1)[1].split("\n", 1)[1]  # a cell
+
+
+def test_csv_cells_of_stored_text_that_start_like_a_formula_get_a_leading_quote(
+    odd_ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = ["spend", "--db", f"sqlite:///{odd_ledger_file}"]
+    neutralised = {f"'{text}" for text in FORMULAS if text != "a=b"}
+    code, out, _ = _run([*db, "--by", "model", "--format", "csv"], capsys)
+    assert code == 0
+    rows = {row["model"]: row for row in csv.DictReader(io.StringIO(out, newline=""))}
+    assert set(rows) == {*ODD_MODELS, *BREAKS, "a=b", *neutralised}  # no row broken up
+    # The numbers are ours and stay numbers.
+    assert (rows["'=cmd|' /C calc'!A0"]["cost"], rows["'-0.5"]["calls"]) == ("0.25", "1")
+    code, out, _ = _run([*db, "--by", "scope", "--format", "csv"], capsys)
+    assert code == 0
+    scopes = {row["scope"] for row in csv.DictReader(io.StringIO(out))}
+    assert scopes == {*ODD_SCOPES, "a=b", "", *(s for s in neutralised if s[1] not in "\t\r")}
+    code, out, _ = _run([*db, "--by", "model", "--format", "json"], capsys)
+    assert code == 0
+    # JSON is no spreadsheet: every key as stored.
+    assert {row["key"] for row in json.loads(out)["rows"]} == {*ODD_MODELS, *FORMULAS, *BREAKS}
+
+
+@pytest.mark.parametrize(
+    ("option", "bound"),
+    [("--until", "9999-12-31"), ("--since", "0001-01-01T00:00:00+01:00")],
+)
+def test_a_bound_past_the_open_end_of_time_is_no_bound(
+    option: str, bound: str, ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["spend", "--db", f"sqlite:///{ledger_file}", "--format", "json", option, bound]
+    code, out, err = _run(argv, capsys)  # was an OverflowError traceback
+    assert (code, err) == (0, "")
+    document = json.loads(out)
+    assert document[option[2:]] is None
+    assert document["total"]["calls"] == len(COSTS)
+
+
+@pytest.mark.parametrize(
+    ("option", "bound", "said"),
+    [
+        ("--since", "9999-12-31T23:30:00-01:00", "after 9999-12-31"),
+        ("--until", "0001-01-01T00:30:00+01:00", "before 0001-01-01 00:00"),
+    ],
+)
+def test_a_bound_that_would_leave_out_all_of_time_is_a_usage_error(
+    option: str, bound: str, said: str, ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["spend", "--db", f"sqlite:///{ledger_file}", option, bound])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:")
+    assert err.splitlines()[-1].startswith(f"llm-resilience spend: error: argument {option}: ")
+    assert said in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("scope", "said"),
+    [
+        ("", "expected a scope"),
+        ("x" * 257, "at most 256 characters"),
+        ("a\nb", "control character (U+000A)"),
+        ("a\x00b", "control character (U+0000)"),
+    ],
+)
+def test_a_scope_no_ledger_can_hold_is_a_usage_error_not_a_database_problem(
+    scope: str, said: str, ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:  # was exit 1, "cannot read" the database
+        main(["spend", "--db", f"sqlite:///{ledger_file}", f"--scope={scope}"])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("llm-resilience spend: error: argument --scope: ")
+    assert said in last
+
+
 def test_a_missing_file_exits_1_with_one_line_and_is_not_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -199,3 +199,25 @@ def test_a_day_boundary_is_the_utc_midnight() -> None:
     figure = plot_daily_spend([late])
     (container,) = figure.axes[0].containers
     assert _bar_days(container) == [date(2026, 11, 3)]
+
+
+#: Model names matplotlib would read as mathtext (one is not valid TeX) or leave out of a
+#: legend (a leading underscore).
+ODD_MODELS = ["$\\alpha$-model", "$\\undefinedcommand$", "cost $5 and $6", "_private-model"]
+
+
+def test_model_names_are_drawn_as_written_in_legends_and_tick_labels() -> None:
+    entries = [
+        LedgerEntry(_at(2), "chat", 10 * (index + 1), 1, Decimal("0.1"), model=model)
+        for index, model in enumerate(ODD_MODELS)
+    ]
+    daily = plot_daily_spend(entries)
+    mix = plot_token_mix(entries)
+    for figure in (daily, mix):
+        assert _png(figure).startswith(PNG_SIGNATURE)  # an invalid "$...$" failed to draw
+    legend = daily.axes[0].get_legend()
+    texts = legend.get_texts()
+    assert sorted(text.get_text() for text in texts) == sorted(ODD_MODELS)
+    ticks = mix.axes[0].get_xticklabels()
+    assert sorted(tick.get_text() for tick in ticks) == sorted(ODD_MODELS)
+    assert not any(text.get_parse_math() for text in [*texts, *ticks])

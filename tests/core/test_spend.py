@@ -11,7 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -212,6 +212,44 @@ async def test_aiter_entries_holds_no_connection_between_pages(tmp_path: Path) -
     await ledger.arecord(later)
     assert [entry async for entry in stream] == [*ENTRIES[1:], later]
     ledger.close()
+
+
+FIRST, LAST = datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
+#: Aware bounds at the ends of what ``datetime`` holds, in UTC and in other offsets.
+FAR_BOUNDS = [
+    (FIRST, LAST),
+    (FIRST, None),
+    (None, LAST),
+    (datetime(1, 1, 1, 5, tzinfo=timezone(timedelta(hours=1))), None),
+    (None, datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=5)))),
+    (LAST, None),
+    (None, FIRST + timedelta(microseconds=1)),
+]
+
+
+@pytest.mark.parametrize(("since", "until"), FAR_BOUNDS)
+async def test_bounds_at_the_ends_of_time_list_what_the_memory_ledger_lists(
+    ledger: Any, since: datetime | None, until: datetime | None
+) -> None:
+    # An entry at each end of time too. On SQLite a bound's day of slack overflowed, and
+    # year 1 was stored as "1-01-01 ..." text that neither sorted nor read back.
+    extremes = [LedgerEntry(FIRST, "chat", cost=Decimal(1)), LedgerEntry(LAST, "chat")]
+    memory = InMemoryCostLedger()
+    for entry in [*ENTRIES, *extremes]:
+        memory.record(entry)
+    for entry in extremes:
+        ledger.record(entry)
+    expected = memory.entries(since, until)
+    assert expected  # every case lists something (a bound at an end keeps that end's entry)
+    assert ledger.entries(since, until) == expected
+    assert await ledger.aentries(since, until) == expected
+    for page_size in (1, 100):
+        assert list(ledger.iter_entries(since, until, page_size=page_size)) == expected
+        streamed = ledger.aiter_entries(since, until, page_size=page_size)
+        assert [entry async for entry in streamed] == expected
+    for by in ("day", "month", "kind"):  # day keys of year 1 are "0001-01-01" everywhere
+        reference = spend_report(memory, by, since, until)
+        assert spend_report(ledger, by, since, until) == reference
 
 
 def test_both_ledgers_refuse_a_page_size_below_one_on_the_call(ledger: Any) -> None:

@@ -122,10 +122,11 @@ def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
     >>> entry_key(entry, "day"), entry_key(entry, "month"), entry_key(entry, "model")
     ('2026-11-29', '2026-11', None)
     """
+    # isoformat, not strftime: "%Y" writes year 1 as "1", a key that sorts wrongly.
     if by == "day":
-        return f"{entry.timestamp:%Y-%m-%d}"
+        return entry.timestamp.date().isoformat()
     if by == "month":
-        return f"{entry.timestamp:%Y-%m}"
+        return entry.timestamp.date().isoformat()[:7]
     value: str | None = getattr(entry, by)
     return value or None
 

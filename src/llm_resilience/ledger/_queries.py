@@ -87,6 +87,16 @@ def _raw_timestamp(postgres: bool) -> ColumnElement[Any]:
     return type_coerce(_ledger.c.timestamp, Text())
 
 
+def _widened(bound: datetime, slack: timedelta) -> datetime | None:
+    """``bound + slack``, or None (no bound in SQL) when that passes the last or first
+    ``datetime``: every stored time is within the slack of such a bound, so only the exact
+    filter applied in Python can cut there."""
+    try:
+        return bound + slack
+    except OverflowError:
+        return None
+
+
 def _filters(
     low: datetime | None,
     high: datetime | None,
@@ -97,10 +107,12 @@ def _filters(
     slack: timedelta,
 ) -> list[ColumnElement[bool]]:
     conditions: list[ColumnElement[bool]] = []
-    if low is not None:
-        conditions.append(_ledger.c.timestamp >= low - slack)
-    if high is not None:
-        conditions.append(_ledger.c.timestamp < high + slack)
+    lower = None if low is None else _widened(low, -slack)
+    upper = None if high is None else _widened(high, slack)
+    if lower is not None:
+        conditions.append(_ledger.c.timestamp >= lower)
+    if upper is not None:
+        conditions.append(_ledger.c.timestamp < upper)
     for column, value in (
         (_ledger.c.scope, scope),
         (_ledger.c.model, model),

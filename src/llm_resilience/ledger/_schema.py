@@ -98,7 +98,6 @@ GLOBAL_SCOPE = ""
 POSTGRES_TOTALS_SHARDS = 16
 #: SQLite function the ledger registers on its connections: exact decimal-text addition.
 DECIMAL_ADD = "llm_resilience_decimal_add"
-_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 
 def _to_decimal(value: object) -> Decimal:
@@ -137,7 +136,7 @@ def _utc_day(value: object) -> str:
         tail = value[10:]
         if "+" not in tail and "-" not in tail:
             return value[:10]
-    return f"{_to_utc(value):%Y-%m-%d}"
+    return _to_utc(value).date().isoformat()
 
 
 class _Money(TypeDecorator[Decimal]):
@@ -174,8 +173,9 @@ class _UtcTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
         if value is None:
             return None
-        moment = value.astimezone(UTC)
-        return moment.strftime(_TIME_FORMAT) if dialect.name == "sqlite" else moment
+        if dialect.name == "sqlite":
+            return _sqlite_time(value)
+        return value.astimezone(UTC)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime:
         return _to_utc(value)
@@ -328,8 +328,10 @@ Run = Callable[[str, Any], Any]
 
 
 def _sqlite_time(moment: datetime) -> str:
-    """A UTC instant as :class:`_UtcTime` stores it on SQLite."""
-    return moment.astimezone(UTC).strftime(_TIME_FORMAT)
+    """A UTC instant as :class:`_UtcTime` stores it on SQLite: ``YYYY-MM-DD
+    HH:MM:SS.ffffff``, the year always four digits (``strftime("%Y")`` writes year 1 as
+    ``1``, text that neither sorts nor parses back)."""
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 # Window bounds as SQLite text, by window key: a gate reads the same window all day.

@@ -188,6 +188,32 @@ def test_a_batch_stores_an_entry_once_when_repeated_or_already_stored(path: Path
     other.close()
 
 
+@pytest.mark.postgres
+def test_on_postgres_a_batch_stores_an_entry_once_and_adds_it_to_each_total_once(
+    postgres_schema_url: str,
+) -> None:
+    other = SqlCostLedger(postgres_schema_url)
+    behind = SqlCostLedger(postgres_schema_url, write_behind=60)  # one batch, at close
+    stored_before, repeated = entry("1", scope="a"), entry("0.1", scope="b")
+    unnamed = LedgerEntry(datetime.now(UTC), "chat", cost=Decimal("0.001"), entry_id=None)
+    other.record(stored_before)
+    for each in (stored_before, repeated, repeated, entry("0.01", scope="a"), unnamed, unnamed):
+        behind.record(each)
+    behind.close()
+    try:
+        costs = sorted(e.cost for e in other.entries())
+        assert costs == [Decimal("0.001"), Decimal("0.001"), Decimal("0.01"), Decimal("0.1"), 1]
+        windows = [("day", None), ("month", None), ("day", "a"), ("month", "b")]
+        assert other.spends(windows) == (
+            Decimal("1.112"),
+            Decimal("1.112"),
+            Decimal("1.01"),
+            Decimal("0.1"),
+        )
+    finally:
+        other.close()
+
+
 def test_close_stores_the_queue_and_ends_the_writer_thread(path: Path) -> None:
     behind = SqlCostLedger(f"sqlite:///{path}", write_behind=60)  # never on its own
     for _ in range(5):

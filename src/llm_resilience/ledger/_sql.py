@@ -11,10 +11,12 @@ exact decimal-text function registered on every connection (``_schema.DECIMAL_AD
 the stored totals stay the decimal text every release reads. On a SQLite file the
 per-call operations (``spend``, ``spends``, ``record``, ``settle``) run on ``sqlite3``
 connections the ledger keeps itself (no pool checkout per call); everything else goes
-through SQLAlchemy's pool. Both kinds are bounded alike. On PostgreSQL a record is one
-statement (insert the entry, add its cost to its totals); ``reserve`` and schema changes
-serialise on a transaction-scoped advisory lock. Any number of processes may open,
-write and migrate the same database at once.
+through SQLAlchemy's pool. Both kinds are bounded alike. On PostgreSQL a record, and a
+batch of records, is one statement (insert the entries, add their costs to their
+totals) that locks the totals in key order, as every writer does, so writers never
+deadlock; one the database ends anyway (deadlock, serialisation failure) is retried
+(``_writes``). ``reserve`` and schema changes serialise on a transaction-scoped advisory
+lock. Any number of processes may open, write and migrate the same database at once.
 
 Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
 called, ends within ``T`` plus the watchdog's reaction (docs/benchmarks.md has the

@@ -10,7 +10,9 @@ ledger's next operation. With write-behind, ``record`` only queues its entry and
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
@@ -19,12 +21,13 @@ from sqlalchemy import exc as sa_exc
 
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._behind import Flusher
-from llm_resilience.ledger._connections import Connections, unavailable
+from llm_resilience.ledger._connections import Connections, must_retry, unavailable
 from llm_resilience.ledger._pending import PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import LedgerEntry
 from llm_resilience.ledger._schema import (
     SQLITE_RETURNING,
     holds,
+    insert_entries,
     insert_entry,
     sqlite_insert,
     sqlite_insert_many,
@@ -39,6 +42,12 @@ logger = logging.getLogger("llm_resilience.ledger._sql")
 
 #: Pending writes stored per transaction when the database answers again.
 FLUSH_BATCH = 100
+#: Tries of a PostgreSQL write the database asks to be retried (a deadlock or a
+#: serialisation failure rolls the whole transaction back, so trying again is safe).
+RETRY_ATTEMPTS = 5
+#: The longest pause between two such tries, in seconds (each pause is random, up to
+#: 5 ms x 2^try, so that the writers that collided do not collide again).
+RETRY_PAUSE = 0.1
 
 
 class Writes:
@@ -78,12 +87,10 @@ class Writes:
         )
 
     def _apply(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
-        """Store ``writes`` in order, in one transaction (a lone PostgreSQL record: one
-        statement). Entries already stored (same ``entry_id``) are skipped."""
-        if self._db.postgres and len(writes) == 1 and writes[0].hold_id is None:
-            with self._db.connection(operation) as connection:
-                assert writes[0].entry is not None
-                insert_entry(connection, writes[0].entry, postgres=True)
+        """Store ``writes`` in order, in one transaction (on PostgreSQL records alone are
+        one statement). Entries already stored (same ``entry_id``) are skipped."""
+        if self._db.postgres:
+            self._apply_postgres(operation, writes)
             return
         if self._db.direct:
             with self._db.direct_connection(operation, transaction=True) as run:
@@ -103,7 +110,49 @@ class Writes:
                 if write.hold_id is not None:
                     connection.execute(delete(holds).where(holds.c.id == write.hold_id))
                 if write.entry is not None:
-                    insert_entry(connection, write.entry, postgres=self._db.postgres)
+                    insert_entry(connection, write.entry, postgres=False)
+
+    def _apply_postgres(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
+        """:meth:`_apply` on PostgreSQL: the holds released first, then every entry in
+        one statement that locks the totals in key order (so the writers of several
+        processes never wait for each other in a cycle); a deadlock or serialisation
+        failure the database reports anyway is tried again, a few times, within the
+        operation's bound."""
+        entries = [write.entry for write in writes if write.entry is not None]
+        released = [write.hold_id for write in writes if write.hold_id is not None]
+
+        def store() -> None:
+            if not released:
+                with self._db.connection(operation) as connection:  # one statement: atomic
+                    if len(entries) == 1:
+                        insert_entry(connection, entries[0], postgres=True)
+                    else:
+                        insert_entries(connection, entries)
+                return
+            with self._db.connection(operation, transaction=True) as connection:
+                connection.execute(delete(holds).where(holds.c.id.in_(released)))
+                if entries:
+                    insert_entries(connection, entries)
+
+        attempt = 1
+        while True:
+            try:
+                store()
+                return
+            except Exception as error:
+                if not must_retry(error) or attempt >= RETRY_ATTEMPTS:
+                    raise
+                pause = random.uniform(0, min(RETRY_PAUSE, 0.005 * 2**attempt))
+                if operation.remaining() <= pause:
+                    raise
+                logger.debug(
+                    "%s retries a write the database asked to retry (%s), try %d",
+                    self._label,
+                    type(error).__name__,
+                    attempt + 1,
+                )
+                time.sleep(pause)
+                attempt += 1
 
     def flush(self, operation: Operation, until: float, *, wait: bool = False) -> None:
         """Store pending writes, oldest first, until none is left or ``until`` is near.

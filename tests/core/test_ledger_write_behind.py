@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+from llm_resilience.testing import FaultProxy
 
 #: The write-behind interval of the ledgers under test, in seconds.
 INTERVAL = 0.05
@@ -170,6 +171,9 @@ def test_writing_faster_than_the_database_takes_loses_no_entry(
                 behind.record(entry("0.01"))
         assert behind.dropped == 0
         assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+        # While the writer's last batches land a read may count one twice, never miss one.
+        assert behind.spend("day") >= Decimal("30.00")
+        eventually(lambda: behind.pending == 0)
         assert behind.spend("day") == Decimal("30.00")
     assert len(stored_costs(path)) == 3000
     assert other.spend("day") == Decimal("30.00")
@@ -291,6 +295,118 @@ def test_a_locked_database_keeps_the_queue_counted_and_stores_it_once_it_answers
         eventually(lambda: behind.pending == 0)
         assert stored_costs(path) == ["0.25"] * 4
         assert behind.spend("day") == Decimal("1.00")
+
+
+#: How long one record or arecord may take while the database is away: a lock and an
+#: append, never a database round trip (the ledgers below wait 0.5 s for the database).
+FAST = 0.05
+#: How much longer than its 10 ms a heartbeat's sleep may take during ``arecord``.
+STALL = 0.05
+
+
+async def record_through_an_outage(ledger: SqlCostLedger, count: int) -> None:
+    """``count`` records then ``count`` arecords, each timed, with a 10 ms heartbeat on
+    the event loop; fails at the first slow call or stalled beat."""
+    for _ in range(count):
+        started = time.monotonic()
+        ledger.record(entry("0.01"))
+        assert time.monotonic() - started < FAST, "record waited on the database"
+    beats: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            await asyncio.sleep(0.01)
+            beats.append(time.monotonic() - started - 0.01)
+
+    beating = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0.02)
+    for index in range(count):
+        started = time.monotonic()
+        await ledger.arecord(entry("0.01"))
+        assert time.monotonic() - started < FAST, "arecord waited on the database"
+        if index % 50 == 0:
+            await asyncio.sleep(0.001)  # what a caller between two model calls does
+    stop.set()
+    await beating
+    assert beats
+    assert max(beats) < STALL, f"the event loop stalled {max(beats):.3f} s"
+
+
+async def test_a_locked_database_never_holds_a_record_or_the_event_loop(path: Path) -> None:
+    # 2,000 records and 2,000 arecords while another connection holds the write lock:
+    # each returns at once, the loop's heartbeat never stalls, and once the lock is
+    # released every entry is stored.
+    with ledgers(f"sqlite:///{path}", operation_timeout=0.5) as (behind, other):
+        behind.spend("day")
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            await record_through_an_outage(behind, 2000)
+            assert behind.pending == 4000
+            assert behind.spend("day") == Decimal("40.00")  # counted while waiting
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        await asyncio.to_thread(eventually, lambda: behind.pending == 0)
+        assert behind.dropped == 0
+        assert len(stored_costs(path)) == 4000
+        assert other.spend("day") == Decimal("40.00")
+
+
+@pytest.mark.postgres
+async def test_a_silent_postgres_never_holds_a_record_or_the_event_loop(
+    postgres_schema_url: str,
+) -> None:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(postgres_schema_url)
+    with FaultProxy((parsed.host or "127.0.0.1", parsed.port or 5432)) as proxy:
+        through = parsed.set(port=proxy.port).render_as_string(hide_password=False)
+        behind = SqlCostLedger(through, write_behind=INTERVAL, operation_timeout=0.5)
+        other = SqlCostLedger(postgres_schema_url)
+        try:
+            behind.spend("day")
+            proxy.mode = "silent"
+            await record_through_an_outage(behind, 2000)
+            assert behind.pending == 4000
+            proxy.mode = "forward"
+            await asyncio.to_thread(eventually, lambda: behind.pending == 0)
+            assert behind.dropped == 0
+            assert other.spend("day") == Decimal("40.00")
+            assert len(other.entries()) == 4000
+        finally:
+            behind.close()
+            other.close()
+
+
+def test_a_full_queue_in_an_outage_drops_its_oldest_at_once_counted_and_warned_once(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # max_pending bounds the memory an outage takes, with write-behind as without: once
+    # the writer has found the database away, a record into a full queue does not wait.
+    with ledgers(f"sqlite:///{path}", operation_timeout=0.2, max_pending=100) as (behind, _):
+        behind.spend("day")
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            with caplog.at_level(logging.WARNING):
+                for _ in range(100):
+                    behind.record(entry("0.01"))
+                eventually(lambda: any("could not" in r.message for r in caplog.records))
+                newest = [entry("0.02") for _ in range(100)]
+                for each in [entry("0.03") for _ in range(100)] + newest:
+                    started = time.monotonic()
+                    behind.record(each)
+                    assert time.monotonic() - started < FAST, "record waited on the database"
+            assert (behind.pending, behind.dropped) == (100, 200)
+            assert len([r for r in caplog.records if "dropped" in r.message]) == 1
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        eventually(lambda: behind.pending == 0)
+        assert stored_costs(path) == ["0.02"] * 100
 
 
 @pytest.mark.postgres

@@ -54,9 +54,12 @@ class Writes:
     """A ledger's writes to ``db``, kept in ``pending`` while the database fails.
 
     ``label`` names the ledger in log lines (its repr: the URL, password hidden).
-    ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then
-    only queues, and a writer thread named ``behind_name`` stores the queue at least this
-    often; past ``behind_limit`` queued writes the caller stores them itself.
+    ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then only
+    queues, never touching the database, and a writer thread named ``behind_name``
+    stores the queue every interval. When the queue is full (``max_pending``) and the
+    database answered the writer's last try, ``queue`` waits up to ``behind_wait``
+    seconds for the writer to make room; otherwise (an outage, or no room in time) the
+    oldest write is dropped and counted, as in any outage.
     """
 
     def __init__(
@@ -66,7 +69,7 @@ class Writes:
         *,
         label: str,
         behind_interval: float | None,
-        behind_limit: int,
+        behind_wait: float,
         behind_name: str,
     ) -> None:
         self._db = db
@@ -77,8 +80,11 @@ class Writes:
         #: Bumped after every write this process makes, before the written entries leave
         #: ``pending``: a cached gate read taken under an older value is stale.
         self.generation = 0
+        # Write-behind: whether the writer's last try found the database away, and
+        # whether the queue has dropped a write since (one WARNING each per outage).
         self._behind_failing = False
-        self._behind_limit = behind_limit
+        self._behind_dropping = False
+        self._behind_wait = behind_wait
         #: The write-behind thread, or None without write-behind.
         self.flusher = (
             None
@@ -154,24 +160,23 @@ class Writes:
                 time.sleep(pause)
                 attempt += 1
 
-    def flush(self, operation: Operation, until: float, *, wait: bool = False) -> None:
-        """Store pending writes, oldest first, until none is left or ``until`` is near.
+    def flush(self, operation: Operation, until: float) -> int:
+        """Store pending writes, oldest first, until none is left or ``until`` is near;
+        returns how many left the queue.
 
         Raises the failure that stopped it (the writes stay pending). A write the
         database refuses outright (not a failure to answer) is dropped, counted and
         logged, so it cannot block the ones behind it. Does nothing while another thread
-        is storing them (or, with ``wait``, until it is done, within the operation).
+        is storing them.
         """
-        if not len(self.pending):
-            return
-        if not self._flushing.acquire(timeout=max(0.0, operation.remaining()) if wait else -1):
-            return
+        if not len(self.pending) or not self._flushing.acquire(blocking=False):
+            return 0
+        done = 0
         try:
             with operation.phase(until):
-                stored = False
                 while batch := self.pending.oldest(FLUSH_BATCH):
-                    if stored and operation.remaining() < operation.bound / 4:
-                        return  # the rest waits for the next operation, not past our bound
+                    if done and operation.remaining() < operation.bound / 4:
+                        break  # the rest waits for the next operation, not past our bound
                     try:
                         self._apply(operation, batch)
                     except Exception as error:
@@ -181,9 +186,10 @@ class Writes:
                     else:
                         self.generation += 1
                         self.pending.written(batch)
-                    stored = True
+                    done += len(batch)
         finally:
             self._flushing.release()
+        return done
 
     def _apply_one_by_one(self, operation: Operation, batch: Sequence[PendingWrite]) -> None:
         for write in batch:
@@ -260,28 +266,35 @@ class Writes:
         )
 
     def queue(self, entry: LedgerEntry) -> None:
-        """Write-behind: queue ``entry`` for the writer thread."""
+        """Write-behind: queue ``entry`` for the writer thread. Never touches the
+        database; waits (up to ``behind_wait``) only when :meth:`must_wait` says so."""
         assert self.flusher is not None
-        if self.pending.push(entry, None):
+        if self.must_wait():
+            # The writer falls behind a database that answers: wait for it to make room
+            # rather than drop the oldest entry.
+            self.flusher.wake()
+            self.pending.wait_for_room(self._behind_wait)
+        if self.pending.push(entry, None) and not self._behind_dropping:
+            self._behind_dropping = True  # one WARNING, not one per record
             self._warn_kept("record", None, True)
-        waiting = len(self.pending)
-        if waiting >= self._behind_limit:
-            # The writer thread falls behind: this caller stores the queue itself, so
-            # that writing faster than the database takes never drops an entry.
-            self.flush_behind(wait=True)
-        elif waiting >= FLUSH_BATCH:
+        if len(self.pending) >= FLUSH_BATCH and not self._behind_failing:
             self.flusher.wake()
         else:
-            self.flusher.start()
+            self.flusher.start()  # in an outage the writer tries again every interval
 
-    def flush_behind(self, *, wait: bool = False) -> None:
-        """The writer thread's work: store the queue, oldest first, in batches (with
-        ``wait``, after the storing already under way, if any)."""
+    def must_wait(self) -> bool:
+        """Write-behind: whether :meth:`queue` would wait for room: the queue is full
+        and the database answered the writer's last try."""
+        return self.pending.full() and not self._behind_failing
+
+    def flush_behind(self) -> None:
+        """The writer thread's work: store the queue, oldest first, in batches."""
         if not len(self.pending):
             return
+        started = time.monotonic()
         with self._db.operation("write") as operation:
             try:
-                self.flush(operation, operation.deadline, wait=wait)
+                stored = self.flush(operation, operation.deadline)
             except Exception as error:
                 if not unavailable(error):
                     raise
@@ -290,8 +303,15 @@ class Writes:
                 if not self._behind_failing:
                     self._warn_kept("store queued writes", error, False)
                 self._behind_failing = True
-            else:
-                self._behind_failing = False
+                return
+        self._behind_failing = self._behind_dropping = False
+        if stored:
+            logger.debug(
+                "%s stored %d queued writes in %.1f ms",
+                self._label,
+                stored,
+                (time.monotonic() - started) * 1000,
+            )
 
     def store_pending(self, name: str) -> None:
         """Store what is pending within one operation's bound, whatever goes wrong."""

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -271,6 +274,92 @@ def test_a_process_exiting_without_close_stores_its_queue(path: Path) -> None:
         check=True,
     )
     assert stored_costs(path) == ["0.25"] * 3
+
+
+# Records an entry every millisecond, forever; prints (unbuffered, so a kill -9 loses
+# none of it) when each record was made and when each flush of the writer started.
+_UNTIL_KILLED = """
+import logging, os, re, sys, time
+from datetime import UTC, datetime
+from decimal import Decimal
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+class Flushes(logging.Handler):
+    def emit(self, record):
+        found = re.search(r"stored \\d+ queued writes in ([0-9.]+) ms", record.getMessage())
+        if found:
+            os.write(1, f"flush {record.created - float(found[1]) / 1000:.6f} {found[1]}\\n".encode())
+
+log = logging.getLogger("llm_resilience.ledger._sql")
+log.setLevel(logging.DEBUG)
+log.addHandler(Flushes())
+log.propagate = False
+ledger = SqlCostLedger(sys.argv[1], write_behind=float(sys.argv[2]))
+os.write(1, b"ready\\n")
+sequence = 0
+while True:
+    sequence += 1
+    made = time.time()
+    ledger.record(
+        LedgerEntry(datetime.now(UTC), "chat", 1, 1, Decimal("0.01"), entry_id=f"{sequence:032x}")
+    )
+    os.write(1, f"record {sequence} {made:.6f}\\n".encode())
+    time.sleep(0.001)
+"""
+#: What the writer thread may start late on a loaded machine, beyond its cadence.
+LATE = 0.05
+
+
+def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(tmp_path: Path) -> None:
+    # The promise (docs/cost-budgeting.md): a crash loses at most the entries recorded in
+    # the last interval plus one flush's duration. Four processes, each killed at its own
+    # moment of the writer's cadence.
+    paths = [tmp_path / f"spend-{index}.db" for index in range(4)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_UNTIL_KILLED), f"sqlite:///{p}", str(INTERVAL)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for p in paths
+    ]
+    kills = []
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        for child in children:
+            time.sleep(random.uniform(0.01, 0.06))
+            kills.append(time.time())
+            os.kill(child.pid, signal.SIGKILL)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    losses = []
+    for child, path, killed in zip(children, paths, kills, strict=True):
+        assert child.stdout is not None
+        lines = [line.split() for line in child.communicate(timeout=30)[0].splitlines()]
+        made = {int(line[1]): float(line[2]) for line in lines if line[0] == "record"}
+        flushes = [(float(line[1]), float(line[2]) / 1000) for line in lines if line[0] == "flush"]
+        with sqlite3.connect(path) as connection:
+            stored = {int(i, 16) for (i,) in connection.execute("SELECT entry_id FROM cost_ledger")}
+        connection.close()
+        lost = sorted(set(made) - stored)
+        losses += lost
+        assert flushes
+        assert stored == set(range(1, len(stored) + 1)), "stored in order: the oldest first"
+        # Lost: only entries made after the last flush that ended before the kill began...
+        last_start = max(start for start, took in flushes if start + took < killed)
+        assert all(made[each] > last_start - 0.001 for each in lost)
+        # ...which began at most an interval (and a late thread) before the next one.
+        longest = max(took for _, took in flushes)
+        assert all(killed - made[each] < INTERVAL + longest + LATE for each in lost), (
+            max(killed - made[each] for each in lost),
+            longest,
+        )
+    assert losses, "every kill came just after a flush: nothing was at risk"
 
 
 def test_a_locked_database_keeps_the_queue_counted_and_stores_it_once_it_answers(

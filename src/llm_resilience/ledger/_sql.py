@@ -133,7 +133,8 @@ class SqlCostLedger:
       dropped and counted instead. Gates in this process count queued entries
       at once; the stored part of a gate's read is reused for up to this long, so other
       processes' spend reaches this process's gate within it. A crash (``kill -9``, power
-      loss) loses at most the entries of the last interval. Strict-mode holds and
+      loss) loses at most the entries recorded in the last interval plus the time one
+      flush takes (the whole queue during an outage). Strict-mode holds and
       ``settle`` stay immediate, but another process's queued entries are not seen by
       this process's holds: a strict budget shared by several processes should not use it.
     * ``echo``: log the SQL; parameters are never logged nor put in exception messages

@@ -287,10 +287,11 @@ class Writes:
         and the database answered the writer's last try."""
         return self.pending.full() and not self._behind_failing
 
-    def flush_behind(self) -> None:
-        """The writer thread's work: store the queue, oldest first, in batches."""
+    def flush_behind(self) -> bool:
+        """The writer thread's work: store the queue, oldest first, in batches; False if
+        the database was away."""
         if not len(self.pending):
-            return
+            return True
         started = time.monotonic()
         with self._db.operation("write") as operation:
             try:
@@ -303,7 +304,7 @@ class Writes:
                 if not self._behind_failing:
                     self._warn_kept("store queued writes", error, False)
                 self._behind_failing = True
-                return
+                return False
         self._behind_failing = self._behind_dropping = False
         if stored:
             logger.debug(
@@ -312,6 +313,7 @@ class Writes:
                 stored,
                 (time.monotonic() - started) * 1000,
             )
+        return True
 
     def store_pending(self, name: str) -> None:
         """Store what is pending within one operation's bound, whatever goes wrong."""

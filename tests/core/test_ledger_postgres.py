@@ -149,8 +149,9 @@ def test_numeric_keeps_every_digit_of_a_cost(postgres_url: str) -> None:
 
 
 # One writer process: opens a durable ledger and a write-behind one on the same database,
-# says it is ready, waits for "go" on stdin, records ``count`` entries through each in
-# turn (scopes w0, w1, w2, today), closes both, and exits. Its log goes to stderr.
+# says it is ready, waits for "go" on stdin, records ``count`` entries through the
+# write-behind ledger and, between every third, one through the durable ledger (scopes
+# w0, w1, w2, today), closes both, and exits. Its log goes to stderr.
 _WRITER = """
 import logging, sys
 from datetime import UTC, datetime
@@ -163,9 +164,11 @@ durable, behind = SqlCostLedger(url), SqlCostLedger(url, write_behind=0.05)
 print("ready", flush=True)
 sys.stdin.readline()
 for index in range(count):
-    for ledger, cost in ((durable, "0.01"), (behind, "0.02")):
-        when = datetime.now(UTC)
-        ledger.record(LedgerEntry(when, "chat", 3, 4, Decimal(cost), scope=f"w{index % 3}"))
+    scope = f"w{index % 3}"
+    behind.record(LedgerEntry(datetime.now(UTC), "chat", 3, 4, Decimal("0.02"), scope=scope))
+    if index % 3 == 0:
+        scope = f"w{index // 3 % 3}"
+        durable.record(LedgerEntry(datetime.now(UTC), "chat", 3, 4, Decimal("0.01"), scope=scope))
 behind.close()
 durable.close()
 """
@@ -213,13 +216,25 @@ def test_eight_writer_processes_lose_no_entry_durable_or_write_behind(postgres_u
                     "FROM cost_ledger_totals GROUP BY 1"
                 ).all()
             )
-        each = processes * count  # entries per mode
-        assert sorted(stored) == [(Decimal("0.01"), each, each), (Decimal("0.02"), each, each)]
-        everything = Decimal("0.03") * each
+        behind, durable = processes * count, processes * count // 3
+        assert sorted(stored) == [
+            (Decimal("0.01"), durable, durable),
+            (Decimal("0.02"), behind, behind),
+        ]
+        per_scope = {f"w{i}": Decimal(0) for i in range(3)}  # what _WRITER records
+        for index in range(count):
+            per_scope[f"w{index % 3}"] += Decimal("0.02") * processes
+            if index % 3 == 0:
+                per_scope[f"w{index // 3 % 3}"] += Decimal("0.01") * processes
+        everything = Decimal("0.02") * behind + Decimal("0.01") * durable
         assert totals == {
             " day": everything,
             " month": everything,
-            **{f"w{i} {window}": everything / 3 for i in range(3) for window in ("day", "month")},
+            **{
+                f"{scope} {w}": money
+                for scope, money in per_scope.items()
+                for w in ("day", "month")
+            },
         }
 
 

@@ -386,11 +386,14 @@ def test_a_locked_database_keeps_the_queue_counted_and_stores_it_once_it_answers
         assert behind.spend("day") == Decimal("1.00")
 
 
+#: operation_timeout of the ledgers facing an outage below: what a record waited, for
+#: every record from the 1,000th queued entry on, before write-behind never waited.
+WAIT = 1.0
 #: How long one record or arecord may take while the database is away: a lock and an
-#: append, never a database round trip (the ledgers below wait 0.5 s for the database).
-FAST = 0.05
-#: How much longer than its 10 ms a heartbeat's sleep may take during ``arecord``.
-STALL = 0.05
+#: append (a few µs; a quarter of WAIT, so that a loaded machine cannot fail the test).
+FAST = WAIT / 4
+#: How much later than its 10 ms a heartbeat's sleep may end during ``arecord``.
+STALL = WAIT / 5
 
 
 async def record_through_an_outage(ledger: SqlCostLedger, count: int) -> None:
@@ -427,7 +430,7 @@ async def test_a_locked_database_never_holds_a_record_or_the_event_loop(path: Pa
     # 2,000 records and 2,000 arecords while another connection holds the write lock:
     # each returns at once, the loop's heartbeat never stalls, and once the lock is
     # released every entry is stored.
-    with ledgers(f"sqlite:///{path}", operation_timeout=0.5) as (behind, other):
+    with ledgers(f"sqlite:///{path}", operation_timeout=WAIT) as (behind, other):
         behind.spend("day")
         holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         holder.execute("BEGIN EXCLUSIVE")
@@ -453,7 +456,7 @@ async def test_a_silent_postgres_never_holds_a_record_or_the_event_loop(
     parsed = make_url(postgres_schema_url)
     with FaultProxy((parsed.host or "127.0.0.1", parsed.port or 5432)) as proxy:
         through = parsed.set(port=proxy.port).render_as_string(hide_password=False)
-        behind = SqlCostLedger(through, write_behind=INTERVAL, operation_timeout=0.5)
+        behind = SqlCostLedger(through, write_behind=INTERVAL, operation_timeout=WAIT)
         other = SqlCostLedger(postgres_schema_url)
         try:
             behind.spend("day")
@@ -475,7 +478,7 @@ def test_a_full_queue_in_an_outage_drops_its_oldest_at_once_counted_and_warned_o
 ) -> None:
     # max_pending bounds the memory an outage takes, with write-behind as without: once
     # the writer has found the database away, a record into a full queue does not wait.
-    with ledgers(f"sqlite:///{path}", operation_timeout=0.2, max_pending=100) as (behind, _):
+    with ledgers(f"sqlite:///{path}", operation_timeout=WAIT, max_pending=100) as (behind, _):
         behind.spend("day")
         holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         holder.execute("BEGIN EXCLUSIVE")

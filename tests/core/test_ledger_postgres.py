@@ -9,7 +9,11 @@ session time zones, and how failures surface. Each test works in a fresh schema 
 
 from __future__ import annotations
 
+import logging
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -141,6 +145,146 @@ def test_numeric_keeps_every_digit_of_a_cost(postgres_url: str) -> None:
             assert ledger.entries()[0].cost == forty_digits
             assert ledger.spend("month", now=NOW) == forty_digits
         finally:
+            ledger.close()
+
+
+# One writer process: opens a durable ledger and a write-behind one on the same database,
+# says it is ready, waits for "go" on stdin, records ``count`` entries through the
+# write-behind ledger and, between every third, one through the durable ledger (scopes
+# w0, w1, w2, today), closes both, and exits. Its log goes to stderr.
+_WRITER = """
+import logging, sys
+from datetime import UTC, datetime
+from decimal import Decimal
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+logging.basicConfig(level=logging.WARNING)
+url, count = sys.argv[1], int(sys.argv[2])
+durable, behind = SqlCostLedger(url), SqlCostLedger(url, write_behind=0.05)
+print("ready", flush=True)
+sys.stdin.readline()
+for index in range(count):
+    scope = f"w{index % 3}"
+    behind.record(LedgerEntry(datetime.now(UTC), "chat", 3, 4, Decimal("0.02"), scope=scope))
+    if index % 3 == 0:
+        scope = f"w{index // 3 % 3}"
+        durable.record(LedgerEntry(datetime.now(UTC), "chat", 3, 4, Decimal("0.01"), scope=scope))
+behind.close()
+durable.close()
+"""
+
+
+def test_eight_writer_processes_lose_no_entry_durable_or_write_behind(postgres_url: str) -> None:
+    # Nothing recorded is ever lost: 8 processes writing at once, each through a durable
+    # ledger (one statement per entry) and a write-behind one (batches of up to 100),
+    # store every entry and every cent of the totals, with no write left waiting.
+    processes, count = 8, 300
+    with schema(postgres_url) as (url, engine):
+        SqlCostLedger(url).close()  # the tables, created once
+        writers = [
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(_WRITER), url, str(count)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(processes)
+        ]
+        try:
+            for writer in writers:
+                assert writer.stdout is not None
+                assert writer.stdout.readline().strip() == "ready"
+            for writer in writers:  # released together
+                assert writer.stdin is not None
+                writer.stdin.write("go\n")
+                writer.stdin.flush()
+            logs = [writer.communicate(timeout=60)[1] for writer in writers]
+        finally:
+            for writer in writers:
+                if writer.poll() is None:
+                    writer.kill()
+        assert [writer.returncode for writer in writers] == [0] * processes, logs
+        assert logs == [""] * processes  # no write kept waiting, none lost at exit
+        with engine.connect() as connection:
+            stored = connection.exec_driver_sql(
+                "SELECT cost, count(*), count(DISTINCT entry_id) FROM cost_ledger GROUP BY cost"
+            ).all()
+            totals = dict(
+                connection.exec_driver_sql(
+                    "SELECT scope || ' ' || split_part(window_key, ':', 1), sum(total) "
+                    "FROM cost_ledger_totals GROUP BY 1"
+                ).all()
+            )
+        behind, durable = processes * count, processes * count // 3
+        assert sorted(stored) == [
+            (Decimal("0.01"), durable, durable),
+            (Decimal("0.02"), behind, behind),
+        ]
+        per_scope = {f"w{i}": Decimal(0) for i in range(3)}  # what _WRITER records
+        for index in range(count):
+            per_scope[f"w{index % 3}"] += Decimal("0.02") * processes
+            if index % 3 == 0:
+                per_scope[f"w{index // 3 % 3}"] += Decimal("0.01") * processes
+        everything = Decimal("0.02") * behind + Decimal("0.01") * durable
+        assert totals == {
+            " day": everything,
+            " month": everything,
+            **{
+                f"{scope} {w}": money
+                for scope, money in per_scope.items()
+                for w in ("day", "month")
+            },
+        }
+
+
+def test_a_write_the_database_ends_as_a_deadlock_is_tried_again_and_stored(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Another session holds this month's global totals and then asks for today's, which
+    # the ledger's record holds while it waits for the month: a real deadlock. The
+    # ledger's session (deadlock_timeout 300 ms, the other's 60 s) is the one PostgreSQL
+    # ends with 40P01; the record must try again, not keep its write waiting.
+    with schema(postgres_url, deadlock_timeout="300ms") as (url, engine):
+        ledger = SqlCostLedger(url)
+        day, month = "day:2026-11-29", "month:2026-11"
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO cost_ledger_totals (window_key, scope, shard, total) "
+                f"SELECT key, '', shard, 0 FROM unnest(ARRAY['{day}', '{month}']) AS key, "
+                "generate_series(0, 15) AS shard"
+            )
+        other = engine.connect()
+        try:
+            other.exec_driver_sql("SET deadlock_timeout = '60s'")  # begins its transaction
+            other.exec_driver_sql(
+                f"UPDATE cost_ledger_totals SET total = total WHERE window_key = '{month}'"
+            )
+            recording = threading.Thread(
+                target=ledger.record, args=(LedgerEntry(NOW, "chat", 1, 1, Decimal(1)),)
+            )
+            with caplog.at_level(logging.WARNING):
+                recording.start()
+                with engine.connect() as watcher:  # until the record waits for a month row
+                    deadline = time.monotonic() + 10
+                    while not watcher.exec_driver_sql(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND application_name = current_setting('application_name')"
+                    ).scalar_one():
+                        assert time.monotonic() < deadline, "the record never waited"
+                        time.sleep(0.01)
+                other.exec_driver_sql(
+                    f"UPDATE cost_ledger_totals SET total = total WHERE window_key = '{day}'"
+                )
+                other.commit()
+                recording.join(10)
+            assert not recording.is_alive()
+            assert ledger.pending == 0
+            assert [r.getMessage() for r in caplog.records] == []
+            assert ledger.spends([("day", None), ("month", None)], now=NOW) == (Decimal(1),) * 2
+            assert len(ledger.entries()) == 1
+        finally:
+            other.close()
             ledger.close()
 
 

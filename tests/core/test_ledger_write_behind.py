@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+from llm_resilience.testing import FaultProxy
 
 #: The write-behind interval of the ledgers under test, in seconds.
 INTERVAL = 0.05
@@ -170,6 +174,9 @@ def test_writing_faster_than_the_database_takes_loses_no_entry(
                 behind.record(entry("0.01"))
         assert behind.dropped == 0
         assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+        # While the writer's last batches land a read may count one twice, never miss one.
+        assert behind.spend("day") >= Decimal("30.00")
+        eventually(lambda: behind.pending == 0)
         assert behind.spend("day") == Decimal("30.00")
     assert len(stored_costs(path)) == 3000
     assert other.spend("day") == Decimal("30.00")
@@ -186,6 +193,32 @@ def test_a_batch_stores_an_entry_once_when_repeated_or_already_stored(path: Path
     assert sorted(stored_costs(path)) == ["0.01", "0.1", "1"]
     assert other.spends([("day", None), ("month", None)]) == (Decimal("1.11"),) * 2
     other.close()
+
+
+@pytest.mark.postgres
+def test_on_postgres_a_batch_stores_an_entry_once_and_adds_it_to_each_total_once(
+    postgres_schema_url: str,
+) -> None:
+    other = SqlCostLedger(postgres_schema_url)
+    behind = SqlCostLedger(postgres_schema_url, write_behind=60)  # one batch, at close
+    stored_before, repeated = entry("1", scope="a"), entry("0.1", scope="b")
+    unnamed = LedgerEntry(datetime.now(UTC), "chat", cost=Decimal("0.001"), entry_id=None)
+    other.record(stored_before)
+    for each in (stored_before, repeated, repeated, entry("0.01", scope="a"), unnamed, unnamed):
+        behind.record(each)
+    behind.close()
+    try:
+        costs = sorted(e.cost for e in other.entries())
+        assert costs == [Decimal("0.001"), Decimal("0.001"), Decimal("0.01"), Decimal("0.1"), 1]
+        windows = [("day", None), ("month", None), ("day", "a"), ("month", "b")]
+        assert other.spends(windows) == (
+            Decimal("1.112"),
+            Decimal("1.112"),
+            Decimal("1.01"),
+            Decimal("0.1"),
+        )
+    finally:
+        other.close()
 
 
 def test_close_stores_the_queue_and_ends_the_writer_thread(path: Path) -> None:
@@ -243,6 +276,92 @@ def test_a_process_exiting_without_close_stores_its_queue(path: Path) -> None:
     assert stored_costs(path) == ["0.25"] * 3
 
 
+# Records an entry every millisecond, forever; prints (unbuffered, so a kill -9 loses
+# none of it) when each record was made and when each flush of the writer started.
+_UNTIL_KILLED = """
+import logging, os, re, sys, time
+from datetime import UTC, datetime
+from decimal import Decimal
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+class Flushes(logging.Handler):
+    def emit(self, record):
+        found = re.search(r"stored \\d+ queued writes in ([0-9.]+) ms", record.getMessage())
+        if found:
+            os.write(1, f"flush {record.created - float(found[1]) / 1000:.6f} {found[1]}\\n".encode())
+
+log = logging.getLogger("llm_resilience.ledger._sql")
+log.setLevel(logging.DEBUG)
+log.addHandler(Flushes())
+log.propagate = False
+ledger = SqlCostLedger(sys.argv[1], write_behind=float(sys.argv[2]))
+os.write(1, b"ready\\n")
+sequence = 0
+while True:
+    sequence += 1
+    made = time.time()
+    ledger.record(
+        LedgerEntry(datetime.now(UTC), "chat", 1, 1, Decimal("0.01"), entry_id=f"{sequence:032x}")
+    )
+    os.write(1, f"record {sequence} {made:.6f}\\n".encode())
+    time.sleep(0.001)
+"""
+#: What the writer thread may start late on a loaded machine, beyond its cadence.
+LATE = 0.05
+
+
+def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(tmp_path: Path) -> None:
+    # The promise (docs/cost-budgeting.md): a crash loses at most the entries recorded in
+    # the last interval plus one flush's duration. Four processes, each killed at its own
+    # moment of the writer's cadence.
+    paths = [tmp_path / f"spend-{index}.db" for index in range(4)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_UNTIL_KILLED), f"sqlite:///{p}", str(INTERVAL)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for p in paths
+    ]
+    kills = []
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        for child in children:
+            time.sleep(random.uniform(0.01, 0.06))
+            kills.append(time.time())
+            os.kill(child.pid, signal.SIGKILL)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    losses = []
+    for child, path, killed in zip(children, paths, kills, strict=True):
+        assert child.stdout is not None
+        lines = [line.split() for line in child.communicate(timeout=30)[0].splitlines()]
+        made = {int(line[1]): float(line[2]) for line in lines if line[0] == "record"}
+        flushes = [(float(line[1]), float(line[2]) / 1000) for line in lines if line[0] == "flush"]
+        with sqlite3.connect(path) as connection:
+            stored = {int(i, 16) for (i,) in connection.execute("SELECT entry_id FROM cost_ledger")}
+        connection.close()
+        lost = sorted(set(made) - stored)
+        losses += lost
+        assert flushes
+        assert stored == set(range(1, len(stored) + 1)), "stored in order: the oldest first"
+        # Lost: only entries made after the last flush that ended before the kill began...
+        last_start = max(start for start, took in flushes if start + took < killed)
+        assert all(made[each] > last_start - 0.001 for each in lost)
+        # ...which began at most an interval (and a late thread) before the next one.
+        longest = max(took for _, took in flushes)
+        assert all(killed - made[each] < INTERVAL + longest + LATE for each in lost), (
+            max(killed - made[each] for each in lost),
+            longest,
+        )
+    assert losses, "every kill came just after a flush: nothing was at risk"
+
+
 def test_a_locked_database_keeps_the_queue_counted_and_stores_it_once_it_answers(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -265,6 +384,121 @@ def test_a_locked_database_keeps_the_queue_counted_and_stores_it_once_it_answers
         eventually(lambda: behind.pending == 0)
         assert stored_costs(path) == ["0.25"] * 4
         assert behind.spend("day") == Decimal("1.00")
+
+
+#: operation_timeout of the ledgers facing an outage below: what a record waited, for
+#: every record from the 1,000th queued entry on, before write-behind never waited.
+WAIT = 1.0
+#: How long one record or arecord may take while the database is away: a lock and an
+#: append (a few µs; a quarter of WAIT, so that a loaded machine cannot fail the test).
+FAST = WAIT / 4
+#: How much later than its 10 ms a heartbeat's sleep may end during ``arecord``.
+STALL = WAIT / 5
+
+
+async def record_through_an_outage(ledger: SqlCostLedger, count: int) -> None:
+    """``count`` records then ``count`` arecords, each timed, with a 10 ms heartbeat on
+    the event loop; fails at the first slow call or stalled beat."""
+    for _ in range(count):
+        started = time.monotonic()
+        ledger.record(entry("0.01"))
+        assert time.monotonic() - started < FAST, "record waited on the database"
+    beats: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            await asyncio.sleep(0.01)
+            beats.append(time.monotonic() - started - 0.01)
+
+    beating = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0.02)
+    for index in range(count):
+        started = time.monotonic()
+        await ledger.arecord(entry("0.01"))
+        assert time.monotonic() - started < FAST, "arecord waited on the database"
+        if index % 50 == 0:
+            await asyncio.sleep(0.001)  # what a caller between two model calls does
+    stop.set()
+    await beating
+    assert beats
+    assert max(beats) < STALL, f"the event loop stalled {max(beats):.3f} s"
+
+
+async def test_a_locked_database_never_holds_a_record_or_the_event_loop(path: Path) -> None:
+    # 2,000 records and 2,000 arecords while another connection holds the write lock:
+    # each returns at once, the loop's heartbeat never stalls, and once the lock is
+    # released every entry is stored.
+    with ledgers(f"sqlite:///{path}", operation_timeout=WAIT) as (behind, other):
+        behind.spend("day")
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            await record_through_an_outage(behind, 2000)
+            assert behind.pending == 4000
+            assert behind.spend("day") == Decimal("40.00")  # counted while waiting
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        await asyncio.to_thread(eventually, lambda: behind.pending == 0)
+        assert behind.dropped == 0
+        assert len(stored_costs(path)) == 4000
+        assert other.spend("day") == Decimal("40.00")
+
+
+@pytest.mark.postgres
+async def test_a_silent_postgres_never_holds_a_record_or_the_event_loop(
+    postgres_schema_url: str,
+) -> None:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(postgres_schema_url)
+    with FaultProxy((parsed.host or "127.0.0.1", parsed.port or 5432)) as proxy:
+        through = parsed.set(port=proxy.port).render_as_string(hide_password=False)
+        behind = SqlCostLedger(through, write_behind=INTERVAL, operation_timeout=WAIT)
+        other = SqlCostLedger(postgres_schema_url)
+        try:
+            behind.spend("day")
+            proxy.mode = "silent"
+            await record_through_an_outage(behind, 2000)
+            assert behind.pending == 4000
+            proxy.mode = "forward"
+            await asyncio.to_thread(eventually, lambda: behind.pending == 0)
+            assert behind.dropped == 0
+            assert other.spend("day") == Decimal("40.00")
+            assert len(other.entries()) == 4000
+        finally:
+            behind.close()
+            other.close()
+
+
+def test_a_full_queue_in_an_outage_drops_its_oldest_at_once_counted_and_warned_once(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # max_pending bounds the memory an outage takes, with write-behind as without: once
+    # the writer has found the database away, a record into a full queue does not wait.
+    with ledgers(f"sqlite:///{path}", operation_timeout=WAIT, max_pending=100) as (behind, _):
+        behind.spend("day")
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            with caplog.at_level(logging.WARNING):
+                for _ in range(100):
+                    behind.record(entry("0.01"))
+                eventually(lambda: any("could not" in r.message for r in caplog.records))
+                newest = [entry("0.02") for _ in range(100)]
+                for each in [entry("0.03") for _ in range(100)] + newest:
+                    started = time.monotonic()
+                    behind.record(each)
+                    assert time.monotonic() - started < FAST, "record waited on the database"
+            assert (behind.pending, behind.dropped) == (100, 200)
+            assert len([r for r in caplog.records if "dropped" in r.message]) == 1
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        eventually(lambda: behind.pending == 0)
+        assert stored_costs(path) == ["0.02"] * 100
 
 
 @pytest.mark.postgres

@@ -2,16 +2,21 @@
 
 With ``SqlCostLedger(write_behind=...)`` a ``record`` queues its entry (in the ledger's
 pending writes, which every read already counts) and returns; this thread stores the
-queue in batches, one transaction per batch, at least once per interval, and sooner once
-a batch's worth is waiting. It starts with the first queued write, holds only a weak
-reference to its ledger (a ledger dropped without ``close()`` stops it), and ``stop()``
-ends it within a bound.
+queue in batches, one transaction per batch, and sooner once a batch's worth is waiting.
+Flushes start on a fixed cadence: each is due one interval after the previous one
+*started*, so an entry waits at most one interval for the flush that takes it and is
+committed when that flush ends: a crash loses at most the entries of the last interval
+plus one flush's duration. After a flush that found the database away the next try
+waits a whole interval. The thread starts with the first queued write, holds only a
+weak reference to its ledger (a ledger dropped without ``close()`` stops it), and
+``stop()`` ends it within a bound.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 
@@ -21,12 +26,14 @@ logger = logging.getLogger(__name__)
 
 
 class Flusher:
-    """Calls ``flush`` every ``interval`` seconds (or at once on :meth:`wake`) on a
-    daemon thread of its own, started on the first :meth:`wake`."""
+    """Calls ``flush`` every ``interval`` seconds, counted from the start of the last
+    call (or at once on :meth:`wake`), on a daemon thread of its own, started on the first
+    :meth:`start` or :meth:`wake`. ``flush`` returns False when it could not store
+    (the next call then waits a whole interval from its end)."""
 
     __slots__ = ("_flush", "_interval", "_lock", "_name", "_stopping", "_thread", "_wake")
 
-    def __init__(self, flush: Callable[[], None], *, interval: float, name: str) -> None:
+    def __init__(self, flush: Callable[[], bool], *, interval: float, name: str) -> None:
         # A weak method: the thread must not keep its ledger alive.
         self._flush = weakref.WeakMethod(flush)  # type: ignore[arg-type]
         self._interval = interval
@@ -69,19 +76,25 @@ class Flusher:
 
     def _run(self) -> None:
         me = threading.current_thread()
+        due = time.monotonic() + self._interval
         while True:
-            self._wake.wait(self._interval)
+            self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
             if self._stopping or self._thread is not me:
                 return
             flush = self._flush()
             if flush is None:
                 return  # the ledger is gone
+            # Due one interval after this flush starts, not after it ends.
+            due = time.monotonic() + self._interval
+            stored = False
             try:
-                flush()
+                stored = flush()
             except Exception as error:  # never end the thread: the writes stay queued
                 # The type only: an error's text could quote the database's view of a row.
                 logger.error(
                     "%s: storing queued writes failed (%s)", self._name, type(error).__name__
                 )
             del flush
+            if not stored:  # the database is away: try again a whole interval from now
+                due = time.monotonic() + self._interval

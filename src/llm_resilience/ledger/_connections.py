@@ -52,6 +52,7 @@ __all__ = [
     "MIGRATION_TIMEOUT",
     "POOL_SIZE",
     "Connections",
+    "must_retry",
     "parse_url",
     "unavailable",
 ]
@@ -114,6 +115,18 @@ def timed_out(error: BaseException) -> bool:
     if isinstance(code, int):
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_INTERRUPT)
     return getattr(cause, "sqlstate", None) in ("55P03", "57014")  # lock_timeout, canceled
+
+
+#: SQLSTATEs with which PostgreSQL asks the client to run the transaction again: it was
+#: rolled back, whole, to end a deadlock or keep transactions serialisable.
+RETRY_SQLSTATES = ("40P01", "40001")  # deadlock_detected, serialization_failure
+
+
+def must_retry(error: BaseException) -> bool:
+    """Whether ``error`` is PostgreSQL asking for the transaction to be tried again."""
+    return isinstance(error, sa_exc.DBAPIError) and (
+        getattr(error.orig, "sqlstate", None) in RETRY_SQLSTATES
+    )
 
 
 def unavailable(error: BaseException) -> bool:

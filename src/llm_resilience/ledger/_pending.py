@@ -49,6 +49,7 @@ class PendingWrites:
         "_backend",
         "_keys",
         "_lock",
+        "_room",
         "_sequence",
         "_totals",
         "_writes",
@@ -63,6 +64,8 @@ class PendingWrites:
         self.dropped = 0
         self._backend = backend
         self._lock = threading.Lock()
+        # Notified whenever writes leave the queue (see ``wait_for_room``).
+        self._room = threading.Condition(self._lock)
         self._writes: deque[PendingWrite] = deque()
         self._sequence = 0
         # (window key, scope or None for every scope) -> money of the writes waiting.
@@ -88,6 +91,15 @@ class PendingWrites:
             record_ledger_pending(-1, backend=self._backend)
             record_ledger_dropped(1, backend=self._backend)
         return dropped
+
+    def full(self) -> bool:
+        """Whether the next :meth:`push` would drop the oldest write."""
+        return len(self._writes) >= self.capacity
+
+    def wait_for_room(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the queue is not full; True if it is not."""
+        with self._room:
+            return self._room.wait_for(lambda: len(self._writes) < self.capacity, timeout)
 
     def oldest(self, count: int) -> list[PendingWrite]:
         """Up to ``count`` writes from the front, left in place."""
@@ -128,6 +140,8 @@ class PendingWrites:
                 removed += 1
             if dropped:
                 self.dropped += removed
+            if removed:
+                self._room.notify_all()
         if removed:
             record_ledger_pending(-removed, backend=self._backend)
             if dropped:

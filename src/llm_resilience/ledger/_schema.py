@@ -77,6 +77,7 @@ __all__ = [
     "Run",
     "driver_run",
     "holds",
+    "insert_entries",
     "insert_entry",
     "is_current",
     "migrate",
@@ -301,6 +302,68 @@ _POSTGRES_RECORD = {
     False: _postgres_record_statement(False),
     True: _postgres_record_statement(True),
 }
+#: The columns of ``cost_ledger`` a write fills, and the array type each is sent as.
+_POSTGRES_COLUMNS = (
+    ("timestamp", "timestamptz"),
+    ("kind", "text"),
+    ("input_tokens", "bigint"),
+    ("output_tokens", "bigint"),
+    ("cost", "numeric"),
+    ("pages", "bigint"),
+    ("model", "text"),
+    ("estimated", "boolean"),
+    ("surface", "text"),
+    ("scope", "text"),
+    ("entry_id", "text"),
+    *((name, "bigint") for name in DETAIL_COLUMNS),
+)
+
+
+def _postgres_batch_statement() -> TextClause:
+    """Insert a batch of entries and add their costs to their totals in one statement.
+
+    Each column comes as one array (``unnest``), with the day and month key of each
+    entry beside them. Entries whose id is already stored insert nothing and add
+    nothing. The costs are summed per total first (one upsert may not touch a row twice),
+    and the totals are then locked in key order, as by a single record
+    (:func:`_postgres_record_statement`): writers of batches and of single entries, in any
+    number of processes, take the totals' row locks in one order and never deadlock.
+    """
+    columns = ", ".join(f'"{name}"' for name, _ in _POSTGRES_COLUMNS)
+    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _POSTGRES_COLUMNS)
+    # '' is GLOBAL_SCOPE; a NULL scope adds to the global totals only.
+    return text(
+        f"""
+        WITH batch AS (
+            SELECT * FROM unnest({arrays}, CAST(:day AS text[]), CAST(:month AS text[]))
+            AS batch ({columns}, day, month)
+        ),
+        entry AS (
+            INSERT INTO cost_ledger ({columns})
+            SELECT {columns} FROM batch
+            ON CONFLICT (entry_id) DO NOTHING
+            RETURNING entry_id
+        ),
+        added AS (
+            SELECT totals.window_key, totals.scope, sum(batch.cost) AS total
+            FROM batch CROSS JOIN LATERAL (
+                VALUES (batch.day, ''), (batch.month, ''),
+                       (batch.day, batch.scope), (batch.month, batch.scope)
+            ) AS totals (window_key, scope)
+            WHERE totals.scope IS NOT NULL
+              AND (batch.entry_id IS NULL OR batch.entry_id IN (SELECT entry_id FROM entry))
+            GROUP BY totals.window_key, totals.scope
+        )
+        INSERT INTO cost_ledger_totals (window_key, scope, shard, total)
+        SELECT window_key, scope, :shard, total FROM added
+        ORDER BY window_key, scope
+        ON CONFLICT (window_key, scope, shard)
+        DO UPDATE SET total = cost_ledger_totals.total + EXCLUDED.total
+        """
+    )
+
+
+_POSTGRES_BATCH = _postgres_batch_statement()
 _SQLITE_INSERT = (
     'INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost, pages, '
     "model, estimated, surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
@@ -432,6 +495,30 @@ def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) 
         "shard": random.randrange(POSTGRES_TOTALS_SHARDS),
     }
     connection.execute(_POSTGRES_RECORD[entry.scope is not None], fields)
+
+
+def insert_entries(connection: Connection, entries: Sequence[LedgerEntry]) -> None:
+    """Store ``entries`` on PostgreSQL and add their costs to their totals, in one
+    statement (atomic on its own), skipping any whose id is already stored or repeated.
+
+    One shard of each total for the whole batch (a random one, as for a single record),
+    and the totals locked in key order: see :func:`_postgres_batch_statement`.
+    """
+    unique: list[LedgerEntry] = []
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.entry_id is not None:
+            if entry.entry_id in seen:
+                continue  # a repeat within the batch: stored and counted once
+            seen.add(entry.entry_id)
+        unique.append(entry)
+    fields: dict[str, Any] = {
+        name: [getattr(entry, name) for entry in unique] for name, _ in _POSTGRES_COLUMNS
+    }
+    fields["day"] = [window_key("day", entry.timestamp) for entry in unique]
+    fields["month"] = [window_key("month", entry.timestamp) for entry in unique]
+    fields["shard"] = random.randrange(POSTGRES_TOTALS_SHARDS)
+    connection.execute(_POSTGRES_BATCH, fields)
 
 
 def sqlite_insert(run: Run, entry: LedgerEntry) -> None:

@@ -11,10 +11,12 @@ exact decimal-text function registered on every connection (``_schema.DECIMAL_AD
 the stored totals stay the decimal text every release reads. On a SQLite file the
 per-call operations (``spend``, ``spends``, ``record``, ``settle``) run on ``sqlite3``
 connections the ledger keeps itself (no pool checkout per call); everything else goes
-through SQLAlchemy's pool. Both kinds are bounded alike. On PostgreSQL a record is one
-statement (insert the entry, add its cost to its totals); ``reserve`` and schema changes
-serialise on a transaction-scoped advisory lock. Any number of processes may open,
-write and migrate the same database at once.
+through SQLAlchemy's pool. Both kinds are bounded alike. On PostgreSQL a record, and a
+batch of records, is one statement (insert the entries, add their costs to their
+totals) that locks the totals in key order, as every writer does, so writers never
+deadlock; one the database ends anyway (deadlock, serialisation failure) is retried
+(``_writes``). ``reserve`` and schema changes serialise on a transaction-scoped advisory
+lock. Any number of processes may open, write and migrate the same database at once.
 
 Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
 called, ends within ``T`` plus the watchdog's reaction (docs/benchmarks.md has the
@@ -66,7 +68,7 @@ from llm_resilience.ledger._schema import (
     sqlite_spends,
 )
 from llm_resilience.ledger._watchdog import Operation
-from llm_resilience.ledger._writes import FLUSH_BATCH, Writes
+from llm_resilience.ledger._writes import Writes
 
 __all__ = ["SqlCostLedger"]
 
@@ -82,8 +84,6 @@ MAX_OPERATION_TIMEOUT = checks.MAX_OPERATION_TIMEOUT
 DEFAULT_PAGE_SIZE = 1000
 #: The longest ``write_behind`` accepted: what a crash of the process may lose.
 MAX_WRITE_BEHIND = timedelta(seconds=60)
-# Write-behind: queued writes past which ``record`` stores the queue itself.
-_BEHIND_LIMIT = 10 * FLUSH_BATCH
 # Write-behind: distinct gate reads remembered (windows and scopes x day and month).
 _MAX_CACHED_READS = 256
 _Result = TypeVar("_Result")
@@ -124,12 +124,17 @@ class SqlCostLedger:
     * ``max_pending`` (default 10,000): writes kept in memory while the database fails.
     * ``write_behind`` (seconds or ``timedelta``, default None, at most 60 s): trade a
       little durability for speed. None: ``record`` returns once its entry is committed.
-      Set: ``record`` queues the entry and returns; a thread of the ledger's commits the
-      queue in batches at least this often (sooner once 100 wait), and :meth:`close` and
-      the exit of the process store the rest. Gates in this process count queued entries
+      Set: ``record`` queues the entry and returns, never waiting on the database, even
+      while it is away; a thread of the ledger's commits the queue in batches every
+      interval (sooner once 100 wait), and :meth:`close` and the exit of the process
+      store the rest. Only a full queue (``max_pending``) makes ``record`` wait, at most
+      ``operation_timeout``, for the writer to make room (``arecord`` waits in a worker
+      thread), and only while the database answers; in an outage the oldest entry is
+      dropped and counted instead. Gates in this process count queued entries
       at once; the stored part of a gate's read is reused for up to this long, so other
       processes' spend reaches this process's gate within it. A crash (``kill -9``, power
-      loss) loses at most the entries of the last interval. Strict-mode holds and
+      loss) loses at most the entries recorded in the last interval plus the time one
+      flush takes (the whole queue during an outage). Strict-mode holds and
       ``settle`` stay immediate, but another process's queued entries are not seen by
       this process's holds: a strict budget shared by several processes should not use it.
     * ``echo``: log the SQL; parameters are never logged nor put in exception messages
@@ -195,9 +200,9 @@ class SqlCostLedger:
             self._pending,
             label=repr(self),
             behind_interval=None if self.write_behind is None else self._behind_seconds,
-            # Past this many queued writes, ``record`` stores them itself: always below
-            # ``max_pending``, so the queue never drops an entry while the database answers.
-            behind_limit=max(1, min(_BEHIND_LIMIT, max_pending // 2)),
+            # A full queue and a database that answers: ``record`` waits this long for
+            # the writer to make room, so a fast writer never drops an entry.
+            behind_wait=self._timeout,
             behind_name=f"llm-resilience-ledger-writer-{id(self):x}",
         )
         self._flusher = self._writes.flusher
@@ -240,7 +245,8 @@ class SqlCostLedger:
         """Store ``entry`` and add its cost to its day's and month's totals, atomically.
 
         If the database does not take it within ``operation_timeout``, the entry waits
-        in memory (see :attr:`pending`) and this returns normally.
+        in memory (see :attr:`pending`) and this returns normally. With ``write_behind``
+        the entry is queued and this returns at once (see the class).
         """
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
@@ -250,11 +256,16 @@ class SqlCostLedger:
         self._writes.write("record", PendingWrite(entry), None)
 
     async def arecord(self, entry: LedgerEntry) -> None:
-        """:meth:`record` in a worker thread, bounded from this call."""
+        """:meth:`record` in a worker thread, bounded from this call (with
+        ``write_behind``, queued on the event loop; a full queue is waited for in a
+        worker thread)."""
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
         if self._flusher is not None:
-            self._writes.queue(entry)  # a lock held for a few µs: no thread needed
+            if self._writes.must_wait():  # a full queue: wait for room off the loop
+                await asyncio.to_thread(self._writes.queue, entry)
+            else:
+                self._writes.queue(entry)  # a lock held for a few µs: no thread needed
             return
         await asyncio.to_thread(self._writes.write, "record", PendingWrite(entry), time.monotonic())
 

@@ -10,7 +10,9 @@ ledger's next operation. With write-behind, ``record`` only queues its entry and
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 
@@ -19,12 +21,13 @@ from sqlalchemy import exc as sa_exc
 
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._behind import Flusher
-from llm_resilience.ledger._connections import Connections, unavailable
+from llm_resilience.ledger._connections import Connections, must_retry, unavailable
 from llm_resilience.ledger._pending import PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import LedgerEntry
 from llm_resilience.ledger._schema import (
     SQLITE_RETURNING,
     holds,
+    insert_entries,
     insert_entry,
     sqlite_insert,
     sqlite_insert_many,
@@ -39,15 +42,24 @@ logger = logging.getLogger("llm_resilience.ledger._sql")
 
 #: Pending writes stored per transaction when the database answers again.
 FLUSH_BATCH = 100
+#: Tries of a PostgreSQL write the database asks to be retried (a deadlock or a
+#: serialisation failure rolls the whole transaction back, so trying again is safe).
+RETRY_ATTEMPTS = 5
+#: The longest pause between two such tries, in seconds (each pause is random, up to
+#: 5 ms x 2^try, so that the writers that collided do not collide again).
+RETRY_PAUSE = 0.1
 
 
 class Writes:
     """A ledger's writes to ``db``, kept in ``pending`` while the database fails.
 
     ``label`` names the ledger in log lines (its repr: the URL, password hidden).
-    ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then
-    only queues, and a writer thread named ``behind_name`` stores the queue at least this
-    often; past ``behind_limit`` queued writes the caller stores them itself.
+    ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then only
+    queues, never touching the database, and a writer thread named ``behind_name``
+    stores the queue every interval. When the queue is full (``max_pending``) and the
+    database answered the writer's last try, ``queue`` waits up to ``behind_wait``
+    seconds for the writer to make room; otherwise (an outage, or no room in time) the
+    oldest write is dropped and counted, as in any outage.
     """
 
     def __init__(
@@ -57,7 +69,7 @@ class Writes:
         *,
         label: str,
         behind_interval: float | None,
-        behind_limit: int,
+        behind_wait: float,
         behind_name: str,
     ) -> None:
         self._db = db
@@ -68,8 +80,11 @@ class Writes:
         #: Bumped after every write this process makes, before the written entries leave
         #: ``pending``: a cached gate read taken under an older value is stale.
         self.generation = 0
+        # Write-behind: whether the writer's last try found the database away, and
+        # whether the queue has dropped a write since (one WARNING each per outage).
         self._behind_failing = False
-        self._behind_limit = behind_limit
+        self._behind_dropping = False
+        self._behind_wait = behind_wait
         #: The write-behind thread, or None without write-behind.
         self.flusher = (
             None
@@ -78,12 +93,10 @@ class Writes:
         )
 
     def _apply(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
-        """Store ``writes`` in order, in one transaction (a lone PostgreSQL record: one
-        statement). Entries already stored (same ``entry_id``) are skipped."""
-        if self._db.postgres and len(writes) == 1 and writes[0].hold_id is None:
-            with self._db.connection(operation) as connection:
-                assert writes[0].entry is not None
-                insert_entry(connection, writes[0].entry, postgres=True)
+        """Store ``writes`` in order, in one transaction (on PostgreSQL records alone are
+        one statement). Entries already stored (same ``entry_id``) are skipped."""
+        if self._db.postgres:
+            self._apply_postgres(operation, writes)
             return
         if self._db.direct:
             with self._db.direct_connection(operation, transaction=True) as run:
@@ -103,26 +116,67 @@ class Writes:
                 if write.hold_id is not None:
                     connection.execute(delete(holds).where(holds.c.id == write.hold_id))
                 if write.entry is not None:
-                    insert_entry(connection, write.entry, postgres=self._db.postgres)
+                    insert_entry(connection, write.entry, postgres=False)
 
-    def flush(self, operation: Operation, until: float, *, wait: bool = False) -> None:
-        """Store pending writes, oldest first, until none is left or ``until`` is near.
+    def _apply_postgres(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
+        """:meth:`_apply` on PostgreSQL: the holds released first, then every entry in
+        one statement that locks the totals in key order (so the writers of several
+        processes never wait for each other in a cycle); a deadlock or serialisation
+        failure the database reports anyway is tried again, a few times, within the
+        operation's bound."""
+        entries = [write.entry for write in writes if write.entry is not None]
+        released = [write.hold_id for write in writes if write.hold_id is not None]
+
+        def store() -> None:
+            if not released:
+                with self._db.connection(operation) as connection:  # one statement: atomic
+                    if len(entries) == 1:
+                        insert_entry(connection, entries[0], postgres=True)
+                    else:
+                        insert_entries(connection, entries)
+                return
+            with self._db.connection(operation, transaction=True) as connection:
+                connection.execute(delete(holds).where(holds.c.id.in_(released)))
+                if entries:
+                    insert_entries(connection, entries)
+
+        attempt = 1
+        while True:
+            try:
+                store()
+                return
+            except Exception as error:
+                if not must_retry(error) or attempt >= RETRY_ATTEMPTS:
+                    raise
+                pause = random.uniform(0, min(RETRY_PAUSE, 0.005 * 2**attempt))
+                if operation.remaining() <= pause:
+                    raise
+                logger.debug(
+                    "%s retries a write the database asked to retry (%s), try %d",
+                    self._label,
+                    type(error).__name__,
+                    attempt + 1,
+                )
+                time.sleep(pause)
+                attempt += 1
+
+    def flush(self, operation: Operation, until: float) -> int:
+        """Store pending writes, oldest first, until none is left or ``until`` is near;
+        returns how many left the queue.
 
         Raises the failure that stopped it (the writes stay pending). A write the
         database refuses outright (not a failure to answer) is dropped, counted and
         logged, so it cannot block the ones behind it. Does nothing while another thread
-        is storing them (or, with ``wait``, until it is done, within the operation).
+        is storing them.
         """
-        if not len(self.pending):
-            return
-        if not self._flushing.acquire(timeout=max(0.0, operation.remaining()) if wait else -1):
-            return
+        if not len(self.pending) or not self._flushing.acquire(blocking=False):
+            return 0
+        done = 0
         try:
             with operation.phase(until):
-                stored = False
                 while batch := self.pending.oldest(FLUSH_BATCH):
-                    if stored and operation.remaining() < operation.bound / 4:
-                        return  # the rest waits for the next operation, not past our bound
+                    if done and operation.remaining() < operation.bound / 4:
+                        break  # the rest waits for the next operation, not past our bound
                     try:
                         self._apply(operation, batch)
                     except Exception as error:
@@ -132,9 +186,10 @@ class Writes:
                     else:
                         self.generation += 1
                         self.pending.written(batch)
-                    stored = True
+                    done += len(batch)
         finally:
             self._flushing.release()
+        return done
 
     def _apply_one_by_one(self, operation: Operation, batch: Sequence[PendingWrite]) -> None:
         for write in batch:
@@ -211,28 +266,36 @@ class Writes:
         )
 
     def queue(self, entry: LedgerEntry) -> None:
-        """Write-behind: queue ``entry`` for the writer thread."""
+        """Write-behind: queue ``entry`` for the writer thread. Never touches the
+        database; waits (up to ``behind_wait``) only when :meth:`must_wait` says so."""
         assert self.flusher is not None
-        if self.pending.push(entry, None):
+        if self.must_wait():
+            # The writer falls behind a database that answers: wait for it to make room
+            # rather than drop the oldest entry.
+            self.flusher.wake()
+            self.pending.wait_for_room(self._behind_wait)
+        if self.pending.push(entry, None) and not self._behind_dropping:
+            self._behind_dropping = True  # one WARNING, not one per record
             self._warn_kept("record", None, True)
-        waiting = len(self.pending)
-        if waiting >= self._behind_limit:
-            # The writer thread falls behind: this caller stores the queue itself, so
-            # that writing faster than the database takes never drops an entry.
-            self.flush_behind(wait=True)
-        elif waiting >= FLUSH_BATCH:
+        if len(self.pending) >= FLUSH_BATCH and not self._behind_failing:
             self.flusher.wake()
         else:
-            self.flusher.start()
+            self.flusher.start()  # in an outage the writer tries again every interval
 
-    def flush_behind(self, *, wait: bool = False) -> None:
-        """The writer thread's work: store the queue, oldest first, in batches (with
-        ``wait``, after the storing already under way, if any)."""
+    def must_wait(self) -> bool:
+        """Write-behind: whether :meth:`queue` would wait for room: the queue is full
+        and the database answered the writer's last try."""
+        return self.pending.full() and not self._behind_failing
+
+    def flush_behind(self) -> bool:
+        """The writer thread's work: store the queue, oldest first, in batches; False if
+        the database was away."""
         if not len(self.pending):
-            return
+            return True
+        started = time.monotonic()
         with self._db.operation("write") as operation:
             try:
-                self.flush(operation, operation.deadline, wait=wait)
+                stored = self.flush(operation, operation.deadline)
             except Exception as error:
                 if not unavailable(error):
                     raise
@@ -241,8 +304,16 @@ class Writes:
                 if not self._behind_failing:
                     self._warn_kept("store queued writes", error, False)
                 self._behind_failing = True
-            else:
-                self._behind_failing = False
+                return False
+        self._behind_failing = self._behind_dropping = False
+        if stored:
+            logger.debug(
+                "%s stored %d queued writes in %.1f ms",
+                self._label,
+                stored,
+                (time.monotonic() - started) * 1000,
+            )
+        return True
 
     def store_pending(self, name: str) -> None:
         """Store what is pending within one operation's bound, whatever goes wrong."""

@@ -1,6 +1,6 @@
 """``llm-resilience spend``: the spend report of a ledger database, as a table, CSV or JSON.
 
-The core's one built-in command (:mod:`llm_resilience.cli` registers it). It only reads:
+The core's one built-in command (`llm_resilience.cli` registers it). It only reads:
 a SQLite file is checked to exist and opened read-only (``mode=ro``), a PostgreSQL
 session is read-only (``default_transaction_read_only``), and a database that holds no
 current ledger is reported, not created or migrated. Every failure is one line on stderr

@@ -3,25 +3,26 @@
 Adapters turn their framework's messages into ``(role, text)`` pairs and their
 response metadata into two optional integers; everything else is decided here.
 
->>> usage = chat_usage(12, 30, prompt=[("user", "Hi")], response_text="Hello!")
->>> usage
-Usage(input_tokens=12, output_tokens=30, estimated=False)
+Examples:
+    >>> usage = chat_usage(12, 30, prompt=[("user", "Hi")], response_text="Hello!")
+    >>> usage
+    Usage(input_tokens=12, output_tokens=30, estimated=False)
 
 * Chat: the provider's counts when it reports both; otherwise both sides are
   estimated with tiktoken ``cl100k_base`` (over the request messages and the response
   text) and the usage is flagged ``estimated``. A reported input of 0 for a non-empty
   prompt is not a report: some integrations fill a missing count with 0.
-* A stream its consumer closed or cancelled before its end (:func:`partial_stream_usage`):
+* A stream its consumer closed or cancelled before its end (`partial_stream_usage`):
   what it consumed, as reported so far or estimated over the prompt and the delivered
   text; nothing when no chunk was delivered.
 * Embeddings: always estimated over the input texts; output is 0.
-* Counts as providers send them (:func:`token_count`): an int >= 0, never a bool; a
+* Counts as providers send them (`token_count`): an int >= 0, never a bool; a
   whole float only where an SDK declares its counts floats (Cohere's billed units).
-* A call's output cap (:func:`output_cap`), for a strict budget's hold and a token
+* A call's output cap (`output_cap`), for a strict budget's hold and a token
   limiter's weight alike: the call's own ``max_tokens``, ``max_completion_tokens`` or
-  ``max_output_tokens``, else the cap the model states (:func:`model_output_cap`).
-* Money is not counted here: :func:`~llm_resilience.money.cost_of` prices a
-  :class:`Usage` (``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``).
+  ``max_output_tokens``, else the cap the model states (`model_output_cap`).
+* Money is not counted here: `cost_of` prices a
+  `Usage` (``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``).
 
 ``cl100k_base`` is an OpenAI tokenizer, so estimates for other providers' models can be
 systematically off: treat estimated entries as close approximations, not invoices.
@@ -67,10 +68,11 @@ def token_count(value: object, *, whole_float: bool = False) -> int | None:
     units). Anything else (None, a negative number, text, ``True``) is no count, so a
     provider's odd report reads as "not reported" instead of raising.
 
-    >>> token_count(12), token_count(-1), token_count(True), token_count("12")
-    (12, None, None, None)
-    >>> token_count(6.0), token_count(6.0, whole_float=True), token_count(6.5, whole_float=True)
-    (None, 6, None)
+    Examples:
+        >>> token_count(12), token_count(-1), token_count(True), token_count("12")
+        (12, None, None, None)
+        >>> token_count(6.0), token_count(6.0, whole_float=True), token_count(6.5, whole_float=True)
+        (None, 6, None)
     """
     if isinstance(value, bool):
         return None
@@ -82,10 +84,11 @@ def token_count(value: object, *, whole_float: bool = False) -> int | None:
 
 
 def first_token_count(*values: object) -> int | None:
-    """The first of ``values`` that is a token count (:func:`token_count`), or None.
+    """The first of ``values`` that is a token count (`token_count`), or None.
 
-    >>> first_token_count(None, "n/a", 0, 40)
-    0
+    Examples:
+        >>> first_token_count(None, "n/a", 0, 40)
+        0
     """
     for value in values:
         count = token_count(value)
@@ -97,15 +100,16 @@ def first_token_count(*values: object) -> int | None:
 def model_output_cap(model: object, documented: object = None) -> int | None:
     """The most output tokens ``model`` writes per call, as it states it; None: unknown.
 
-    Its own field (the first of :data:`OUTPUT_CAP_NAMES` it has that is a count: a
+    Its own field (the first of `OUTPUT_CAP_NAMES` it has that is a count: a
     LangChain ``ChatOpenAI``'s ``max_tokens``, a ``ChatGoogleGenerativeAI``'s
     ``max_output_tokens``), else ``documented``, the maximum its framework documents for
     it (a LangChain profile's ``max_output_tokens``, LlamaIndex's
     ``metadata.num_output``) when above 0 (0 and -1 mean unknown there).
 
-    >>> class Gemini: max_output_tokens = 2048
-    >>> model_output_cap(Gemini()), model_output_cap(object(), documented=8192)
-    (2048, 8192)
+    Examples:
+        >>> class Gemini: max_output_tokens = 2048
+        >>> model_output_cap(Gemini()), model_output_cap(object(), documented=8192)
+        (2048, 8192)
     """
     own = first_token_count(*(getattr(model, name, None) for name in OUTPUT_CAP_NAMES))
     if own is not None:
@@ -118,16 +122,17 @@ def output_cap(call: Mapping[str, object], model_caps: Iterable[int | None] = ()
     """A call's output cap: the call's own, else the largest its models state; None: unknown.
 
     ``call`` holds the call's keyword arguments: its own cap is the first of
-    :data:`OUTPUT_CAP_NAMES` there that is a count, and reaches whichever model serves.
-    Without one, the cap is the largest of ``model_caps`` (:func:`model_output_cap` of
+    `OUTPUT_CAP_NAMES` there that is a count, and reaches whichever model serves.
+    Without one, the cap is the largest of ``model_caps`` (`model_output_cap` of
     each model that may serve it: one model, or a fallback chain's members) that is
     known. A strict budget holds each model at its own cap instead
-    (:class:`~llm_resilience.budget.ServingModel`); for one model the two agree.
+    ([`ServingModel`][]); for one model the two agree.
 
-    >>> output_cap({"max_completion_tokens": 500}, [2048])
-    500
-    >>> output_cap({}, [2048, None, 1024]), output_cap({}, [None])
-    (2048, None)
+    Examples:
+        >>> output_cap({"max_completion_tokens": 500}, [2048])
+        500
+        >>> output_cap({}, [2048, None, 1024]), output_cap({}, [None])
+        (2048, None)
     """
     asked = first_token_count(*(call.get(name) for name in OUTPUT_CAP_NAMES))
     if asked is not None:
@@ -136,7 +141,7 @@ def output_cap(call: Mapping[str, object], model_caps: Iterable[int | None] = ()
     return max(known) if known else None
 
 
-#: The optional counts a :class:`Usage` may carry beside its input and output.
+#: The optional counts a `Usage` may carry beside its input and output.
 DETAIL_FIELDS = (
     "cache_read_tokens",
     "cache_write_tokens",
@@ -148,9 +153,9 @@ DETAIL_FIELDS = (
 @dataclass(frozen=True, slots=True)
 class TokenDetails:
     """The parts of a call's input and output a provider reports apart, each None when not
-    reported: what :func:`~llm_resilience.money.cost_of` prices at its own rate.
+    reported: what `cost_of` prices at its own rate.
 
-    Adapters translate their provider's shape into these (see :class:`Usage` for what
+    Adapters translate their provider's shape into these (see `Usage` for what
     each count means); the reading rules below take one alongside the two plain counts.
     """
 
@@ -168,12 +173,13 @@ class Usage:
     reads and writes are part of it (OpenAI's ``prompt_tokens`` already counts them;
     Anthropic's ``input_tokens`` does not, so adapters add them). Likewise
     ``reasoning_tokens`` are part of ``output_tokens``. The optional counts are None when
-    the provider did not report them; :func:`~llm_resilience.money.cost_of` then bills
+    the provider did not report them; `cost_of` then bills
     those tokens at the plain input (or output) price. Counts that do not fit inside
     their total raise ``ValueError``.
 
-    >>> Usage(1000, 50, False, cache_read_tokens=900)
-    Usage(input_tokens=1000, output_tokens=50, estimated=False, cache_read_tokens=900)
+    Examples:
+        >>> Usage(1000, 50, False, cache_read_tokens=900)
+        Usage(input_tokens=1000, output_tokens=50, estimated=False, cache_read_tokens=900)
     """
 
     #: Prompt tokens (for embeddings: the input texts' tokens), cached ones included. >= 0.
@@ -217,7 +223,7 @@ class Usage:
 
     @property
     def details(self) -> TokenDetails:
-        """The optional counts, as a :class:`TokenDetails`."""
+        """The optional counts, as a `TokenDetails`."""
         return TokenDetails(*(getattr(self, name) for name in DETAIL_FIELDS))
 
 
@@ -275,7 +281,7 @@ _NO_DETAILS = TokenDetails()
 class StreamUsage:
     """How a stream's reported usage adds up, chunk by chunk: one rule for every adapter.
 
-    Each :meth:`add` takes the counts one chunk (or one point of a stream) reports, as
+    Each `add` takes the counts one chunk (or one point of a stream) reports, as
     running totals; each direction keeps the **largest** total reported. Providers report
     usage in pieces: Anthropic gives input at the start and output at the end (and may
     repeat the opening output count), OpenAI one final usage-only chunk, others repeat a
@@ -286,11 +292,12 @@ class StreamUsage:
     ``usage_metadata``: chunks add up when merged) passes the merged running total,
     which is that framework's own definition of the total so far.
 
-    >>> usage = StreamUsage()
-    >>> usage.add(25, 1)      # message_start: input, and an opening output count
-    >>> usage.add(None, 40)   # message_delta: the final output count
-    >>> usage.input_tokens, usage.output_tokens
-    (25, 40)
+    Examples:
+        >>> usage = StreamUsage()
+        >>> usage.add(25, 1)      # message_start: input, and an opening output count
+        >>> usage.add(None, 40)   # message_delta: the final output count
+        >>> usage.input_tokens, usage.output_tokens
+        (25, 40)
     """
 
     __slots__ = ("_details", "input_tokens", "output_tokens")
@@ -353,11 +360,12 @@ def chat_usage(
     Both present → recorded as reported. Either missing, negative, or an input of 0
     for a non-empty ``prompt`` → both estimated: ``count_message_tokens(prompt)`` and
     ``count_tokens(response_text)``, flagged ``estimated=True``. ``details`` are the
-    provider's cache and reasoning counts, kept with a report (see :func:`reported_usage`)
+    provider's cache and reasoning counts, kept with a report (see `reported_usage`)
     and dropped with an estimate.
 
-    >>> chat_usage(None, 5, prompt=[("user", "hello world")], response_text="hi").estimated
-    True
+    Examples:
+        >>> chat_usage(None, 5, prompt=[("user", "hello world")], response_text="hi").estimated
+        True
     """
     reported = reported_usage(reported_input, reported_output, prompt=prompt, details=details)
     if reported is not None:
@@ -372,19 +380,20 @@ def reported_usage(
     prompt: Sequence[tuple[str, str]],
     details: TokenDetails | None = None,
 ) -> Usage | None:
-    """The provider's counts as a :class:`Usage`, or None when they are not a report.
+    """The provider's counts as a `Usage`, or None when they are not a report.
 
     A report has both counts, each an int >= 0, and an input above 0 unless ``prompt``
     is empty: some integrations fill a missing count with 0. ``details`` (cache reads and
     writes, reasoning) come with it, each part that does not fit inside its total dropped
     (billed at the plain price, as if not reported). The one rule behind
-    :func:`chat_usage` and a limiter's reconciliation
-    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
+    `chat_usage` and a limiter's reconciliation
+    (`reconcile_with_usage`).
 
-    >>> reported_usage(0, 12, prompt=[("user", "hi")]) is None
-    True
-    >>> reported_usage(7, 12, prompt=[("user", "hi")])
-    Usage(input_tokens=7, output_tokens=12, estimated=False)
+    Examples:
+        >>> reported_usage(0, 12, prompt=[("user", "hi")]) is None
+        True
+        >>> reported_usage(7, 12, prompt=[("user", "hi")])
+        Usage(input_tokens=7, output_tokens=12, estimated=False)
     """
     if not (_is_count(reported_input) and _is_count(reported_output)):
         return None
@@ -421,11 +430,11 @@ def partial_stream_usage(
     for a chunk without text); ``delivered_text`` is the answer so far when the chunks
     carry more than their text deltas (tool-call arguments), else ``"".join(deltas)``.
     ``reported_input``/``reported_output`` are the provider's counts so far, None when
-    absent; ``details`` the cache and reasoning counts so far (see :func:`chat_usage`).
+    absent; ``details`` the cache and reasoning counts so far (see `chat_usage`).
 
     * No chunk delivered → None: record nothing (and release a strict-mode hold). The
       request may have reached the provider, but nothing shows what it consumed.
-    * Both counts reported (as :func:`chat_usage` reads them) → as reported, unless the
+    * Both counts reported (as `chat_usage` reads them) → as reported, unless the
       output count is below the number of chunks that carried text (each streamed delta
       is at least one token): then it was reported before the text (Anthropic reports
       output at a stream's start and again only at its end), so the output is estimated
@@ -438,10 +447,11 @@ def partial_stream_usage(
     Tokens the provider generated after the consumer stopped reading are never seen, so
     this is a floor of what the provider may bill.
 
-    >>> partial_stream_usage(None, None, prompt=[("user", "hi")], deltas=[]) is None
-    True
-    >>> partial_stream_usage(None, None, prompt=[("user", "hello world")], deltas=["Hel", "lo"])
-    Usage(input_tokens=9, output_tokens=1, estimated=True)
+    Examples:
+        >>> partial_stream_usage(None, None, prompt=[("user", "hi")], deltas=[]) is None
+        True
+        >>> partial_stream_usage(None, None, prompt=[("user", "hello world")], deltas=["Hel", "lo"])
+        Usage(input_tokens=9, output_tokens=1, estimated=True)
     """
     if not deltas:
         return None
@@ -466,8 +476,9 @@ def partial_stream_usage(
 def embedding_usage(texts: Sequence[str]) -> Usage:
     """Estimated usage of one embedding call over ``texts`` (providers rarely report it).
 
-    >>> embedding_usage(["hello world", "hello"])
-    Usage(input_tokens=3, output_tokens=0, estimated=True)
+    Examples:
+        >>> embedding_usage(["hello world", "hello"])
+        Usage(input_tokens=3, output_tokens=0, estimated=True)
     """
     return Usage(sum(count_tokens(text) for text in texts), 0, estimated=True)
 
@@ -479,11 +490,12 @@ def estimate_request_tokens(
 
     Used for a rate limiter's token permits. None counts as 0 output tokens here (the
     limiter reconciles with real usage afterwards); a strict budget's hold is
-    :meth:`~llm_resilience.budget.BudgetGate.worst_case_cost`, which applies each
+    [`worst_case_cost`][llm_resilience.BudgetGate.worst_case_cost], which applies each
     serving model's own output cap.
 
-    >>> estimate_request_tokens([("user", "hello world")], 100)  # 9 prompt tokens + 100
-    109
+    Examples:
+        >>> estimate_request_tokens([("user", "hello world")], 100)  # 9 prompt tokens + 100
+        109
     """
     if max_output_tokens is not None and max_output_tokens < 0:
         raise ValueError(f"max_output_tokens must be >= 0 or None, got {max_output_tokens!r}")

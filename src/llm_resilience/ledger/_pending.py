@@ -39,7 +39,7 @@ class PendingWrite:
 
 
 class PendingWrites:
-    """A bounded FIFO of :class:`PendingWrite`, with the money it holds per window.
+    """A bounded FIFO of `PendingWrite`, with the money it holds per window.
 
     Thread-safe. ``unwritten_cost`` lets a read add what is still waiting here, so a
     gate sees the spend it was told about even before it reaches the database.
@@ -109,7 +109,7 @@ class PendingWrites:
             return self._totals.get((key, scope), Decimal(0))
 
     def unwritten_costs(self, windows: Sequence[tuple[str, str | None]]) -> list[Decimal]:
-        """:meth:`unwritten_cost` of each ``(key, scope)``, under one lock."""
+        """`unwritten_cost` of each ``(key, scope)``, under one lock."""
         zero = Decimal(0)
         with self._lock:
             return [self._totals.get(window, zero) for window in windows]

@@ -13,9 +13,10 @@ rules (``usage``, ``self_retry``, ``transient``, ``telemetry``, ``redact``, ``to
 The LangChain adapters live in ``langchain_llm_resilience`` and the LlamaIndex ones in
 ``llama_index.resilience``.
 
->>> from llm_resilience import FallbackChain
->>> FallbackChain(["a", "b"]).invoke(lambda index, client: client)
-'a'
+Examples:
+    >>> from llm_resilience import FallbackChain
+    >>> FallbackChain(["a", "b"]).invoke(lambda index, client: client)
+    'a'
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``llm-resilience spend``: the spend report of a ledger database, as a table, CSV or JSON.
 
-The core's one built-in command (:mod:`llm_resilience.cli` registers it). It only reads:
+The core's one built-in command (`llm_resilience.cli` registers it). It only reads:
 a SQLite file is checked to exist and opened read-only (``mode=ro``), a PostgreSQL
 session is read-only (``default_transaction_read_only``), and a database that holds no
 current ledger is reported, not created or migrated. Nothing ends in a traceback: a
@@ -282,7 +282,7 @@ def _inert(text: str) -> str:
 def _write_csv(report: SpendReport, out: IO[str]) -> None:
     """One line per row, headed by the grouping's name; no total line (sum the rows).
 
-    The key is stored text (a model, scope, ...), so it is made inert (:func:`_inert`);
+    The key is stored text (a model, scope, ...), so it is made inert (`_inert`);
     the numbers are ours and written as they are."""
     # Rows end in "\n"; each is formatted with "\r\n" first, because the csv module only
     # quotes a field that holds a character of its terminator: a bare CR must be quoted

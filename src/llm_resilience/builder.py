@@ -2,7 +2,7 @@
 
 A builder holds up to three surfaces (``"chat"``, ``"embeddings"``, ``"vector_store"``)
 and, for each, the layers asked for so far. The rules live here, once, framework-free;
-each adapter's ``ResilienceBuilder`` subclasses :class:`ResiliencePlan` and only names
+each adapter's ``ResilienceBuilder`` subclasses [`ResiliencePlan`][] and only names
 its framework's types: the wrapper class of each layer on each surface (`_wrappers`,
 built with the layer's fields as keywords) and the classes each surface accepts
 (`_accepted`).
@@ -20,15 +20,16 @@ built with the layer's fields as keywords) and the classes each surface accepts
 - ``build()`` refuses (``ValueError`` naming the call and the surface) a surface registered
   after a layer meant to wrap it, since that surface would silently escape the layer.
 
-Layers are recorded, not built, until :meth:`ResiliencePlan.build`; every option is
+Layers are recorded, not built, until [`ResiliencePlan.build`][]; every option is
 checked when its ``use_*`` call is made. Without a framework, the plan is usable with a
 ``_wrap`` of your own:
 
->>> class Boxes(ResiliencePlan):
-...     def _wrap(self, surface, layer, inner):
-...         return (type(layer).__name__, inner)
->>> Boxes().register_chat("model").use_rate_limiting(chat_requests_per_minute=60).build().chat
-('RateLimitLayer', 'model')
+Examples:
+    >>> class Boxes(ResiliencePlan):
+    ...     def _wrap(self, surface, layer, inner):
+    ...         return (type(layer).__name__, inner)
+    >>> Boxes().register_chat("model").use_rate_limiting(chat_requests_per_minute=60).build().chat
+    ('RateLimitLayer', 'model')
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class _SurfaceState:
 class ResiliencePlan:
     """The builder's rules, over any objects: subclasses say how a layer is built.
 
-    Every method but :meth:`build` returns the plan itself, so calls chain. See the
+    Every method but [`build`][] returns the plan itself, so calls chain. See the
     module docstring for the rules; ``docs/composition.md`` for the order to use.
     Configure a plan from one thread; the objects it builds are safe to share.
     """

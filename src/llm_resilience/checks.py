@@ -7,12 +7,13 @@ Each check names the option it was given and the values it allows, and bounds wh
 accepts to what every backend can hold, so a value that passes here can always be
 stored, waited for and added up. The bounds are documented in ``docs/operations.md``.
 
->>> seconds("per_client_timeout", 30)
-30.0
->>> seconds("per_client_timeout", 1e10)
-Traceback (most recent call last):
-...
-ValueError: per_client_timeout must be at most 31536000 seconds (365 days); got 10000000000.0
+Examples:
+    >>> seconds("per_client_timeout", 30)
+    30.0
+    >>> seconds("per_client_timeout", 1e10)
+    Traceback (most recent call last):
+    ...
+    ValueError: per_client_timeout must be at most 31536000 seconds (365 days); got 10000000000.0
 """
 
 from __future__ import annotations
@@ -81,12 +82,13 @@ def seconds(
     """A duration option as seconds: None (when allowed), an int or float, or a timedelta,
     greater than 0 (or 0 itself, when ``zero`` says what 0 means) and at most ``maximum``.
 
-    >>> seconds("RetryPolicy.base_delay", 0, zero="no wait")
-    0.0
-    >>> seconds("RetryPolicy.base_delay", -1, zero="no wait")
-    Traceback (most recent call last):
-    ...
-    ValueError: RetryPolicy.base_delay must be 0 (no wait) or more seconds; got -1
+    Examples:
+        >>> seconds("RetryPolicy.base_delay", 0, zero="no wait")
+        0.0
+        >>> seconds("RetryPolicy.base_delay", -1, zero="no wait")
+        Traceback (most recent call last):
+        ...
+        ValueError: RetryPolicy.base_delay must be 0 (no wait) or more seconds; got -1
     """
     if value is None and allow_none:
         return None
@@ -114,7 +116,7 @@ def seconds(
 
 
 def duration(option: str, value: object, *, maximum: timedelta = MAX_DURATION) -> timedelta:
-    """:func:`seconds`, as a ``timedelta`` (None is not allowed)."""
+    """[`seconds`][], as a ``timedelta`` (None is not allowed)."""
     amount = seconds(option, value, maximum=maximum)
     assert amount is not None
     return value if isinstance(value, timedelta) else timedelta(seconds=amount)
@@ -123,7 +125,7 @@ def duration(option: str, value: object, *, maximum: timedelta = MAX_DURATION) -
 def scope(option: str, value: object) -> str | None:
     """A budget scope: None, or text every ledger can store and index.
 
-    Non-empty, at most :data:`MAX_SCOPE_LENGTH` characters, and no control characters
+    Non-empty, at most `MAX_SCOPE_LENGTH` characters, and no control characters
     (NUL included) or lone surrogates. A scope is often a user id or an API key: pass a
     stable hash of a key (``hashlib.sha256(key.encode()).hexdigest()[:16]``), never the
     key itself.
@@ -155,10 +157,11 @@ def whole(option: str, value: object, *, minimum: int = 0, maximum: int | None =
     """An integer option (a bool is not one) from ``minimum`` to ``maximum`` (if any): a
     budget per minute, a queue bound, a number of attempts, a token weight.
 
-    >>> whole("requests_per_minute", 0, minimum=1)
-    Traceback (most recent call last):
-    ...
-    ValueError: requests_per_minute must be an integer >= 1, got 0
+    Examples:
+        >>> whole("requests_per_minute", 0, minimum=1)
+        Traceback (most recent call last):
+        ...
+        ValueError: requests_per_minute must be an integer >= 1, got 0
     """
     allowed = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
     if isinstance(value, bool) or not isinstance(value, int):
@@ -169,7 +172,7 @@ def whole(option: str, value: object, *, minimum: int = 0, maximum: int | None =
 
 
 def count(option: str, value: object) -> int:
-    """A token or page count: an int from 0 to :data:`MAX_COUNT`."""
+    """A token or page count: an int from 0 to `MAX_COUNT`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise OptionTypeError(f"{option} must be an integer >= 0, got {value!r}")
     if not 0 <= value <= MAX_COUNT:
@@ -182,7 +185,7 @@ def money_in_range(
 ) -> Decimal:
     """``value`` (finite, >= 0) if every ledger can store it and the costs made from it.
 
-    Below :data:`MAX_MONEY` and with at most :data:`MAX_MONEY_PLACES` decimal places.
+    Below `MAX_MONEY` and with at most `MAX_MONEY_PLACES` decimal places.
     """
     if value >= maximum:
         raise ValueError(f"{option} must be below {maximum:,}; got {value}")
@@ -197,10 +200,10 @@ def money_in_range(
 
 
 def cost_in_range(option: str, value: Decimal) -> Decimal:
-    """A recorded cost: below :data:`MAX_COST`, at most :data:`MAX_COST_PLACES` places.
+    """A recorded cost: below `MAX_COST`, at most `MAX_COST_PLACES` places.
 
-    Any cost made from prices that passed :func:`money_in_range` and counts that passed
-    :func:`count` fits.
+    Any cost made from prices that passed [`money_in_range`][] and counts that passed
+    [`count`][] fits.
     """
     return money_in_range(option, value, maximum=MAX_COST, places=MAX_COST_PLACES)
 
@@ -211,10 +214,11 @@ def known_keywords(owner: str, given: Iterable[str], allowed: Iterable[str]) -> 
     For a wrapper whose framework would drop an unknown keyword without a word (so a
     misspelled `max_queue_requests` would leave the queue unbounded).
 
-    >>> known_keywords("limiter_for", ["limitr"], ["limiter", "tokens_per_minute"])
-    Traceback (most recent call last):
-    ...
-    TypeError: limiter_for takes no keyword 'limitr'; did you mean 'limiter'?
+    Examples:
+        >>> known_keywords("limiter_for", ["limitr"], ["limiter", "tokens_per_minute"])
+        Traceback (most recent call last):
+        ...
+        TypeError: limiter_for takes no keyword 'limitr'; did you mean 'limiter'?
     """
     names = tuple(allowed)
     for name in given:

@@ -1,11 +1,13 @@
 """The ``llm-resilience`` command: a dispatcher over commands that packages contribute.
 
 The core ships no command that needs a framework. A package adds one by naming a
-:class:`Command` in the ``llm_resilience.cli`` entry-point group of its ``pyproject.toml``;
-the entry point's name is the command's name::
+`Command` in the ``llm_resilience.cli`` entry-point group of its ``pyproject.toml``;
+the entry point's name is the command's name:
 
-    [project.entry-points."llm_resilience.cli"]
-    demo = "langchain_llm_resilience.demo:command"
+```toml
+[project.entry-points."llm_resilience.cli"]
+demo = "langchain_llm_resilience.demo:command"
+```
 
 Only the command that is run gets imported (``llm-resilience --help`` imports them all to
 show their help). ``llm-resilience demo``, the offline simulated outage, comes with the
@@ -37,7 +39,7 @@ def _spend_command() -> Command:
     return Command(help=_cli_spend.HELP, run=_cli_spend.run, configure=_cli_spend.configure)
 
 
-#: Commands of the core itself (``spend``: see :mod:`llm_resilience._cli_spend`), loaded
+#: Commands of the core itself (``spend``: see `llm_resilience._cli_spend`), loaded
 #: like entry points, only when run; an installed command of the same name does not
 #: replace them.
 _BUILT_IN: dict[str, Callable[[], object]] = {"spend": _spend_command}
@@ -51,9 +53,11 @@ class Command:
     """One ``llm-resilience`` subcommand, as an entry point of ``llm_resilience.cli`` names it.
 
     ``run`` gets the parsed arguments and returns the process exit code; ``configure``, when
-    given, adds the command's own arguments to its parser::
+    given, adds the command's own arguments to its parser:
 
-        command = Command(help="run the offline outage demo", run=lambda arguments: 0)
+    ```python
+    command = Command(help="run the offline outage demo", run=lambda arguments: 0)
+    ```
     """
 
     #: One line for ``llm-resilience --help``.

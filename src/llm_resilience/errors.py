@@ -138,7 +138,7 @@ class NoCapableMemberError(LLMResilienceError, ValueError):
     """No member of a fallback chain may take a request, by what the chain knows of them.
 
     Raised before any provider is called when every member is known (from its model
-    profile or a declared :class:`~llm_resilience.fallback.MemberProfile`) to lack
+    profile or a declared [`MemberProfile`][]) to lack
     something the request carries. ``missing`` maps each member's position to the
     capabilities it lacks (``"tool_calling"``, ``"image_inputs"``,
     ``"structured_output"``), for every member. A ``cooldown`` never causes it: a capable

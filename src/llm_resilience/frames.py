@@ -1,22 +1,23 @@
 """Spend as a pandas DataFrame: ledger entries, or a spend report, with exact money.
 
 pandas has no exact decimal dtype, so a frame carries cost twice: ``cost`` holds each
-:class:`~decimal.Decimal` as it was recorded (sum it for the exact spend) and
+`Decimal` as it was recorded (sum it for the exact spend) and
 ``cost_float`` the nearest ``float64`` (for ``groupby(...).sum()``, ``resample`` and
 plots, where the last digits do not matter).
 
-:func:`to_dataframe` is also on the face (``from llm_resilience import to_dataframe``).
+[`to_dataframe`][] is also on the face (``from llm_resilience import to_dataframe``).
 pandas loads only when it is called, so ``import llm_resilience`` never imports it; it
 comes with the ``pandas`` extra (``pip install "llm-resilience[pandas]"``), and without
 it the call raises ``ImportError`` naming that extra.
 
->>> from datetime import UTC, datetime
->>> from decimal import Decimal
->>> from llm_resilience.ledger import LedgerEntry
->>> df = to_dataframe([LedgerEntry(datetime(2026, 11, 29, tzinfo=UTC), "chat",
-...                                1000, 200, Decimal("0.0065"), model="gpt-4o-mini")])
->>> df.loc[0, "cost"], float(df.loc[0, "cost_float"]), str(df["timestamp"].dtype)
-(Decimal('0.0065'), 0.0065, 'datetime64[ns, UTC]')
+Examples:
+    >>> from datetime import UTC, datetime
+    >>> from decimal import Decimal
+    >>> from llm_resilience.ledger import LedgerEntry
+    >>> df = to_dataframe([LedgerEntry(datetime(2026, 11, 29, tzinfo=UTC), "chat",
+    ...                                1000, 200, Decimal("0.0065"), model="gpt-4o-mini")])
+    >>> df.loc[0, "cost"], float(df.loc[0, "cost_float"]), str(df["timestamp"].dtype)
+    (Decimal('0.0065'), 0.0065, 'datetime64[ns, UTC]')
 """
 
 from __future__ import annotations
@@ -84,19 +85,20 @@ def to_dataframe(source: Iterable[LedgerEntry] | SpendReport | CostLedger) -> pd
     ``from llm_resilience import to_dataframe``. Pass a ledger itself for all of its
     entries, or ``ledger.entries(since, until, scope=..., model=..., kind=...)`` for some.
 
-    >>> from datetime import UTC, datetime
-    >>> from decimal import Decimal
-    >>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
-    >>> ledger = InMemoryCostLedger()
-    >>> ledger.record(LedgerEntry(datetime(2026, 11, 2, tzinfo=UTC), "ocr", pages=12,
-    ...                           cost=Decimal("0.018"), model="mistral-ocr"))
-    >>> to_dataframe(ledger)[["kind", "pages", "cost"]].to_dict("records")
-    [{'kind': 'ocr', 'pages': 12, 'cost': Decimal('0.018')}]
+    Examples:
+        >>> from datetime import UTC, datetime
+        >>> from decimal import Decimal
+        >>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+        >>> ledger = InMemoryCostLedger()
+        >>> ledger.record(LedgerEntry(datetime(2026, 11, 2, tzinfo=UTC), "ocr", pages=12,
+        ...                           cost=Decimal("0.018"), model="mistral-ocr"))
+        >>> to_dataframe(ledger)[["kind", "pages", "cost"]].to_dict("records")
+        [{'kind': 'ocr', 'pages': 12, 'cost': Decimal('0.018')}]
 
-    Entries give the columns of :data:`ENTRY_COLUMNS`: ``timestamp`` as
+    Entries give the columns of `ENTRY_COLUMNS`: ``timestamp`` as
     ``datetime64[ns, UTC]``, text as the ``string`` dtype (``<NA>`` when missing),
     counts as ``int64``, ``estimated`` as ``bool``, ``cost`` as exact ``Decimal`` objects
-    and ``cost_float`` as ``float64``. A ``SpendReport`` gives :data:`REPORT_COLUMNS`,
+    and ``cost_float`` as ``float64``. A ``SpendReport`` gives `REPORT_COLUMNS`,
     with the report's ``by`` in ``df.attrs["by"]`` (its total row is not a row of the
     frame: it is ``df["cost"]``'s exact sum). No input gives an empty frame with the same
     columns and dtypes. Anything but a report or ``LedgerEntry`` objects raises

@@ -3,16 +3,17 @@
 The contract, once for every wrapper of every adapter: a layer answers
 ``layers_below()`` with a tuple of the objects it wraps directly, in order (one
 ``inner`` for a wrapper, the members for a fallback chain, nothing for a provider).
-:func:`find_layer` and :func:`leaves` walk that tree depth first, the layer itself first.
+[`find_layer`][] and [`leaves`][] walk that tree depth first, the layer itself first.
 
 An object without ``layers_below()`` (your own wrapper, following the SPEC's ``.inner``)
 is read through its ``inner`` attribute: one object, or a list or tuple of them. Nothing
 else is guessed from attribute names.
 
->>> class Box:
-...     def __init__(self, inner): self.inner = inner
->>> find_layer(Box(Box("provider")), str)
-'provider'
+Examples:
+    >>> class Box:
+    ...     def __init__(self, inner): self.inner = inner
+    >>> find_layer(Box(Box("provider")), str)
+    'provider'
 """
 
 from __future__ import annotations
@@ -93,12 +94,13 @@ def leaves(layer: object) -> list[object]:
 
 class Probeable:
     """A layer's ``find_layer(cls)``: the first layer of type ``cls`` in the stack below
-    it, itself included (:func:`find_layer`). A mixin for every wrapper of both adapters.
+    it, itself included ([`find_layer`][]). A mixin for every wrapper of both adapters.
 
-    >>> class Chain(Probeable):
-    ...     def layers_below(self): return ("provider",)
-    >>> Chain().find_layer(str)
-    'provider'
+    Examples:
+        >>> class Chain(Probeable):
+        ...     def layers_below(self): return ("provider",)
+        >>> Chain().find_layer(str)
+        'provider'
     """
 
     __slots__ = ()

@@ -1,26 +1,27 @@
 """Metering one call: the cost layer's choreography, and how a stream ended.
 
-A cost layer of any adapter builds one :class:`Meter` over its budget and the stack it
-wraps, and drives a :class:`MeteredCall` per call: ``begin`` (the budget gate; the
+A cost layer of any adapter builds one [`Meter`][] over its budget and the stack it
+wraps, and drives a [`MeteredCall`][] per call: ``begin`` (the budget gate; the
 per-call scope popped and checked; the call's output cap read), the call, then
 ``settle`` with its usage and whatever names the model that served, ``abandon`` when
 it failed, or ``end_early`` when its consumer stopped a stream. Under a hedged fallback
 chain (``hedge_after``) the meter opens the inbox the chain reports its losing attempts
-to (:meth:`Meter.inbox`, :meth:`Meter.stream`), so they are recorded as ``"hedge"``
+to ([`Meter.inbox`][], [`Meter.stream`][]), so they are recorded as ``"hedge"``
 entries.
 
->>> from llm_resilience import CostBudget, InMemoryCostLedger
->>> from llm_resilience.usage import Usage
->>> meter = Meter(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger(),
-...               stack="gpt-4o", name_of=str)
->>> call = meter.begin({BUDGET_SCOPE_KWARG: "tenant-1"}, prompt=[("user", "Hi")])
->>> call.settle(Usage(9, 20, estimated=False))
->>> [(entry.scope, entry.model) for entry in meter.gate.ledger.entries()]
-[('tenant-1', 'gpt-4o')]
+Examples:
+    >>> from llm_resilience import CostBudget, InMemoryCostLedger
+    >>> from llm_resilience.usage import Usage
+    >>> meter = Meter(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger(),
+    ...               stack="gpt-4o", name_of=str)
+    >>> call = meter.begin({BUDGET_SCOPE_KWARG: "tenant-1"}, prompt=[("user", "Hi")])
+    >>> call.settle(Usage(9, 20, estimated=False))
+    >>> [(entry.scope, entry.model) for entry in meter.gate.ledger.entries()]
+    [('tenant-1', 'gpt-4o')]
 
-How a stream ended is one decision too (:class:`StreamOutcome`): every layer of every
-adapter iterates its stream inside a :class:`StreamSettler` (or
-:class:`AsyncStreamSettler`), which calls the one hook the outcome asks for.
+How a stream ended is one decision too ([`StreamOutcome`][]): every layer of every
+adapter iterates its stream inside a [`StreamSettler`][] (or
+[`AsyncStreamSettler`][]), which calls the one hook the outcome asks for.
 """
 
 from __future__ import annotations
@@ -76,12 +77,13 @@ def stack_output_caps(
     stack: object, documented: Callable[[object], object] | None = None
 ) -> tuple[int | None, ...]:
     """The output cap of each model at the bottom of ``stack`` (one provider, or every
-    member of a fallback chain), as :func:`~llm_resilience.usage.model_output_cap`
+    member of a fallback chain), as `model_output_cap`
     reads it; ``documented`` gives a model's documented cap in its framework.
 
-    >>> class Gemini: max_output_tokens = 2048
-    >>> stack_output_caps(Gemini())
-    (2048,)
+    Examples:
+        >>> class Gemini: max_output_tokens = 2048
+        >>> stack_output_caps(Gemini())
+        (2048,)
     """
     return tuple(
         model_output_cap(leaf, documented(leaf) if documented else None) for leaf in leaves(stack)
@@ -91,7 +93,7 @@ def stack_output_caps(
 class Meter:
     """One cost layer's meter: its gate, who may serve, and whether a hedged chain is below.
 
-    ``budget`` is a :class:`~llm_resilience.budget.CostBudget` (anything else raises
+    ``budget`` is a [`CostBudget`][] (anything else raises
     ``TypeError``), ``ledger`` any ledger (None: in memory, with a warning), ``scope``
     the layer's budget scope (None: unscoped; checked as the ``scope`` option).
     ``stack`` is what the layer wraps; ``name_of`` reads a model's name in its framework
@@ -163,11 +165,11 @@ class Meter:
         prompt: Prompt | Callable[[], Prompt] | None = None,
         texts: Sequence[str] | None = None,
     ) -> MeteredCall:
-        """Gate one call; raises :class:`~llm_resilience.errors.BudgetExceededError`.
+        """Gate one call; raises [`BudgetExceededError`][].
 
-        ``call`` is the call's keyword arguments: :data:`BUDGET_SCOPE_KWARG` is popped
+        ``call`` is the call's keyword arguments: `BUDGET_SCOPE_KWARG` is popped
         from it (a bad one raises ``TypeError``/``ValueError`` naming it) and its output
-        cap read (:func:`~llm_resilience.usage.output_cap`). ``prompt`` is a chat call's
+        cap read (`output_cap`). ``prompt`` is a chat call's
         ``(role, text)`` pairs, or a function giving them (read only for a strict hold or
         an estimate); ``texts`` an embedding call's inputs.
         """
@@ -182,7 +184,7 @@ class Meter:
         prompt: Prompt | Callable[[], Prompt] | None = None,
         texts: Sequence[str] | None = None,
     ) -> MeteredCall:
-        """Async :meth:`begin`."""
+        """Async [`begin`][]."""
         ticket = await self.gate.abegin(self.surface, **self._gate_args(call, prompt, texts))
         bind_hedge_ticket(ticket)
         return MeteredCall(self, ticket, prompt)
@@ -192,16 +194,16 @@ class Meter:
         return hedge_inbox() if self.hedged else _NO_INBOX
 
     def stream(self, stream: Iterator[T]) -> Iterator[T]:
-        """``stream``, whose first step (where the call begins) runs in :meth:`inbox`."""
+        """``stream``, whose first step (where the call begins) runs in [`inbox`][]."""
         return hedge_inbox_stream(stream) if self.hedged else stream
 
     def astream(self, stream: AsyncIterator[T]) -> AsyncIterator[T]:
-        """Async :meth:`stream`."""
+        """Async [`stream`][]."""
         return ahedge_inbox_stream(stream) if self.hedged else stream
 
     def served(self, named: object = None, mark: object = None) -> str | None:
         """The model an entry names: the one the answer ``named``, else the member the
-        answer's ``mark`` says served (:func:`~llm_resilience.served.served_member`),
+        answer's ``mark`` says served ([`served_member`][]),
         else the one model below (None under a chain)."""
         answered = served_model(named)
         if answered is not None:  # the usual case: no chain to look the member up in
@@ -211,7 +213,7 @@ class Meter:
 
 
 class MeteredCall:
-    """One admitted call: settle it, abandon it, or end it early. Made by :meth:`Meter.begin`."""
+    """One admitted call: settle it, abandon it, or end it early. Made by [`Meter.begin`][]."""
 
     __slots__ = ("_meter", "_prompt", "ticket")
 
@@ -232,11 +234,11 @@ class MeteredCall:
         return prompt if prompt is not None else ()
 
     def settle(self, usage: Usage, *, named: object = None, mark: object = None) -> None:
-        """Record what the call used, priced for the model that served (:meth:`Meter.served`)."""
+        """Record what the call used, priced for the model that served ([`Meter.served`][])."""
         self.ticket.finish(usage, model=self._meter.served(named, mark))
 
     async def asettle(self, usage: Usage, *, named: object = None, mark: object = None) -> None:
-        """Async :meth:`settle` (its writes shielded from a cancellation)."""
+        """Async [`settle`][] (its writes shielded from a cancellation)."""
         await self.ticket.afinish(usage, model=self._meter.served(named, mark))
 
     def abandon(self) -> None:
@@ -244,7 +246,7 @@ class MeteredCall:
         self.ticket.abandon()
 
     async def aabandon(self) -> None:
-        """Async :meth:`abandon`."""
+        """Async [`abandon`][]."""
         await self.ticket.aabandon()
 
     def _consumed_by(self, usage: Usage, named: object, mark: object) -> str | None:
@@ -256,7 +258,7 @@ class MeteredCall:
 
     def end_early(self, usage: Usage | None, *, named: object = None, mark: object = None) -> None:
         """A stream its consumer closed or cancelled: record ``usage``, what it consumed
-        (:func:`~llm_resilience.usage.partial_stream_usage`; None: nothing, abandoned),
+        (`partial_stream_usage`; None: nothing, abandoned),
         under the model named so far, else the dearest that may have served."""
         if usage is None:
             self.ticket.abandon()
@@ -266,7 +268,7 @@ class MeteredCall:
     async def aend_early(
         self, usage: Usage | None, *, named: object = None, mark: object = None
     ) -> None:
-        """Async :meth:`end_early`; runs while the stream's task may be cancelled: the
+        """Async [`end_early`][]; runs while the stream's task may be cancelled: the
         ticket's async writes are shielded, so the entry is kept even if cancelled again."""
         if usage is None:
             await self.ticket.aabandon()
@@ -275,10 +277,11 @@ class MeteredCall:
 
 
 class StreamOutcome(enum.Enum):
-    """How a stream ended, and so what a layer records for it (:attr:`records`).
+    """How a stream ended, and so what a layer records for it ([`records`][]).
 
-    >>> StreamOutcome.of(None), StreamOutcome.of(GeneratorExit()).records
-    (<StreamOutcome.COMPLETED: 'completed'>, 'consumed')
+    Examples:
+        >>> StreamOutcome.of(None), StreamOutcome.of(GeneratorExit()).records
+        (<StreamOutcome.COMPLETED: 'completed'>, 'consumed')
     """
 
     #: Read to its end: the whole answer is recorded.
@@ -287,7 +290,7 @@ class StreamOutcome(enum.Enum):
     #: collection): what it consumed is recorded.
     CLOSED = "closed"
     #: Its consumer's task was cancelled while waiting for a chunk: what it consumed is
-    #: recorded, as for :attr:`CLOSED`.
+    #: recorded, as for `CLOSED`.
     CANCELLED = "cancelled"
     #: It raised: nothing is recorded (a failover below is not seen here).
     FAILED = "failed"
@@ -314,16 +317,17 @@ class StreamOutcome(enum.Enum):
 class StreamSettler:
     """Calls, when the stream iterated inside it ends, the hook its outcome records.
 
-    >>> seen = []
-    >>> def chunks():
-    ...     with StreamSettler(answer=lambda: seen.append("answer"),
-    ...                        consumed=lambda: seen.append("consumed"),
-    ...                        nothing=lambda: seen.append("nothing")):
-    ...         yield from "abc"
-    >>> stream = chunks(); next(stream); stream.close()
-    'a'
-    >>> seen
-    ['consumed']
+    Examples:
+        >>> seen = []
+        >>> def chunks():
+        ...     with StreamSettler(answer=lambda: seen.append("answer"),
+        ...                        consumed=lambda: seen.append("consumed"),
+        ...                        nothing=lambda: seen.append("nothing")):
+        ...         yield from "abc"
+        >>> stream = chunks(); next(stream); stream.close()
+        'a'
+        >>> seen
+        ['consumed']
 
     The exception the stream ended with propagates unchanged.
     """
@@ -347,7 +351,7 @@ class StreamSettler:
 
 
 class AsyncStreamSettler:
-    """Async :class:`StreamSettler` (``async with``), whose hooks are awaited."""
+    """Async [`StreamSettler`][] (``async with``), whose hooks are awaited."""
 
     __slots__ = ("_hooks",)
 

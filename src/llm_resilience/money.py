@@ -1,16 +1,17 @@
 """Money: what it is, how it is checked, and how it adds up, exactly, for every part of the core.
 
-Money is :class:`~decimal.Decimal`, in whatever currency the prices are quoted in. Users
+Money is `Decimal`, in whatever currency the prices are quoted in. Users
 write it as a ``Decimal``, an ``int`` or a string (``"0.15"``); a float is refused,
 since ``0.1 + 0.2`` is not ``0.3`` in binary. Arithmetic never rounds: sums and costs
 use a context with the largest precision the ``decimal`` module allows, with
 ``Inexact`` trapped, so a rounding can never pass silently.
 
->>> exact_sum([money("cost", "0.1"), money("cost", Decimal("0.2"))])
-Decimal('0.3')
+Examples:
+    >>> exact_sum([money("cost", "0.1"), money("cost", Decimal("0.2"))])
+    Decimal('0.3')
 
-:mod:`llm_resilience.budget` and the ledgers import from here; it reads
-:class:`~llm_resilience.usage.Usage` (the layer below) to price a call.
+`llm_resilience.budget` and the ledgers import from here; it reads
+`Usage` (the layer below) to price a call.
 """
 
 from __future__ import annotations
@@ -60,24 +61,25 @@ def money(option: str, value: object) -> Decimal:
 
     Accepts a ``Decimal``, an ``int`` or a string (surrounding spaces ignored). A float
     or a bool raises ``TypeError``; a negative, non-finite or unreadable value, one of
-    :data:`~llm_resilience.checks.MAX_MONEY` or more, or one with more than
-    :data:`~llm_resilience.checks.MAX_MONEY_PLACES` decimal places raises
+    `MAX_MONEY` or more, or one with more than
+    `MAX_MONEY_PLACES` decimal places raises
     ``ValueError``. Every message names ``option``.
 
-    >>> money("daily_limit", " 25.50 ")
-    Decimal('25.50')
+    Examples:
+        >>> money("daily_limit", " 25.50 ")
+        Decimal('25.50')
     """
     return checks.money_in_range(option, _decimal(option, value))
 
 
 def optional_money(option: str, value: object) -> Decimal | None:
-    """:func:`money`, with None passing through (an option left unset)."""
+    """`money`, with None passing through (an option left unset)."""
     return None if value is None else money(option, value)
 
 
 def recorded_cost(option: str, value: object) -> Decimal:
-    """A recorded cost: as :func:`money` reads it, bounded by
-    :func:`~llm_resilience.checks.cost_in_range` (a cost has a price's places plus 6)."""
+    """A recorded cost: as `money` reads it, bounded by
+    [`cost_in_range`][llm_resilience.checks.cost_in_range] (a cost has a price's places plus 6)."""
     return checks.cost_in_range(option, _decimal(option, value))
 
 
@@ -101,8 +103,9 @@ def _decimal(option: str, value: object) -> Decimal:
 def exact_sum(values: Iterable[Decimal]) -> Decimal:
     """The exact sum of ``values`` (``Decimal(0)`` when empty), whatever their digits.
 
-    >>> exact_sum([Decimal("0.1"), Decimal("0.2")])
-    Decimal('0.3')
+    Examples:
+        >>> exact_sum([Decimal("0.1"), Decimal("0.2")])
+        Decimal('0.3')
     """
     total = Decimal(0)
     for value in values:
@@ -114,8 +117,9 @@ def exact_sum(values: Iterable[Decimal]) -> Decimal:
 class ModelPrice:
     """One model's prices per million tokens, exact.
 
-    >>> ModelPrice("2.50", 10).output_per_mtok
-    Decimal('10')
+    Examples:
+        >>> ModelPrice("2.50", 10).output_per_mtok
+        Decimal('10')
 
     Values are ``Decimal``, ``int`` or ``str``: a float raises ``TypeError`` (floats are not
     exact) and a negative value ``ValueError``, each naming the field. An embedding model's
@@ -133,10 +137,11 @@ class ModelPrice:
     * ``reasoning_price_per_mtok``: output tokens spent reasoning (they are part of the
       output count; providers bill them at the output price today).
 
-    >>> sonnet = ModelPrice(3, 15, cache_read_price_per_mtok="0.30",
-    ...                     cache_write_price_per_mtok="3.75", cache_write_1h_price_per_mtok=6)
-    >>> sonnet.cache_write_1h_price_per_mtok, ModelPrice(3, 15).cache_read_price_per_mtok
-    (Decimal('6'), None)
+    Examples:
+        >>> sonnet = ModelPrice(3, 15, cache_read_price_per_mtok="0.30",
+        ...                     cache_write_price_per_mtok="3.75", cache_write_1h_price_per_mtok=6)
+        >>> sonnet.cache_write_1h_price_per_mtok, ModelPrice(3, 15).cache_read_price_per_mtok
+        (Decimal('6'), None)
     """
 
     #: Price per million input (prompt) tokens.
@@ -184,8 +189,9 @@ class ModelPrice:
         token at its dearest output rate: what a worst-case hold charges, since it cannot
         know in advance how much of a prompt the provider reads from or writes to its cache.
 
-        >>> ModelPrice(3, 15, cache_write_1h_price_per_mtok=6).dearest().input_per_mtok
-        Decimal('6')
+        Examples:
+            >>> ModelPrice(3, 15, cache_write_1h_price_per_mtok=6).dearest().input_per_mtok
+            Decimal('6')
         """
         dearest_input = max(
             [
@@ -226,12 +232,13 @@ def cost_of(
     input at ``embedding_per_mtok``, or at ``input_per_mtok`` when the price has no
     embedding rate (a ``prices`` entry for an embedding model usually sets only input).
 
-    >>> from llm_resilience.usage import Usage
-    >>> cost_of(Usage(1000, 500, False), ModelPrice("3", "15"))
-    Decimal('0.0105')
-    >>> cached = Usage(1000, 500, False, cache_read_tokens=800)
-    >>> cost_of(cached, ModelPrice("3", "15", cache_read_price_per_mtok="0.30"))
-    Decimal('0.00834')
+    Examples:
+        >>> from llm_resilience.usage import Usage
+        >>> cost_of(Usage(1000, 500, False), ModelPrice("3", "15"))
+        Decimal('0.0105')
+        >>> cached = Usage(1000, 500, False, cache_read_tokens=800)
+        >>> cost_of(cached, ModelPrice("3", "15", cache_read_price_per_mtok="0.30"))
+        Decimal('0.00834')
     """
     if surface == "embedding":
         rate = (

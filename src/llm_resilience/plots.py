@@ -1,25 +1,26 @@
 """Spend as charts: per day by model, month to date against the limit, tokens per model.
 
 Each function takes ledger entries (``ledger.entries(...)``) and returns a
-:class:`matplotlib.figure.Figure` drawn on an Agg canvas, made without ``pyplot``: no
+`matplotlib.figure.Figure` drawn on an Agg canvas, made without ``pyplot``: no
 backend is selected or changed, no window opens, ``plt.show()`` is never called. Save it
 with ``fig.savefig(...)``; a notebook shows it when it is a cell's last expression.
 
-Heights and lines are exact :class:`~decimal.Decimal` sums converted to float once, at the
+Heights and lines are exact `Decimal` sums converted to float once, at the
 end. Days are UTC days, as the budget's windows are. Entries without a model are drawn
 under ``"unknown"``.
 
 matplotlib loads only when a function is called (``pip install
 "llm-resilience[pandas]"``), so ``import llm_resilience`` never imports it.
 
->>> from datetime import UTC, datetime
->>> from decimal import Decimal
->>> from llm_resilience.ledger import LedgerEntry
->>> entries = [LedgerEntry(datetime(2026, 11, 2, 9, tzinfo=UTC), "chat", 900, 100,
-...                        Decimal("0.004"), model="gpt-4o-mini")]
->>> fig = plot_daily_spend(entries)
->>> [float(bar.get_height()) for bar in fig.axes[0].patches]
-[0.004]
+Examples:
+    >>> from datetime import UTC, datetime
+    >>> from decimal import Decimal
+    >>> from llm_resilience.ledger import LedgerEntry
+    >>> entries = [LedgerEntry(datetime(2026, 11, 2, 9, tzinfo=UTC), "chat", 900, 100,
+    ...                        Decimal("0.004"), model="gpt-4o-mini")]
+    >>> fig = plot_daily_spend(entries)
+    >>> [float(bar.get_height()) for bar in fig.axes[0].patches]
+    [0.004]
 """
 
 from __future__ import annotations
@@ -113,10 +114,11 @@ def _money_label(amount: Decimal) -> str:
 def plot_daily_spend(entries: Iterable[LedgerEntry], budget: CostBudget | None = None) -> Figure:
     """Spend per UTC day, one bar per day stacked by the model that served.
 
-    >>> from llm_resilience.budget import CostBudget
-    >>> fig = plot_daily_spend([], budget=CostBudget(daily_limit=25))
-    >>> [float(line.get_ydata()[0]) for line in fig.axes[0].lines]
-    [25.0]
+    Examples:
+        >>> from llm_resilience.budget import CostBudget
+        >>> fig = plot_daily_spend([], budget=CostBudget(daily_limit=25))
+        >>> [float(line.get_ydata()[0]) for line in fig.axes[0].lines]
+        [25.0]
 
     Every day from the first entry's to the last entry's is on the axis, days without
     spend as gaps; each model is one bar container labelled with its name, models in
@@ -206,12 +208,13 @@ def plot_month_to_date(
 ) -> Figure:
     """Cumulative spend of one UTC month, day by day, against the monthly limit.
 
-    >>> from datetime import UTC, datetime
-    >>> entries = [LedgerEntry(datetime(2026, 11, day, tzinfo=UTC), "chat",
-    ...                        cost=Decimal("1.25")) for day in (1, 3)]
-    >>> fig = plot_month_to_date(entries, month="2026-11")
-    >>> [float(y) for y in fig.axes[0].lines[0].get_ydata()]
-    [0.0, 1.25, 1.25, 2.5]
+    Examples:
+        >>> from datetime import UTC, datetime
+        >>> entries = [LedgerEntry(datetime(2026, 11, day, tzinfo=UTC), "chat",
+        ...                        cost=Decimal("1.25")) for day in (1, 3)]
+        >>> fig = plot_month_to_date(entries, month="2026-11")
+        >>> [float(y) for y in fig.axes[0].lines[0].get_ydata()]
+        [0.0, 1.25, 1.25, 2.5]
 
     The line starts at 0 at midnight on the 1st and has one point at the end of each day
     (the next UTC midnight) up to the month's last day with spend, each the exact spend
@@ -272,12 +275,13 @@ def plot_month_to_date(
 def plot_token_mix(entries: Iterable[LedgerEntry]) -> Figure:
     """Input and output tokens per model, as two bars side by side.
 
-    >>> from datetime import UTC, datetime
-    >>> when = datetime(2026, 11, 2, tzinfo=UTC)
-    >>> fig = plot_token_mix([LedgerEntry(when, "chat", 1200, 300, model="gpt-4o"),
-    ...                       LedgerEntry(when, "chat", 800, 100, model="gpt-4o")])
-    >>> [[float(bar.get_height()) for bar in bars] for bars in fig.axes[0].containers]
-    [[2000.0], [400.0]]
+    Examples:
+        >>> from datetime import UTC, datetime
+        >>> when = datetime(2026, 11, 2, tzinfo=UTC)
+        >>> fig = plot_token_mix([LedgerEntry(when, "chat", 1200, 300, model="gpt-4o"),
+        ...                       LedgerEntry(when, "chat", 800, 100, model="gpt-4o")])
+        >>> [[float(bar.get_height()) for bar in bars] for bars in fig.axes[0].containers]
+        [[2000.0], [400.0]]
 
     Models are in order of total tokens, largest first; the first bar container is
     ``"input"`` and the second ``"output"``. Entries with no tokens (per-page kinds such

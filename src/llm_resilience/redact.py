@@ -4,20 +4,21 @@ A wrapper's ``repr()`` nests the models it wraps, and provider models keep crede
 in plain fields: LlamaIndex's ``OpenAI.api_key`` is a ``str``, and a
 ``default_headers={"Authorization": ...}`` or a base URL with a password is a plain value
 in any of them. Every pydantic layer of both adapters (the chat/LLM layers and LlamaIndex's
-embedding layers) shows its fields through :func:`redacted_fields`, so what is masked is
+embedding layers) shows its fields through `redacted_fields`, so what is masked is
 decided here, once.
 
->>> is_secret_field("openai_api_key"), is_secret_field("max_tokens")
-(True, False)
->>> redacted({"api_key": "sk-FAKE-0000000000000000", "model": "gpt-4o"})
-{'api_key': '**********', 'model': 'gpt-4o'}
->>> redacted("https://user:hunter2@proxy.example/v1?key=abc&region=eu")
-'https://user:**********@proxy.example/v1?key=**********&region=eu'
+Examples:
+    >>> is_secret_field("openai_api_key"), is_secret_field("max_tokens")
+    (True, False)
+    >>> redacted({"api_key": "sk-FAKE-0000000000000000", "model": "gpt-4o"})
+    {'api_key': '**********', 'model': 'gpt-4o'}
+    >>> redacted("https://user:hunter2@proxy.example/v1?key=abc&region=eu")
+    'https://user:**********@proxy.example/v1?key=**********&region=eu'
 
 What is masked:
 
 * a field, mapping key, header or query parameter whose *name* says it holds a
-  credential (:func:`is_secret_field`): its value, whatever its type (None, booleans
+  credential (`is_secret_field`): its value, whatever its type (None, booleans
   and ``''`` stay visible: they say whether a credential is set, not what it is); a
   mapping under such a name (``default_headers``) keeps its keys and masks every value;
 * any value with a ``get_secret_value`` method (pydantic's ``SecretStr``/``SecretBytes``
@@ -142,8 +143,9 @@ def is_secret_field(name: str) -> bool:
     Not secret: ``max_tokens``, ``token_limit``, ``eos_token``, ``cache_key``,
     ``auth_type``, ``secret_name``, ``api_base``, ``model``.
 
-    >>> [is_secret_field(n) for n in ("api_key", "Authorization", "max_tokens", "cache_key")]
-    [True, True, False, False]
+    Examples:
+        >>> [is_secret_field(n) for n in ("api_key", "Authorization", "max_tokens", "cache_key")]
+        [True, True, False, False]
     """
     words = [word.lower() for word in _WORD.findall(name)]
     while len(words) > 1 and words[-1] in _NEUTRAL_SUFFIXES:
@@ -163,10 +165,11 @@ def is_secret_field(name: str) -> bool:
 def scrubbed(text: str) -> str:
     """``text`` with the credentials it visibly carries masked (the text rules above).
 
-    >>> scrubbed("Authorization: Bearer abcdefgh12345678")
-    'Authorization: Bearer **********'
-    >>> scrubbed("redis://:s3cret@cache:6379/0")
-    'redis://:**********@cache:6379/0'
+    Examples:
+        >>> scrubbed("Authorization: Bearer abcdefgh12345678")
+        'Authorization: Bearer **********'
+        >>> scrubbed("redis://:s3cret@cache:6379/0")
+        'redis://:**********@cache:6379/0'
     """
     if "://" in text:
         text = _URL.sub(_scrubbed_url, text)
@@ -179,14 +182,15 @@ def redacted(value: object, name: str | None = None) -> object:
     """``value`` as it may be shown: its ``repr()`` carries no secret, the rest is kept.
 
     ``name`` is the field, key or parameter that holds ``value``, if any (see
-    :func:`is_secret_field`). Plain values come back unchanged (or a masked string);
+    `is_secret_field`). Plain values come back unchanged (or a masked string);
     containers come back as containers of redacted values; models and objects whose
     text had to change come back as an object whose ``repr()`` is the safe text.
 
-    >>> redacted({"Authorization": "Bearer abc"}, "default_headers")
-    {'Authorization': '**********'}
-    >>> redacted("sk-FAKE-anthropic-0000000", "api_key")
-    '**********'
+    Examples:
+        >>> redacted({"Authorization": "Bearer abc"}, "default_headers")
+        {'Authorization': '**********'}
+        >>> redacted("sk-FAKE-anthropic-0000000", "api_key")
+        '**********'
     """
     if _is_secret_like(value):
         return _Shown(f"{type(value).__name__}({MASK!r})")
@@ -212,10 +216,12 @@ def redacted_fields(fields: Iterable[tuple[str | None, Any]]) -> list[tuple[str 
     """A pydantic ``__repr_args__`` with each value redacted under its field's name.
 
     This is how a wrapper keeps its members' credentials out of ``repr()``, ``str()``,
-    rich and devtools output (all of which pydantic builds from ``__repr_args__``)::
+    rich and devtools output (all of which pydantic builds from ``__repr_args__``):
 
-        def __repr_args__(self):
-            return redacted_fields(super().__repr_args__())
+    ```python
+    def __repr_args__(self):
+        return redacted_fields(super().__repr_args__())
+    ```
     """
     return [(name, redacted(value, name)) for name, value in fields]
 

@@ -1,38 +1,39 @@
 """Retrying a failed call: the policy behind every ``Retrying*`` wrapper.
 
-A :class:`RetryPolicy` runs a call up to ``attempts`` times (4 by default: the first
+A [`RetryPolicy`][] runs a call up to ``attempts`` times (4 by default: the first
 try and 3 retries), waiting between tries ``base_delay * 2**n`` seconds (1, 2, 4, ...)
 plus up to ``jitter`` seconds at random, never more than ``max_delay``. A provider's
 ``Retry-After`` (or ``retry-after-ms``) replaces that wait when it is at most
 ``max_delay``. When the attempts run out, the last attempt's own exception is raised.
 
-What is retried is decided by :func:`is_retryable`: every ``Exception`` except
+What is retried is decided by `is_retryable`: every ``Exception`` except
 
-* :class:`~llm_resilience.errors.BudgetExceededError` and the limiter's refusals
-  (:class:`~llm_resilience.errors.RateLimitQueueFullError`,
-  :class:`~llm_resilience.errors.RateLimitBackendError`,
-  :class:`~llm_resilience.errors.RequestExceedsCapacityError`): asking again cannot
+* [`BudgetExceededError`][] and the limiter's refusals
+  ([`RateLimitQueueFullError`][],
+  [`RateLimitBackendError`][],
+  [`RequestExceedsCapacityError`][]): asking again cannot
   change their answer, and a retry would spend a queue slot or a budget check;
 * ``NotImplementedError``: the method does not exist on the wrapped object;
 * errors that carry a status that is certainly permanent (400, 401, 403, 404 and 422 by
-  default, found as :func:`~llm_resilience.transient.status_code_of` finds statuses):
+  default, found as `status_code_of` finds statuses):
   retrying a bad request or a bad key only delays the failure.
 
 Cancellation (``asyncio.CancelledError``), ``KeyboardInterrupt``, ``SystemExit`` and
 other non-``Exception`` errors are never retried. The error's explicit causes
 (``raise ... from ...``) are looked at too, so a wrapped refusal stays a refusal.
 
->>> policy = RetryPolicy(attempts=3, base_delay=0.5, jitter=0)
->>> policy.delays()
-(0.5, 1.0)
->>> calls = []
->>> def flaky():
-...     calls.append(1)
-...     if len(calls) < 3:
-...         raise ConnectionError("reset")
-...     return "ok"
->>> RetryPolicy(jitter=0, sleep=lambda seconds: None).call(flaky)
-'ok'
+Examples:
+    >>> policy = RetryPolicy(attempts=3, base_delay=0.5, jitter=0)
+    >>> policy.delays()
+    (0.5, 1.0)
+    >>> calls = []
+    >>> def flaky():
+    ...     calls.append(1)
+    ...     if len(calls) < 3:
+    ...         raise ConnectionError("reset")
+    ...     return "ok"
+    >>> RetryPolicy(jitter=0, sleep=lambda seconds: None).call(flaky)
+    'ok'
 """
 
 from __future__ import annotations
@@ -92,12 +93,13 @@ def is_retryable(
     *,
     permanent_status_codes: frozenset[int] = DEFAULT_PERMANENT_STATUS_CODES,
 ) -> bool:
-    """Whether :class:`RetryPolicy` tries again after ``exc`` (see the module docstring).
+    """Whether [`RetryPolicy`][] tries again after ``exc`` (see the module docstring).
 
-    >>> is_retryable(ConnectionError())
-    True
-    >>> is_retryable(KeyboardInterrupt())
-    False
+    Examples:
+        >>> is_retryable(ConnectionError())
+        True
+        >>> is_retryable(KeyboardInterrupt())
+        False
     """
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -154,18 +156,19 @@ def _now() -> float:
 class RetryPolicy:
     """How often and how patiently to retry a call; see the module docstring for what.
 
-    >>> from llm_resilience import RetryPolicy
-    >>> RetryPolicy()
-    RetryPolicy(attempts=4, base_delay=1.0, max_delay=30.0, jitter=1.0)
-    >>> RetryPolicy(attempts=0)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: RetryPolicy.attempts must be an integer from 1 to 100, got 0
+    Examples:
+        >>> from llm_resilience import RetryPolicy
+        >>> RetryPolicy()
+        RetryPolicy(attempts=4, base_delay=1.0, max_delay=30.0, jitter=1.0)
+        >>> RetryPolicy(attempts=0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: RetryPolicy.attempts must be an integer from 1 to 100, got 0
 
     Durations are seconds (int or float) or a ``timedelta``, 0 or more (0 is no wait;
     a negative one raises ``ValueError`` naming the option). ``sleep``/``asleep`` and
     ``now`` (the wall clock, for ``Retry-After`` given as an HTTP date) are
-    injectable so tests prove the schedule without waiting. :meth:`from_tenacity`
+    injectable so tests prove the schedule without waiting. [`from_tenacity`][]
     builds a policy from your own tenacity arguments instead.
     """
 
@@ -237,16 +240,17 @@ class RetryPolicy:
         ``reraise``, ``before_sleep``, ``sleep``, ...); each call builds a fresh
         ``Retrying`` (or ``AsyncRetrying`` for async calls) from them. None of this
         policy's rules apply: your ``retry`` predicate must itself refuse cancellation,
-        :class:`~llm_resilience.errors.BudgetExceededError` and the limiter's refusals
-        (:func:`is_retryable` does all of that), and without ``reraise=True`` tenacity
+        [`BudgetExceededError`][] and the limiter's refusals
+        (`is_retryable` does all of that), and without ``reraise=True`` tenacity
         raises its own ``RetryError`` when the attempts run out.
 
-        >>> import tenacity
-        >>> policy = RetryPolicy.from_tenacity(
-        ...     stop=tenacity.stop_after_attempt(2),
-        ...     retry=tenacity.retry_if_exception(is_retryable),
-        ...     reraise=True,
-        ... )
+        Examples:
+            >>> import tenacity
+            >>> policy = RetryPolicy.from_tenacity(
+            ...     stop=tenacity.stop_after_attempt(2),
+            ...     retry=tenacity.retry_if_exception(is_retryable),
+            ...     reraise=True,
+            ... )
         """
         try:
             tenacity.Retrying(**tenacity_kwargs)
@@ -323,13 +327,13 @@ class RetryPolicy:
 
     def call(self, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """``function(*args, **kwargs)`` under this policy; one-shot iterators among the
-        arguments are read once (:func:`materialise_once`) so every try sees them."""
+        arguments are read once (`materialise_once`) so every try sees them."""
         args, kwargs = materialise_once(args, kwargs)
         retrying = tenacity.Retrying(**self._kwargs(self.sleep))
         return retrying(function, *args, **kwargs)
 
     async def acall(self, function: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
-        """Async :meth:`call`: awaits ``function(*args, **kwargs)`` under this policy."""
+        """Async [`call`][]: awaits ``function(*args, **kwargs)`` under this policy."""
         args, kwargs = materialise_once(args, kwargs)
         retrying = tenacity.AsyncRetrying(**self._kwargs(self.asleep))
         result: T = await retrying(function, *args, **kwargs)
@@ -337,7 +341,7 @@ class RetryPolicy:
 
 
 def policy_option(value: object) -> RetryPolicy:
-    """The ``policy=`` option of a retrying wrapper: a :class:`RetryPolicy`, or None for
+    """The ``policy=`` option of a retrying wrapper: a [`RetryPolicy`][], or None for
     the default one."""
     if value is None:
         return RetryPolicy()

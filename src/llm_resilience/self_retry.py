@@ -3,14 +3,15 @@ one warning each such object gets.
 
 A model that retries by itself delays every failover of a fallback chain by its whole
 retry schedule, and multiplies the calls a ``Retrying*`` wrapper makes. Both layers ask
-here: :func:`self_retry_setting` reads the setting, :func:`warn_if_self_retrying` (the
-fallback chain) and :func:`warn_of_multiplied_retries` (the retry wrappers) warn once per
+here: [`self_retry_setting`][] reads the setting, [`warn_if_self_retrying`][] (the
+fallback chain) and [`warn_of_multiplied_retries`][] (the retry wrappers) warn once per
 object, through one registry, so an object is warned about once whichever layer saw it.
 
->>> class Model:
-...     max_retries = 2
->>> self_retry_setting(Model())
-('max_retries', 2)
+Examples:
+    >>> class Model:
+    ...     max_retries = 2
+    >>> self_retry_setting(Model())
+    ('max_retries', 2)
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _is_mistral(model: object) -> bool:
 
 
 def _mistral_retries(model: object) -> tuple[str, int] | None:
-    """A Mistral model's (:func:`_is_mistral`) retry setting as ``(name, milliseconds)``,
+    """A Mistral model's (`_is_mistral`) retry setting as ``(name, milliseconds)``,
     or None when it makes one attempt.
 
     The ``mistralai`` client (``Mistral``) retries only with a ``RetryConfig``
@@ -340,7 +341,7 @@ def warn_if_self_retrying(model: object, *, position: int, role: str = "fallback
 
 
 class _Attempts(Protocol):
-    """What the retry warning reads of a policy (:class:`~llm_resilience.RetryPolicy`)."""
+    """What the retry warning reads of a policy ([`RetryPolicy`][])."""
 
     @property
     def max_attempts(self) -> int | None: ...
@@ -415,7 +416,7 @@ def _stack(top: object) -> list[object]:
 
 def _calls_per_attempt(model: object, name: str, value: int) -> int | None:
     """How many provider calls one call to ``model`` may make, given its setting ``name``
-    of ``value`` (:func:`self_retry_setting`): ``1 + retries`` for a retry count, the
+    of ``value`` ([`self_retry_setting`][]): ``1 + retries`` for a retry count, the
     value itself for a count of attempts in all, None for Mistral's time budget (ms)."""
     if name in (_MISTRAL_SETTING, _LLAMA_MISTRAL_SETTING):
         return None

@@ -1,20 +1,21 @@
 """Which member of a stack served a call: the mark fallback chains put on an answer.
 
 Every fallback chain of every adapter marks each answer (each streamed chunk, or the
-stream's last) under :data:`SERVED_BY_KEY` with the *path* of member indexes that
+stream's last) under `SERVED_BY_KEY` with the *path* of member indexes that
 served it, outermost chain first: ``[1]`` is the chain's second member, ``[1, 0]`` the
 first member of a chain that is itself the second member. Each chain puts its own
-index in front of the path its member's answer already carries (:func:`served_mark`),
-so a chain of chains never overwrites the mark below it. :func:`served_member` reads
-the path back against the stack (the layer contract of :mod:`llm_resilience.layers`:
+index in front of the path its member's answer already carries ([`served_mark`][]),
+so a chain of chains never overwrites the mark below it. [`served_member`][] reads
+the path back against the stack (the layer contract of [`llm_resilience.layers`][]:
 a layer with several layers below is a chain, one with one is a wrapper).
 
->>> class Chain:
-...     def __init__(self, *members): self.members = members
-...     def layers_below(self): return self.members
->>> stack = Chain("dead-primary", Chain("dead-secondary", "live-tertiary"))
->>> served_member(stack, served_mark(1, served_mark(1, None)))
-'live-tertiary'
+Examples:
+    >>> class Chain:
+    ...     def __init__(self, *members): self.members = members
+    ...     def layers_below(self): return self.members
+    >>> stack = Chain("dead-primary", Chain("dead-secondary", "live-tertiary"))
+    >>> served_member(stack, served_mark(1, served_mark(1, None)))
+    'live-tertiary'
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def served_path(mark: object) -> tuple[int, ...] | None:
     """``mark`` as a path of member indexes, or None when it is not one (absent, empty,
     or holding anything but ints >= 0).
 
-    >>> served_path([1, 0]), served_path([]), served_path(1), served_path([True])
-    ((1, 0), None, None, None)
+    Examples:
+        >>> served_path([1, 0]), served_path([]), served_path(1), served_path([True])
+        ((1, 0), None, None, None)
     """
     if not isinstance(mark, list | tuple) or not mark:
         return None
@@ -48,8 +50,9 @@ def served_mark(index: int, below: object = None) -> list[int]:
     of the path the answer already carries (``below``, from a chain inside that member),
     or ``[index]`` when it carries none.
 
-    >>> served_mark(0, [1]), served_mark(2, None)
-    ([0, 1], [2])
+    Examples:
+        >>> served_mark(0, [1]), served_mark(2, None)
+        ([0, 1], [2])
     """
     return [index, *(served_path(below) or ())]
 
@@ -60,7 +63,7 @@ def served_member(stack: object, mark: object) -> object | None:
     The path is followed from the first chain in ``stack`` (wrappers above it are passed
     through), one chain per index; the member it ends at, below which no chain lies, is
     the model that served (through any wrappers of its own: the one model at its
-    bottom). None when ``mark`` is no path (:func:`served_path`), an index is out of
+    bottom). None when ``mark`` is no path ([`served_path`][]), an index is out of
     range, or the path stops above a chain (which member of that chain served is not
     known: its primary did not necessarily).
     """

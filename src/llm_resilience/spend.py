@@ -1,21 +1,22 @@
 """Spend reports: what a ledger's entries cost, summed per day, month, model, kind,
 surface or scope, with what a budget has left.
 
->>> from datetime import UTC, datetime
->>> from decimal import Decimal
->>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
->>> ledger = InMemoryCostLedger()
->>> noon = datetime(2026, 11, 29, 12, tzinfo=UTC)
->>> ledger.record(LedgerEntry(noon, "chat", 1000, 200, Decimal("0.1"), model="gpt-4o"))
->>> ledger.record(LedgerEntry(noon, "chat", 500, 100, Decimal("0.2"), model="gpt-4o"))
->>> report = spend_report(ledger, by="model")
->>> [(row.key, row.cost, row.calls) for row in report.rows]
-[('gpt-4o', Decimal('0.3'), 2)]
+Examples:
+    >>> from datetime import UTC, datetime
+    >>> from decimal import Decimal
+    >>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+    >>> ledger = InMemoryCostLedger()
+    >>> noon = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    >>> ledger.record(LedgerEntry(noon, "chat", 1000, 200, Decimal("0.1"), model="gpt-4o"))
+    >>> ledger.record(LedgerEntry(noon, "chat", 500, 100, Decimal("0.2"), model="gpt-4o"))
+    >>> report = spend_report(ledger, by="model")
+    >>> [(row.key, row.cost, row.calls) for row in report.rows]
+    [('gpt-4o', Decimal('0.3'), 2)]
 
 Money is exact (``Decimal``) in every row and total, from every ledger. Reports hold
 counts and money only, never prompt or response text. This module imports nothing heavy;
 ``to_dataframe`` and plots build on it elsewhere. A report sits above the budget (it says
-what the budget has left) and the ledgers (whose rows, :class:`SpendRow`, it orders and
+what the budget has left) and the ledgers (whose rows, `SpendRow`, it orders and
 totals): it is the one way to report, ``spend_report(ledger, ...)``.
 """
 
@@ -55,7 +56,7 @@ def _remaining(
     ledger: Any, budget: CostBudget, scope: str | None, now: datetime
 ) -> dict[str, Decimal]:
     """Money left per window: the tightest of the limits that gate a call of ``scope``
-    (:meth:`~llm_resilience.CostBudget.limits_for`, the gate's own rule)."""
+    ([`limits_for`][llm_resilience.CostBudget.limits_for], the gate's own rule)."""
     left: dict[str, Decimal] = {}
     for window, spend_scope, limit in budget.limits_for(scope):
         room = max(Decimal(0), limit - ledger.spend(window, scope=spend_scope, now=now))
@@ -75,15 +76,16 @@ def spend_report(
 ) -> SpendReport:
     """Spend of ``ledger`` per ``by`` group, over ``since <= timestamp < until``.
 
-    >>> from llm_resilience.ledger import InMemoryCostLedger
-    >>> spend_report(InMemoryCostLedger(), by="month").rows
-    ()
+    Examples:
+        >>> from llm_resilience.ledger import InMemoryCostLedger
+        >>> spend_report(InMemoryCostLedger(), by="month").rows
+        ()
 
     ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"`` or
     ``"scope"`` (anything else: ``ValueError`` naming ``by`` and these). ``since`` and
     ``until`` are timezone-aware (naive: ``ValueError``). ``scope`` limits the report to
-    one scope's entries (None: all). With a :class:`~llm_resilience.CostBudget`,
-    :attr:`SpendReport.remaining` says what is left of the day and month holding ``now``
+    one scope's entries (None: all). With a [`CostBudget`][],
+    `SpendReport.remaining` says what is left of the day and month holding ``now``
     (default: the current UTC time), read with the ledger's ``spend`` (holds included),
     against the same limits the gate applies to a call of ``scope``.
 

@@ -8,8 +8,9 @@ with no network and no set-up. When that package is missing, tiktoken's own
 ``cl100k_base`` is an OpenAI tokenizer: counts for other providers' models are
 approximations that can be systematically off.
 
->>> count_tokens("hello world")
-2
+Examples:
+    >>> count_tokens("hello world")
+    2
 """
 
 from __future__ import annotations

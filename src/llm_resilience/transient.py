@@ -33,19 +33,20 @@ An error is transient when trying the same request elsewhere (or later) may succ
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
   whatever the case.
 
-Never transient, whatever they say: :class:`~llm_resilience.errors.BudgetExceededError`,
-:class:`~llm_resilience.errors.NoCapableMemberError`,
-:class:`~llm_resilience.errors.RateLimitQueueFullError`,
-:class:`~llm_resilience.errors.StreamInterruptedError`, ``asyncio.CancelledError``,
+Never transient, whatever they say: [`BudgetExceededError`][],
+[`NoCapableMemberError`][],
+[`RateLimitQueueFullError`][],
+[`StreamInterruptedError`][], ``asyncio.CancelledError``,
 ``KeyboardInterrupt`` and ``SystemExit``.
 
 Third-party exception types are recognised by the name and top-level package of the
 classes in their MRO, so classifying an error never imports an SDK.
 
->>> is_transient(TimeoutError())
-True
->>> is_transient(ValueError("bad request"))
-False
+Examples:
+    >>> is_transient(TimeoutError())
+    True
+    >>> is_transient(ValueError("bad request"))
+    False
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ __all__ = [
 #: The statuses that mean "try elsewhere": too many requests, service unavailable.
 DEFAULT_STATUS_CODES: frozenset[int] = frozenset({429, 503})
 #: The default set plus internal error, bad gateway, gateway timeout and provider
-#: overload (Anthropic's 529), for :meth:`TransientClassifier.with_server_errors`.
+#: overload (Anthropic's 529), for [`TransientClassifier.with_server_errors`][].
 SERVER_ERROR_STATUS_CODES: frozenset[int] = DEFAULT_STATUS_CODES | {500, 502, 504, 529}
 
 _KEYWORDS = ("rate limit", "throttl", "timeout", "unavailable")
@@ -405,12 +406,13 @@ class TransientClassifier:
 
     ``status_codes`` replaces the default ``{429, 503}``; ``also`` is an extra
     predicate that can only widen the rule (it is never consulted for the pinned
-    non-transient types). :meth:`with_server_errors` is the preset that adds 500, 502,
+    non-transient types). [`with_server_errors`][] is the preset that adds 500, 502,
     504 and 529.
 
-    >>> classify = TransientClassifier(status_codes={429, 503, 529})
-    >>> classify(KeyboardInterrupt())
-    False
+    Examples:
+        >>> classify = TransientClassifier(status_codes={429, 503, 529})
+        >>> classify(KeyboardInterrupt())
+        False
     """
 
     status_codes: frozenset[int] = DEFAULT_STATUS_CODES

@@ -3,31 +3,32 @@
 Adapters turn their framework's messages into ``(role, text)`` pairs and their
 response metadata into two optional integers; everything else is decided here.
 
->>> usage = chat_usage(12, 30, prompt=[("user", "Hi")], response_text="Hello!")
->>> usage
-Usage(input_tokens=12, output_tokens=30, estimated=False)
+Examples:
+    >>> usage = chat_usage(12, 30, prompt=[("user", "Hi")], response_text="Hello!")
+    >>> usage
+    Usage(input_tokens=12, output_tokens=30, estimated=False)
 
 * Chat: the provider's counts when it reports both; otherwise both sides are
   estimated with tiktoken ``cl100k_base`` (over the request messages and the response
   text) and the usage is flagged ``estimated``. A reported input of 0 for a non-empty
   prompt is not a report: some integrations fill a missing count with 0.
-* A stream its consumer closed or cancelled before its end (:func:`partial_stream_usage`):
+* A stream its consumer closed or cancelled before its end (`partial_stream_usage`):
   what it consumed, as reported so far or estimated over the prompt and the delivered
   text; nothing when no chunk was delivered.
 * Embeddings: always estimated over the input texts; output is 0.
-* Counts as providers send them (:func:`token_count`): an int >= 0, never a bool; a
+* Counts as providers send them (`token_count`): an int >= 0, never a bool; a
   whole float only where an SDK declares its counts floats (Cohere's billed units).
-* Steps a provider bills apart from its top-level counts (:func:`billed_apart`):
+* Steps a provider bills apart from its top-level counts (`billed_apart`):
   Anthropic's server-side compaction, whose summarising step is an entry of
   ``usage.iterations``; adapters hand the provider's raw usage to
-  :func:`with_billed_apart`, which adds them to the reported counts. An answer that
+  `with_billed_apart`, which adds them to the reported counts. An answer that
   shows a compaction's summary but no such step (a framework that drops the raw
-  usage) has the step estimated (:func:`with_unreported_compaction`).
-* A call's output cap (:func:`output_cap`), for a strict budget's hold and a token
+  usage) has the step estimated (`with_unreported_compaction`).
+* A call's output cap (`output_cap`), for a strict budget's hold and a token
   limiter's weight alike: the call's own ``max_tokens``, ``max_completion_tokens`` or
-  ``max_output_tokens``, else the cap the model states (:func:`model_output_cap`).
-* Money is not counted here: :func:`~llm_resilience.money.cost_of` prices a
-  :class:`Usage` (``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``).
+  ``max_output_tokens``, else the cap the model states (`model_output_cap`).
+* Money is not counted here: `cost_of` prices a
+  `Usage` (``tokens * price_per_mtok / 1_000_000``, exact in ``Decimal``).
 
 ``cl100k_base`` is an OpenAI tokenizer, so estimates for other providers' models can be
 systematically off: treat estimated entries as close approximations, not invoices.
@@ -77,10 +78,11 @@ def token_count(value: object, *, whole_float: bool = False) -> int | None:
     units). Anything else (None, a negative number, text, ``True``) is no count, so a
     provider's odd report reads as "not reported" instead of raising.
 
-    >>> token_count(12), token_count(-1), token_count(True), token_count("12")
-    (12, None, None, None)
-    >>> token_count(6.0), token_count(6.0, whole_float=True), token_count(6.5, whole_float=True)
-    (None, 6, None)
+    Examples:
+        >>> token_count(12), token_count(-1), token_count(True), token_count("12")
+        (12, None, None, None)
+        >>> token_count(6.0), token_count(6.0, whole_float=True), token_count(6.5, whole_float=True)
+        (None, 6, None)
     """
     if isinstance(value, bool):
         return None
@@ -92,10 +94,11 @@ def token_count(value: object, *, whole_float: bool = False) -> int | None:
 
 
 def first_token_count(*values: object) -> int | None:
-    """The first of ``values`` that is a token count (:func:`token_count`), or None.
+    """The first of ``values`` that is a token count (`token_count`), or None.
 
-    >>> first_token_count(None, "n/a", 0, 40)
-    0
+    Examples:
+        >>> first_token_count(None, "n/a", 0, 40)
+        0
     """
     for value in values:
         count = token_count(value)
@@ -107,15 +110,16 @@ def first_token_count(*values: object) -> int | None:
 def model_output_cap(model: object, documented: object = None) -> int | None:
     """The most output tokens ``model`` writes per call, as it states it; None: unknown.
 
-    Its own field (the first of :data:`OUTPUT_CAP_NAMES` it has that is a count: a
+    Its own field (the first of `OUTPUT_CAP_NAMES` it has that is a count: a
     LangChain ``ChatOpenAI``'s ``max_tokens``, a ``ChatGoogleGenerativeAI``'s
     ``max_output_tokens``), else ``documented``, the maximum its framework documents for
     it (a LangChain profile's ``max_output_tokens``, LlamaIndex's
     ``metadata.num_output``) when above 0 (0 and -1 mean unknown there).
 
-    >>> class Gemini: max_output_tokens = 2048
-    >>> model_output_cap(Gemini()), model_output_cap(object(), documented=8192)
-    (2048, 8192)
+    Examples:
+        >>> class Gemini: max_output_tokens = 2048
+        >>> model_output_cap(Gemini()), model_output_cap(object(), documented=8192)
+        (2048, 8192)
     """
     own = first_token_count(*(getattr(model, name, None) for name in OUTPUT_CAP_NAMES))
     if own is not None:
@@ -128,16 +132,17 @@ def output_cap(call: Mapping[str, object], model_caps: Iterable[int | None] = ()
     """A call's output cap: the call's own, else the largest its models state; None: unknown.
 
     ``call`` holds the call's keyword arguments: its own cap is the first of
-    :data:`OUTPUT_CAP_NAMES` there that is a count, and reaches whichever model serves.
-    Without one, the cap is the largest of ``model_caps`` (:func:`model_output_cap` of
+    `OUTPUT_CAP_NAMES` there that is a count, and reaches whichever model serves.
+    Without one, the cap is the largest of ``model_caps`` (`model_output_cap` of
     each model that may serve it: one model, or a fallback chain's members) that is
     known. A strict budget holds each model at its own cap instead
-    (:class:`~llm_resilience.budget.ServingModel`); for one model the two agree.
+    ([`ServingModel`][]); for one model the two agree.
 
-    >>> output_cap({"max_completion_tokens": 500}, [2048])
-    500
-    >>> output_cap({}, [2048, None, 1024]), output_cap({}, [None])
-    (2048, None)
+    Examples:
+        >>> output_cap({"max_completion_tokens": 500}, [2048])
+        500
+        >>> output_cap({}, [2048, None, 1024]), output_cap({}, [None])
+        (2048, None)
     """
     asked = first_token_count(*(call.get(name) for name in OUTPUT_CAP_NAMES))
     if asked is not None:
@@ -146,7 +151,7 @@ def output_cap(call: Mapping[str, object], model_caps: Iterable[int | None] = ()
     return max(known) if known else None
 
 
-#: The optional counts a :class:`Usage` may carry beside its input and output.
+#: The optional counts a `Usage` may carry beside its input and output.
 DETAIL_FIELDS = (
     "cache_read_tokens",
     "cache_write_tokens",
@@ -158,9 +163,9 @@ DETAIL_FIELDS = (
 @dataclass(frozen=True, slots=True)
 class TokenDetails:
     """The parts of a call's input and output a provider reports apart, each None when not
-    reported: what :func:`~llm_resilience.money.cost_of` prices at its own rate.
+    reported: what `cost_of` prices at its own rate.
 
-    Adapters translate their provider's shape into these (see :class:`Usage` for what
+    Adapters translate their provider's shape into these (see `Usage` for what
     each count means); the reading rules below take one alongside the two plain counts.
     """
 
@@ -178,12 +183,13 @@ class Usage:
     reads and writes are part of it (OpenAI's ``prompt_tokens`` already counts them;
     Anthropic's ``input_tokens`` does not, so adapters add them). Likewise
     ``reasoning_tokens`` are part of ``output_tokens``. The optional counts are None when
-    the provider did not report them; :func:`~llm_resilience.money.cost_of` then bills
+    the provider did not report them; `cost_of` then bills
     those tokens at the plain input (or output) price. Counts that do not fit inside
     their total raise ``ValueError``.
 
-    >>> Usage(1000, 50, False, cache_read_tokens=900)
-    Usage(input_tokens=1000, output_tokens=50, estimated=False, cache_read_tokens=900)
+    Examples:
+        >>> Usage(1000, 50, False, cache_read_tokens=900)
+        Usage(input_tokens=1000, output_tokens=50, estimated=False, cache_read_tokens=900)
     """
 
     #: Prompt tokens (for embeddings: the input texts' tokens), cached ones included. >= 0.
@@ -227,7 +233,7 @@ class Usage:
 
     @property
     def details(self) -> TokenDetails:
-        """The optional counts, as a :class:`TokenDetails`."""
+        """The optional counts, as a `TokenDetails`."""
         return TokenDetails(*(getattr(self, name) for name in DETAIL_FIELDS))
 
 
@@ -285,7 +291,7 @@ _NO_DETAILS = TokenDetails()
 class StreamUsage:
     """How a stream's reported usage adds up, chunk by chunk: one rule for every adapter.
 
-    Each :meth:`add` takes the counts one chunk (or one point of a stream) reports, as
+    Each `add` takes the counts one chunk (or one point of a stream) reports, as
     running totals; each direction keeps the **largest** total reported. Providers report
     usage in pieces: Anthropic gives input at the start and output at the end (and may
     repeat the opening output count), OpenAI one final usage-only chunk, others repeat a
@@ -296,11 +302,12 @@ class StreamUsage:
     ``usage_metadata``: chunks add up when merged) passes the merged running total,
     which is that framework's own definition of the total so far.
 
-    >>> usage = StreamUsage()
-    >>> usage.add(25, 1)      # message_start: input, and an opening output count
-    >>> usage.add(None, 40)   # message_delta: the final output count
-    >>> usage.input_tokens, usage.output_tokens
-    (25, 40)
+    Examples:
+        >>> usage = StreamUsage()
+        >>> usage.add(25, 1)      # message_start: input, and an opening output count
+        >>> usage.add(None, 40)   # message_delta: the final output count
+        >>> usage.input_tokens, usage.output_tokens
+        (25, 40)
     """
 
     __slots__ = ("_details", "input_tokens", "output_tokens")
@@ -363,11 +370,12 @@ def chat_usage(
     Both present → recorded as reported. Either missing, negative, or an input of 0
     for a non-empty ``prompt`` → both estimated: ``count_message_tokens(prompt)`` and
     ``count_tokens(response_text)``, flagged ``estimated=True``. ``details`` are the
-    provider's cache and reasoning counts, kept with a report (see :func:`reported_usage`)
+    provider's cache and reasoning counts, kept with a report (see `reported_usage`)
     and dropped with an estimate.
 
-    >>> chat_usage(None, 5, prompt=[("user", "hello world")], response_text="hi").estimated
-    True
+    Examples:
+        >>> chat_usage(None, 5, prompt=[("user", "hello world")], response_text="hi").estimated
+        True
     """
     reported = reported_usage(reported_input, reported_output, prompt=prompt, details=details)
     if reported is not None:
@@ -382,19 +390,20 @@ def reported_usage(
     prompt: Sequence[tuple[str, str]],
     details: TokenDetails | None = None,
 ) -> Usage | None:
-    """The provider's counts as a :class:`Usage`, or None when they are not a report.
+    """The provider's counts as a `Usage`, or None when they are not a report.
 
     A report has both counts, each an int >= 0, and an input above 0 unless ``prompt``
     is empty: some integrations fill a missing count with 0. ``details`` (cache reads and
     writes, reasoning) come with it, each part that does not fit inside its total dropped
     (billed at the plain price, as if not reported). The one rule behind
-    :func:`chat_usage` and a limiter's reconciliation
-    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
+    `chat_usage` and a limiter's reconciliation
+    (`reconcile_with_usage`).
 
-    >>> reported_usage(0, 12, prompt=[("user", "hi")]) is None
-    True
-    >>> reported_usage(7, 12, prompt=[("user", "hi")])
-    Usage(input_tokens=7, output_tokens=12, estimated=False)
+    Examples:
+        >>> reported_usage(0, 12, prompt=[("user", "hi")]) is None
+        True
+        >>> reported_usage(7, 12, prompt=[("user", "hi")])
+        Usage(input_tokens=7, output_tokens=12, estimated=False)
     """
     if not (_is_count(reported_input) and _is_count(reported_output)):
         return None
@@ -427,7 +436,7 @@ def billed_apart(provider_usage: object) -> Usage | None:
     ``"message"`` entry, and the top-level counts are those of the steps that are not
     compaction (Anthropic's docs: the top-level input and output tokens exclude the
     compaction iteration's; the total is the sum over the iterations). So the bill is
-    the top-level counts plus every entry of a type in :data:`BILLED_APART`, which
+    the top-level counts plus every entry of a type in `BILLED_APART`, which
     equals the sum over the iterations when they list the message step too, and stays
     right when they do not. Other entries are left alone: a ``"message"`` step is in
     the top-level counts already, an advisor's sub-inference (``"advisor_message"``)
@@ -435,17 +444,18 @@ def billed_apart(provider_usage: object) -> Usage | None:
     (``"fallback_message"``) stands for the step that served.
 
     Each entry's input is its ``input_tokens`` plus its cache reads and writes, as
-    :class:`Usage` counts input (the writes split by lifetime in ``cache_creation``
+    `Usage` counts input (the writes split by lifetime in ``cache_creation``
     when it says so); an entry without an input and an output count is skipped.
 
-    >>> billed_apart({"input_tokens": 229, "output_tokens": 5, "iterations": [
-    ...     {"type": "compaction", "input_tokens": 100, "output_tokens": 131,
-    ...      "cache_read_input_tokens": 0, "cache_creation_input_tokens": 55096},
-    ...     {"type": "message", "input_tokens": 229, "output_tokens": 5}]})
-    Usage(input_tokens=55196, output_tokens=131, estimated=False, cache_read_tokens=0, \
+    Examples:
+        >>> billed_apart({"input_tokens": 229, "output_tokens": 5, "iterations": [
+        ...     {"type": "compaction", "input_tokens": 100, "output_tokens": 131,
+        ...      "cache_read_input_tokens": 0, "cache_creation_input_tokens": 55096},
+        ...     {"type": "message", "input_tokens": 229, "output_tokens": 5}]})
+        Usage(input_tokens=55196, output_tokens=131, estimated=False, cache_read_tokens=0, \
 cache_write_tokens=55096)
-    >>> billed_apart({"input_tokens": 229, "output_tokens": 5}) is None
-    True
+        >>> billed_apart({"input_tokens": 229, "output_tokens": 5}) is None
+        True
     """
     iterations = _field(provider_usage, "iterations")
     if not isinstance(iterations, Sequence) or isinstance(iterations, str | bytes):
@@ -478,18 +488,19 @@ def with_billed_apart(
     provider_usage: object,
 ) -> tuple[int | None, int | None, TokenDetails | None]:
     """The reported counts with what ``provider_usage`` bills apart added to them
-    (:func:`billed_apart`): the counts an adapter then reads as the provider's report.
+    (`billed_apart`): the counts an adapter then reads as the provider's report.
 
-    ``reported_input`` (cache reads and writes included, as :class:`Usage` counts it),
+    ``reported_input`` (cache reads and writes included, as `Usage` counts it),
     ``reported_output`` and ``details`` are the top-level counts as the adapter read
     them; each gets the compaction steps' own. A count that was not reported stays
     None, so a report without its top-level counts is still no report. Without
     anything billed apart the three come back as given.
 
-    >>> usage = {"iterations": [{"type": "compaction", "input_tokens": 100,
-    ...     "output_tokens": 131, "cache_creation_input_tokens": 55096}]}
-    >>> with_billed_apart(229, 5, None, usage)
-    (55425, 136, TokenDetails(cache_read_tokens=None, cache_write_tokens=55096, \
+    Examples:
+        >>> usage = {"iterations": [{"type": "compaction", "input_tokens": 100,
+        ...     "output_tokens": 131, "cache_creation_input_tokens": 55096}]}
+        >>> with_billed_apart(229, 5, None, usage)
+        (55425, 136, TokenDetails(cache_read_tokens=None, cache_write_tokens=55096, \
 cache_write_1h_tokens=None, reasoning_tokens=None))
     """
     extra = billed_apart(provider_usage) if provider_usage is not None else None
@@ -519,7 +530,7 @@ def with_unreported_compaction(
     ``summaries`` are the texts of the compaction blocks the answer carried (one per
     summarising step; ``""`` for a block without text), ``provider_usage`` the raw usage
     the adapter has, if any. When the answer carried none, or ``provider_usage`` reports
-    the steps (:func:`billed_apart`: they are in the counts already), ``usage`` comes back
+    the steps (`billed_apart`: they are in the counts already), ``usage`` comes back
     as it is. Otherwise the framework dropped the steps' counts (langchain-anthropic's
     stream chunks keep only the top-level ones): each step is estimated with
     ``cl100k_base``, its input as the prompt's tokens (the step summarises the
@@ -527,9 +538,10 @@ def with_unreported_compaction(
     read from the cache is not known, so it is priced as plain input: an estimate, not
     the bill, but not the step left out.
 
-    >>> with_unreported_compaction(Usage(229, 5, False), prompt=[("user", "hello world")],
-    ...     summaries=["The user said hello."])
-    Usage(input_tokens=238, output_tokens=10, estimated=True)
+    Examples:
+        >>> with_unreported_compaction(Usage(229, 5, False), prompt=[("user", "hello world")],
+        ...     summaries=["The user said hello."])
+        Usage(input_tokens=238, output_tokens=10, estimated=True)
     """
     if not summaries or billed_apart(provider_usage) is not None:
         return usage
@@ -592,11 +604,11 @@ def partial_stream_usage(
     for a chunk without text); ``delivered_text`` is the answer so far when the chunks
     carry more than their text deltas (tool-call arguments), else ``"".join(deltas)``.
     ``reported_input``/``reported_output`` are the provider's counts so far, None when
-    absent; ``details`` the cache and reasoning counts so far (see :func:`chat_usage`).
+    absent; ``details`` the cache and reasoning counts so far (see `chat_usage`).
 
     * No chunk delivered → None: record nothing (and release a strict-mode hold). The
       request may have reached the provider, but nothing shows what it consumed.
-    * Both counts reported (as :func:`chat_usage` reads them) → as reported, unless the
+    * Both counts reported (as `chat_usage` reads them) → as reported, unless the
       output count is below the number of chunks that carried text (each streamed delta
       is at least one token): then it was reported before the text (Anthropic reports
       output at a stream's start and again only at its end), so the output is estimated
@@ -609,10 +621,11 @@ def partial_stream_usage(
     Tokens the provider generated after the consumer stopped reading are never seen, so
     this is a floor of what the provider may bill.
 
-    >>> partial_stream_usage(None, None, prompt=[("user", "hi")], deltas=[]) is None
-    True
-    >>> partial_stream_usage(None, None, prompt=[("user", "hello world")], deltas=["Hel", "lo"])
-    Usage(input_tokens=9, output_tokens=1, estimated=True)
+    Examples:
+        >>> partial_stream_usage(None, None, prompt=[("user", "hi")], deltas=[]) is None
+        True
+        >>> partial_stream_usage(None, None, prompt=[("user", "hello world")], deltas=["Hel", "lo"])
+        Usage(input_tokens=9, output_tokens=1, estimated=True)
     """
     if not deltas:
         return None
@@ -637,8 +650,9 @@ def partial_stream_usage(
 def embedding_usage(texts: Sequence[str]) -> Usage:
     """Estimated usage of one embedding call over ``texts`` (providers rarely report it).
 
-    >>> embedding_usage(["hello world", "hello"])
-    Usage(input_tokens=3, output_tokens=0, estimated=True)
+    Examples:
+        >>> embedding_usage(["hello world", "hello"])
+        Usage(input_tokens=3, output_tokens=0, estimated=True)
     """
     return Usage(sum(count_tokens(text) for text in texts), 0, estimated=True)
 
@@ -650,11 +664,12 @@ def estimate_request_tokens(
 
     Used for a rate limiter's token permits. None counts as 0 output tokens here (the
     limiter reconciles with real usage afterwards); a strict budget's hold is
-    :meth:`~llm_resilience.budget.BudgetGate.worst_case_cost`, which applies each
+    [`worst_case_cost`][llm_resilience.BudgetGate.worst_case_cost], which applies each
     serving model's own output cap.
 
-    >>> estimate_request_tokens([("user", "hello world")], 100)  # 9 prompt tokens + 100
-    109
+    Examples:
+        >>> estimate_request_tokens([("user", "hello world")], 100)  # 9 prompt tokens + 100
+        109
     """
     if max_output_tokens is not None and max_output_tokens < 0:
         raise ValueError(f"max_output_tokens must be >= 0 or None, got {max_output_tokens!r}")

@@ -1,6 +1,7 @@
 """LangChain adapters for llm-resilience.
 
->>> from langchain_llm_resilience import FallbackChatModel, RateLimitedChatModel
+Examples:
+    >>> from langchain_llm_resilience import FallbackChatModel, RateLimitedChatModel
 """
 
 from langchain_llm_resilience.builder import ResilienceBuilder

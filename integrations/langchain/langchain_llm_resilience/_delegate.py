@@ -10,10 +10,10 @@ stream detection) already ran once for the whole stack at the outermost layer. T
 and structured output are bound by asking the inner model to bind them and keeping the
 call arguments of the binding it returns.
 
-:class:`DelegatingChatModel` is the base of the single-inner layers; subclasses say what
-happens around a call through :meth:`~DelegatingChatModel._begin` and
-:meth:`~DelegatingChatModel._end` (and their async twins), and what a stream its consumer
-closed early leaves through :meth:`~DelegatingChatModel._end_early`.
+`DelegatingChatModel` is the base of the single-inner layers; subclasses say what
+happens around a call through `_begin` and
+`_end` (and their async twins), and what a stream its consumer
+closed early leaves through `_end_early`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def signature_precomputed(function: FunctionT) -> FunctionT:
     ``_generate_with_cache`` asks ``inspect.signature(self._generate)`` whether it takes
     ``run_manager`` once per call: ~22 µs of parsing on a 2-core machine unpinned, ~4 µs
     with ``__signature__`` pinned on the function (the bound method's signature is still
-    rebuilt each time), ~1 µs here: ``instance._generate`` is a :class:`_BoundCall`
+    rebuilt each time), ~1 µs here: ``instance._generate`` is a `_BoundCall`
     holding the bound signature computed once (``docs/benchmarks.md``). The class
     attribute is a ``property`` (pydantic leaves those alone); calling through
     ``super()`` works as for a method.
@@ -204,7 +204,7 @@ def _is_bare_layer(model: BaseChatModel) -> bool:
 
 @functools.cache
 def _unbound(cls: type[Any], name: str) -> Callable[..., Any] | None:
-    """The function behind ``cls``'s :func:`signature_precomputed` method ``name``, or
+    """The function behind ``cls``'s `signature_precomputed` method ``name``, or
     None when ``name`` is something else there."""
     attribute = inspect.getattr_static(cls, name)
     function: Callable[..., Any] | None = getattr(
@@ -237,7 +237,7 @@ async def agenerate_inner(
     run_manager: AsyncCallbackManagerForLLMRun | None,
     kwargs: dict[str, Any],
 ) -> ChatResult:
-    """Async :func:`generate_inner`."""
+    """Async `generate_inner`."""
     if _is_bare_layer(model):
         method = _unbound(type(model), "_agenerate")
         if method is not None:
@@ -273,7 +273,7 @@ async def astream_inner(
     run_manager: AsyncCallbackManagerForLLMRun | None,
     kwargs: dict[str, Any],
 ) -> AsyncIterator[ChatGenerationChunk]:
-    """Async :func:`stream_inner`."""
+    """Async `stream_inner`."""
     if streams(model, kwargs):
         if model.rate_limiter is not None:
             await model.rate_limiter.aacquire(blocking=True)
@@ -342,7 +342,7 @@ def _merged(chunks: list[ChatGenerationChunk]) -> BaseMessage | None:
 def merged_usage_and_metadata(
     chunks: list[ChatGenerationChunk],
 ) -> tuple[UsageMetadata | None, dict[str, Any]] | None:
-    """The ``usage_metadata`` and ``response_metadata`` of the message :func:`_merged`
+    """The ``usage_metadata`` and ``response_metadata`` of the message `_merged`
     builds from ``chunks``, computed as LangChain's merge computes them without merging
     the rest (content, tool calls, ids); None unless the chunks are two or more
     ``AIMessageChunk`` objects (then merge them)."""
@@ -394,7 +394,7 @@ class DelegatingChatModel(BaseChatModel, WrapsOne):
     # -- what subclasses define ---------------------------------------------------------
 
     def _begin(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> Any:
-        """Before the inner call; returns a context handed to :meth:`_end`.
+        """Before the inner call; returns a context handed to `_end`.
 
         ``kwargs`` are the call arguments about to reach ``inner``: a layer may pop its
         own per-call options from them.
@@ -408,7 +408,7 @@ class DelegatingChatModel(BaseChatModel, WrapsOne):
         """After the call: ``message`` is the answer, or None if there is none to account."""
 
     def _reads_answer(self, context: Any) -> bool:
-        """Whether :meth:`_end` reads a completed stream's answer; if not, the stream's
+        """Whether `_end` reads a completed stream's answer; if not, the stream's
         chunks are not merged for it (a merge of five chunks costs about 25 µs)."""
         return True
 
@@ -422,8 +422,8 @@ class DelegatingChatModel(BaseChatModel, WrapsOne):
     ) -> None:
         """After a stream read to its end: ``chunks`` it delivered.
 
-        By default :meth:`_end` with the chunks merged into one message (when
-        :meth:`_reads_answer`); a layer that reads only parts of the answer may read them
+        By default `_end` with the chunks merged into one message (when
+        `_reads_answer`); a layer that reads only parts of the answer may read them
         from the chunks instead (a merge of five chunks costs about 20 µs).
         """
         if self._reads_answer(context):

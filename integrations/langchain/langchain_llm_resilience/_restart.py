@@ -1,13 +1,13 @@
 """The stream-restart event: how a fallback chain's restart reaches a stream's callbacks.
 
 LangChain's ``stream``/``astream`` do not hand ``_stream`` its run manager, so the
-outermost layer of a stack names the run itself and passes a :class:`RestartSink` down
-through the call's keyword arguments (under :data:`SINK_KWARG`, which every layer keeps
+outermost layer of a stack names the run itself and passes a `RestartSink` down
+through the call's keyword arguments (under `SINK_KWARG`, which every layer keeps
 out of traced parameters and out of what a provider receives). The
-``FallbackChatModel`` below sends :data:`STREAM_RESTART_EVENT` through it (or, with no
-sink, to its own run's handlers): :func:`restart_hook` and :func:`arestart_hook` are the
+``FallbackChatModel`` below sends `STREAM_RESTART_EVENT` through it (or, with no
+sink, to its own run's handlers): `restart_hook` and `arestart_hook` are the
 chain's ``on_restart`` hooks. The event's data is the core's
-:meth:`~llm_resilience.fallback.StreamRestart.payload`, wrapped and nothing more.
+[`payload`][llm_resilience.StreamRestart.payload], wrapped and nothing more.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def restart_hook(
 def arestart_hook(
     kwargs: Mapping[str, Any], run_manager: AsyncCallbackManagerForLLMRun | None
 ) -> Callable[[StreamRestart], Awaitable[None]]:
-    """An async stream's ``on_restart``, as :func:`restart_hook`."""
+    """An async stream's ``on_restart``, as `restart_hook`."""
     sink: RestartSink | None = kwargs.get(SINK_KWARG)
 
     async def restarted(restart: StreamRestart) -> None:

@@ -39,16 +39,17 @@ __all__ = ["ResilienceBuilder"]
 class ResilienceBuilder(ResiliencePlan):
     """A resilience stack of LangChain runnables: every layer is itself a chat model.
 
-    >>> stack = (
-    ...     ResilienceBuilder()
-    ...     .use_fallback_chain([primary, secondary], per_client_timeout=30)
-    ...     .use_rate_limiting(chat_requests_per_minute=300)
-    ...     .use_cost_budgeting(CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
-    ...                                    daily_limit=25))
-    ...     .build()
-    ... )  # doctest: +SKIP
-    >>> stack.chat  # CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel(...)))
-    ... # doctest: +SKIP
+    Examples:
+        >>> stack = (
+        ...     ResilienceBuilder()
+        ...     .use_fallback_chain([primary, secondary], per_client_timeout=30)
+        ...     .use_rate_limiting(chat_requests_per_minute=300)
+        ...     .use_cost_budgeting(CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
+        ...                                    daily_limit=25))
+        ...     .build()
+        ... )  # doctest: +SKIP
+        >>> stack.chat  # CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel(...)))
+        ... # doctest: +SKIP
 
     `register_chat` takes a `BaseChatModel` (`use_fallback_chain` builds a
     `FallbackChatModel` from several), `register_embeddings` an `Embeddings` and

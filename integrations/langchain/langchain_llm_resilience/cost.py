@@ -99,7 +99,7 @@ def _asks_stream_usage(model: BaseChatModel) -> bool:
 
 
 #: A stand-in prompt of one message: whether a provider's counts are a report depends
-#: only on whether the prompt is empty (:func:`~llm_resilience.usage.reported_usage`).
+#: only on whether the prompt is empty (`reported_usage`).
 _SOME_PROMPT = (("", ""),)
 
 
@@ -119,7 +119,7 @@ _COUNT_KEYS = ("input_tokens", "output_tokens")
 
 def billed_counts(usage: Any, metadata: Any) -> tuple[int | None, int | None, TokenDetails | None]:
     """The counts of a ``usage_metadata`` (or None), with what the provider's raw usage
-    bills apart added (:func:`~llm_resilience.usage.with_billed_apart`): langchain-anthropic
+    bills apart added (`with_billed_apart`): langchain-anthropic
     keeps that raw usage, Anthropic's compaction steps in its ``iterations`` included, in
     a call's ``response_metadata["usage"]``."""
     counts = usage or {}
@@ -183,10 +183,11 @@ def token_details(usage: Any) -> TokenDetails:
     ``ephemeral_1h_input_tokens`` (langchain-anthropic then reports ``cache_creation`` as
     0 so the writes are not counted twice); ``output_token_details.reasoning``.
 
-    >>> token_details({"input_tokens": 120, "output_tokens": 9, "input_token_details":
-    ...     {"cache_read": 100, "cache_creation": 0, "ephemeral_5m_input_tokens": 12,
-    ...      "ephemeral_1h_input_tokens": 8}})
-    TokenDetails(cache_read_tokens=100, cache_write_tokens=20, cache_write_1h_tokens=8, \
+    Examples:
+        >>> token_details({"input_tokens": 120, "output_tokens": 9, "input_token_details":
+        ...     {"cache_read": 100, "cache_creation": 0, "ephemeral_5m_input_tokens": 12,
+        ...      "ephemeral_1h_input_tokens": 8}})
+        TokenDetails(cache_read_tokens=100, cache_write_tokens=20, cache_write_1h_tokens=8, \
 reasoning_tokens=None)
     """
     if not isinstance(usage, dict):
@@ -220,30 +221,31 @@ def _first(details: dict[str, Any], key: str) -> int | None:
 class CostTrackedChatModel(DelegatingChatModel):
     """A chat model that refuses calls once a spend limit is reached, and records spend.
 
-    >>> model = CostTrackedChatModel(
-    ...     inner=ChatOpenAI(model="gpt-4o"),
-    ...     budget=CostBudget(input_price_per_mtok="2.5", output_price_per_mtok=10,
-    ...                       daily_limit=25),
-    ...     ledger=SqlCostLedger("sqlite:///spend.db"),
-    ... )  # doctest: +SKIP
+    Examples:
+        >>> model = CostTrackedChatModel(
+        ...     inner=ChatOpenAI(model="gpt-4o"),
+        ...     budget=CostBudget(input_price_per_mtok="2.5", output_price_per_mtok=10,
+        ...                       daily_limit=25),
+        ...     ledger=SqlCostLedger("sqlite:///spend.db"),
+        ... )  # doctest: +SKIP
 
     Before each call the budget's windows are checked (``BudgetExceededError`` and the
     inner model is not called); after it one ledger entry records the tokens and the
     cost, priced for the model that actually served (a fallback leg, not the chain;
-    :func:`~llm_resilience.budget.served_model`). A stream's usage is its chunks'
+    `served_model`). A stream's usage is its chunks'
     ``usage_metadata`` merged as LangChain defines it (chunks carry increments).
     Usage is the provider's when it reports both counts, else estimated with
     ``cl100k_base`` and flagged ``estimated``. A stream is gated on its first iteration
     and recorded once it completes. One its consumer closes early (``break``,
     ``close()``/``aclose()``, garbage collection) or cancels after chunks arrived records
-    what it consumed (:func:`~llm_resilience.usage.partial_stream_usage`: the usage
+    what it consumed (`partial_stream_usage`: the usage
     reported so far, else the prompt and the delivered text estimated); one that failed
     with an error records nothing (a failover inside a ``FallbackChatModel`` below is not
     seen here). Streams ask OpenAI-compatible providers for their usage (``stream_usage``).
     Under a hedged ``FallbackChatModel`` (``hedge_after``) the attempt that lost is
     recorded too, as its own entry of kind ``"hedge"``, when its provider reported usage.
     In strict mode the hold covers every model below that may serve, each up to its own
-    output cap (:func:`~llm_resilience.usage.output_cap`: the call's ``max_tokens``,
+    output cap (`output_cap`: the call's ``max_tokens``,
     ``max_completion_tokens`` or ``max_output_tokens``, else the model's own field of
     those names, else its profile's ``max_output_tokens``).
     ``scope=`` (or ``budget_scope=`` per call) gives a tenant its own windows.
@@ -367,7 +369,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
     ) -> tuple[Usage, dict[str, Any]] | None:
         """What a completed stream used and its merged metadata, read from its chunks as
-        :meth:`_usage` reads their merged message; None when the merge is needed (no
+        `_usage` reads their merged message; None when the merge is needed (no
         reported usage, so the answer's text is estimated; chunks of another kind)."""
         parts = merged_usage_and_metadata(chunks)
         if parts is None:
@@ -455,10 +457,11 @@ class CostTrackedChatModel(DelegatingChatModel):
 class CostTrackedEmbeddings(Embeddings, WrapsOne):
     """Embeddings gated by a spend budget; each call records its estimated tokens and cost.
 
-    >>> embeddings = CostTrackedEmbeddings(
-    ...     inner=OpenAIEmbeddings(model="text-embedding-3-small"),
-    ...     budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit=5),
-    ... )  # doctest: +SKIP
+    Examples:
+        >>> embeddings = CostTrackedEmbeddings(
+        ...     inner=OpenAIEmbeddings(model="text-embedding-3-small"),
+        ...     budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit=5),
+        ... )  # doctest: +SKIP
 
     Embedding usage is always estimated over the input texts (providers rarely report
     it), priced at ``embedding_price_per_mtok`` (or the model's ``ModelPrice``).

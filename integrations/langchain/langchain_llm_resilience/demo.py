@@ -1,7 +1,7 @@
 """The offline outage demo behind ``llm-resilience demo``.
 
 Two local servers stand in for two providers: an OpenAI-compatible primary and an
-Anthropic-compatible secondary (:class:`llm_resilience.testing.FaultInjectingServer`).
+Anthropic-compatible secondary ([`llm_resilience.testing.FaultInjectingServer`][]).
 The real ``ChatOpenAI`` and ``ChatAnthropic`` clients talk HTTP to them through the
 stack ``ResilienceBuilder`` builds (fallback chain, rate limiter, spend budget with a
 ``SqlCostLedger``), in three phases: the primary fails in the ways providers do; a burst
@@ -10,7 +10,7 @@ ends with the spend per model read back from the ledger: a SQLite file in a temp
 folder (removed at the end) unless ``--db URL`` names one. Everything runs on 127.0.0.1
 in about ten seconds and stops when the demo ends.
 
-The core's ``llm-resilience`` command finds :data:`command` through the ``llm_resilience.cli``
+The core's ``llm-resilience`` command finds `command` through the ``llm_resilience.cli``
 entry point that this package's ``pyproject.toml`` registers.
 """
 
@@ -167,7 +167,7 @@ command = Command(
 def run_demo(out: TextIO, db_url: str | None = None) -> int:
     """Run the demo, printing to ``out``; returns a process exit code.
 
-    Spend goes to ``db_url`` (any :class:`~llm_resilience.SqlCostLedger` URL) if given,
+    Spend goes to ``db_url`` (any [`SqlCostLedger`][llm_resilience.SqlCostLedger] URL) if given,
     else to a SQLite file in a temporary folder that is removed when the demo ends.
     Only entries of this run (its own budget scope) are gated and reported, so a
     ``db_url`` holding earlier spend neither stops nor skews the demo.

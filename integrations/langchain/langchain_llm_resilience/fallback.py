@@ -1,7 +1,7 @@
 """``FallbackChatModel``: LangChain's face of the core fallback chain.
 
 Translation only: every rule (order, what is transient, timeouts, restarts, logging,
-cooldown) is :class:`llm_resilience.fallback.FallbackChain`'s. This module turns a
+cooldown) is [`llm_resilience.fallback.FallbackChain`][]'s. This module turns a
 LangChain call into attempts on the member models and the results back into LangChain
 types.
 """
@@ -77,13 +77,14 @@ __all__ = ["SERVED_BY_KEY", "STREAM_RESTART_EVENT", "FallbackChatModel"]
 class FallbackChatModel(BaseChatModel, Probeable):
     """A chat model that tries ``models`` in order, moving on when one fails transiently.
 
-    >>> from langchain_openai import ChatOpenAI
-    >>> from langchain_anthropic import ChatAnthropic
-    >>> model = FallbackChatModel(
-    ...     models=[ChatOpenAI(model="gpt-4o", max_retries=0),
-    ...             ChatAnthropic(model="claude-sonnet-4-5", max_retries=0)],
-    ...     per_client_timeout=30,
-    ... )  # doctest: +SKIP
+    Examples:
+        >>> from langchain_openai import ChatOpenAI
+        >>> from langchain_anthropic import ChatAnthropic
+        >>> model = FallbackChatModel(
+        ...     models=[ChatOpenAI(model="gpt-4o", max_retries=0),
+        ...             ChatAnthropic(model="claude-sonnet-4-5", max_retries=0)],
+        ...     per_client_timeout=30,
+        ... )  # doctest: +SKIP
 
     A 429, a 503, a dropped connection or a timeout on one model sends the same request
     to the next one at once; any other error propagates. Three time limits (seconds or
@@ -96,12 +97,12 @@ class FallbackChatModel(BaseChatModel, Probeable):
     One call is one LLM run in callbacks and traces; its
     ``usage_metadata`` and ``response_metadata["model_name"]`` are those of the model
     that served, and ``response_metadata["fallback_served_by"]`` is its index path
-    (:data:`~llm_resilience.served.SERVED_BY_KEY`: ``[1]``, or ``[1, 0]`` through a
+    (`SERVED_BY_KEY`: ``[1]``, or ``[1, 0]`` through a
     chain of chains). A member's
     own ``rate_limiter`` and cache apply to its attempt. A stream that restarts on the
-    next model sends the custom callback event :data:`STREAM_RESTART_EVENT`; with
+    next model sends the custom callback event `STREAM_RESTART_EVENT`; with
     ``mid_stream="raise"`` a stream that fails after it delivered content raises
-    :class:`~llm_resilience.errors.StreamInterruptedError` (its ``delivered_text`` is the
+    [`StreamInterruptedError`][llm_resilience.StreamInterruptedError] (its ``delivered_text`` is the
     text streamed so far) instead, so a plain ``"".join(...)`` consumer never reads a
     broken prefix followed by a second answer. With ``mid_stream="continue"`` the next
     member, when it takes an assistant prefill (a ``ChatAnthropic``, or one declared
@@ -236,7 +237,8 @@ class FallbackChatModel(BaseChatModel, Probeable):
         return tuple(self.models)
 
     def health(self) -> tuple[MemberHealth, ...]:
-        """Each member's circuit (see :meth:`FallbackChain.health`), in ``models`` order."""
+        """Each member's circuit (see
+        [`FallbackChain.health`][llm_resilience.FallbackChain.health]), in ``models`` order."""
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         return chain.health()
 
@@ -492,7 +494,8 @@ class FallbackChatModel(BaseChatModel, Probeable):
 
         Returns a binding of a new ``FallbackChatModel`` whose calls pass each member
         its own tool arguments; it shares this chain's circuit
-        (:meth:`FallbackChain.variant`): the chain's :meth:`health` counts its calls too.
+        ([`FallbackChain.variant`][llm_resilience.FallbackChain.variant]): the chain's [`health`][]
+        counts its calls too.
         """
         # Tracing-only arguments belong to the wrapper's own run, where LangChain's entry
         # points pop them into the run's options; members never see them.
@@ -581,7 +584,7 @@ def _known_profile(model: BaseChatModel) -> MemberProfile | None:
     return member_profile(model, **facts, prefill_classes=_PREFILL_CLASSES)
 
 
-#: The call arguments :func:`_request_needs` reads: a request without any of them (and
+#: The call arguments `_request_needs` reads: a request without any of them (and
 #: without images) needs nothing a member could lack.
 _NEEDS_KWARGS = frozenset(
     {"response_format", "output_config", "tools", "functions", "output_format"}
@@ -660,7 +663,7 @@ class _HeldMetadata:
     member that named its model before failing mid-stream would leave its name glued to
     the next member's (``"claude-haiku-4-5gpt-4o-mini"``), and the ledger would price a
     model that does not exist. Held here, only the attempt that completes passes its
-    metadata on, merged, on its last chunk (:func:`_served_by_chunk`).
+    metadata on, merged, on its last chunk (`_served_by_chunk`).
     """
 
     __slots__ = ("metadata",)

@@ -45,18 +45,19 @@ BaseRateLimiter.register(RedisTokenBucketRateLimiter)
 class RateLimitedChatModel(DelegatingChatModel):
     """A chat model that waits for a permit before each call to ``inner``.
 
-    >>> model = RateLimitedChatModel(inner=ChatOpenAI(model="gpt-4o"), requests_per_minute=300)
-    ... # doctest: +SKIP
+    Examples:
+        >>> model = RateLimitedChatModel(inner=ChatOpenAI(model="gpt-4o"), requests_per_minute=300)
+        ... # doctest: +SKIP
 
     One permit per call, taken before the inner model is called (a stream takes it on its
     first iteration and holds nothing while streaming). Over budget, callers wait, first
     come first served; with ``max_queued_requests`` a caller finding the queue full gets
     ``RateLimitQueueFullError`` at once and the inner model is never called. With
     ``tokens_per_minute`` a call also needs its estimated prompt tokens plus its output
-    cap in token permits (:func:`~llm_resilience.ratelimit.request_weight`; the cap is
-    :func:`~llm_resilience.usage.output_cap`'s, as a strict budget's hold reads it),
+    cap in token permits (`request_weight`; the cap is
+    `output_cap`'s, as a strict budget's hold reads it),
     settled with the usage the provider reports afterwards by the core's rule
-    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`: only a real report
+    (`reconcile_with_usage`: only a real report
     settles; a limiter that cannot settle logs a warning, the call still succeeds).
     ``tokens_per_minute`` alone (no ``requests_per_minute``) limits tokens only.
     ``limiter=`` shares one limiter (in-process or Redis) between wrappers instead.
@@ -148,8 +149,9 @@ class RateLimitedChatModel(DelegatingChatModel):
 class RateLimitedEmbeddings(Embeddings, WrapsOne):
     """Embeddings that take one permit per call (per batch, not per text) from a limiter.
 
-    >>> embeddings = RateLimitedEmbeddings(inner=OpenAIEmbeddings(), requests_per_minute=1200)
-    ... # doctest: +SKIP
+    Examples:
+        >>> embeddings = RateLimitedEmbeddings(inner=OpenAIEmbeddings(), requests_per_minute=1200)
+        ... # doctest: +SKIP
 
     The options are the core's `LimiterOptions`, as keywords: `requests_per_minute`,
     `max_queued_requests`, `tokens_per_minute` (a call weighs the estimated tokens of its

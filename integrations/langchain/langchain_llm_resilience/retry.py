@@ -1,14 +1,15 @@
 """LangChain embeddings and vector stores whose every call runs under a retry policy.
 
 What is retried, how often and how long between tries is
-:class:`llm_resilience.RetryPolicy`'s decision; these classes only route each public
+[`llm_resilience.RetryPolicy`][]'s decision; these classes only route each public
 method of the wrapped object through it.
 
->>> from langchain_core.embeddings import DeterministicFakeEmbedding
->>> from langchain_core.vectorstores import InMemoryVectorStore
->>> store = RetryingVectorStore(inner=InMemoryVectorStore(DeterministicFakeEmbedding(size=8)))
->>> store.add_texts(["hello"], ids=["1"])
-['1']
+Examples:
+    >>> from langchain_core.embeddings import DeterministicFakeEmbedding
+    >>> from langchain_core.vectorstores import InMemoryVectorStore
+    >>> store = RetryingVectorStore(inner=InMemoryVectorStore(DeterministicFakeEmbedding(size=8)))
+    >>> store.add_texts(["hello"], ids=["1"])
+    ['1']
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ __all__ = ["RetryingEmbeddings", "RetryingVectorStore"]
 
 
 class RetryingEmbeddings(Embeddings, WrapsOne):
-    """Embeddings whose every call (sync and async) is retried under a :class:`RetryPolicy`.
+    """Embeddings whose every call (sync and async) is retried under a [`RetryPolicy`][].
 
-    >>> from langchain_openai import OpenAIEmbeddings
-    >>> embeddings = RetryingEmbeddings(inner=OpenAIEmbeddings(max_retries=0))  # doctest: +SKIP
+    Examples:
+        >>> from langchain_openai import OpenAIEmbeddings
+        >>> embeddings = RetryingEmbeddings(inner=OpenAIEmbeddings(max_retries=0))  # doctest: +SKIP
 
     ``policy=None`` is the default policy (4 tries, 1 s, 2 s, 4 s apart plus jitter). A
     model that retries by itself (``max_retries`` > 0) is warned about once, with the
@@ -62,8 +64,11 @@ class RetryingEmbeddings(Embeddings, WrapsOne):
 class RetryingVectorStore(VectorStore, WrapsOne):
     """A vector store whose every public call (sync and async) is retried under a policy.
 
+    ```pycon
     >>> store = RetryingVectorStore(inner=QdrantVectorStore(...))  # doctest: +SKIP
     >>> store.as_retriever().invoke("query")  # the retriever's searches retry too  # doctest: +SKIP
+
+    ```
 
     Adding, deleting, getting by id and every search (similarity, with scores, with
     relevance scores, by vector, max marginal relevance, ``search`` by type) go to the

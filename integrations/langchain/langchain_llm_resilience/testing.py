@@ -1,18 +1,19 @@
 """Offline fake chat models for testing resilience stacks, no network and no API keys.
 
-* :class:`ScriptedChatModel` answers deterministically: text, usage, streaming, tool
+* [`ScriptedChatModel`][] answers deterministically: text, usage, streaming, tool
   calls and structured output, well enough to pass LangChain's standard integration
   suite on its own.
-* :class:`FailingChatModel` fails the way providers fail: a real ``openai``
+* [`FailingChatModel`][] fails the way providers fail: a real ``openai``
   ``RateLimitError`` (HTTP 429) by default, or any error you give it, optionally after
   hanging or after streaming a few chunks.
 
->>> from langchain_llm_resilience import FallbackChatModel
->>> chain = FallbackChatModel(models=[FailingChatModel(), ScriptedChatModel()])
->>> chain.invoke("Hello").text
-'Hello! This is a scripted answer.'
+Examples:
+    >>> from langchain_llm_resilience import FallbackChatModel
+    >>> chain = FallbackChatModel(models=[FailingChatModel(), ScriptedChatModel()])
+    >>> chain.invoke("Hello").text
+    'Hello! This is a scripted answer.'
 
-:class:`RestartEvents` is a callback handler that collects the stream restarts a chain
+[`RestartEvents`][] is a callback handler that collects the stream restarts a chain
 reports (pass it in ``config={"callbacks": [...]}``).
 
 The error helpers (``rate_limit_error``, ``service_unavailable_error``) are the
@@ -138,9 +139,10 @@ class ScriptedChatModel(BaseChatModel):
       ``"json_schema"`` or ``"json_mode"``.
     * A per-call ``model="..."`` keyword overrides the reported model name.
 
-    >>> model = ScriptedChatModel(responses=["Hi there."])
-    >>> model.invoke("Hello").usage_metadata["output_tokens"]
-    3
+    Examples:
+        >>> model = ScriptedChatModel(responses=["Hi there."])
+        >>> model.invoke("Hello").usage_metadata["output_tokens"]
+        3
     """
 
     model_config = ConfigDict(populate_by_name=True)
@@ -425,19 +427,20 @@ class ScriptedChatModel(BaseChatModel):
 class FailingChatModel(HasFakeFaults, BaseChatModel):
     """A chat model that always fails, the way providers fail.
 
-    Every call raises a fresh copy of ``error`` (default :func:`rate_limit_error`, an
+    Every call raises a fresh copy of ``error`` (default [`rate_limit_error`][], an
     HTTP 429): same type, message and attributes, with a traceback of its own, so
-    thousands of failing calls keep nothing alive; :attr:`last_error` is the copy the
-    latest call raised. Before raising it can hang for ``hang_seconds``, which
-    `release()` ends early (a cancellation too, for async calls), and a stream first
-    yields ``chunks_before_error`` chunks of text. ``bind_tools`` and
-    ``with_structured_output`` bind nothing useful but succeed, so the model can be the
-    primary of a chain with tools bound. `calls` counts the requests that reached it
-    (invoke or stream); counting, hangs and copies are the core's
+    thousands of failing calls keep nothing alive;
+    [`last_error`][llm_resilience.testing.HasFakeFaults.last_error] is the copy the latest call
+    raised. Before raising it can hang for ``hang_seconds``, which `release()` ends early (a
+    cancellation too, for async calls), and a stream first yields ``chunks_before_error`` chunks of
+    text. ``bind_tools`` and ``with_structured_output`` bind nothing useful but succeed, so the
+    model can be the primary of a chain with tools bound. `calls` counts the requests that reached
+    it (invoke or stream); counting, hangs and copies are the core's
     `llm_resilience.testing.FakeFaults`.
 
-    >>> FailingChatModel(chunks_before_error=2).calls
-    0
+    Examples:
+        >>> FailingChatModel(chunks_before_error=2).calls
+        0
     """
 
     model_config = ConfigDict(populate_by_name=True)
@@ -529,13 +532,14 @@ class FailingChatModel(HasFakeFaults, BaseChatModel):
 class RestartEvents(BaseCallbackHandler):
     """Collects each stream restart a fallback chain reports, as its event dict.
 
-    >>> from langchain_llm_resilience import FallbackChatModel
-    >>> primary = FailingChatModel(chunks_before_error=1)
-    >>> chain = FallbackChatModel(models=[primary, ScriptedChatModel()])
-    >>> restarts = RestartEvents()
-    >>> text = "".join(c.text for c in chain.stream("Hi", config={"callbacks": [restarts]}))
-    >>> [(e["failed_client"], e["next_client"]) for e in restarts.events]
-    [(0, 1)]
+    Examples:
+        >>> from langchain_llm_resilience import FallbackChatModel
+        >>> primary = FailingChatModel(chunks_before_error=1)
+        >>> chain = FallbackChatModel(models=[primary, ScriptedChatModel()])
+        >>> restarts = RestartEvents()
+        >>> text = "".join(c.text for c in chain.stream("Hi", config={"callbacks": [restarts]}))
+        >>> [(e["failed_client"], e["next_client"]) for e in restarts.events]
+        [(0, 1)]
     """
 
     def __init__(self) -> None:

@@ -43,7 +43,7 @@ __all__ = ["HEDGE_KIND", "BudgetGate", "BudgetTicket", "Surface"]
 logger = logging.getLogger("llm_resilience.budget")
 
 #: The ``kind`` of a ledger entry recording a hedged attempt that lost
-#: (:meth:`BudgetTicket.record_hedge`): spend, but not the call's answer.
+#: (`BudgetTicket.record_hedge`): spend, but not the call's answer.
 HEDGE_KIND = "hedge"
 
 Surface = Literal["chat", "embedding"]
@@ -56,26 +56,26 @@ def _utcnow() -> datetime:
 class BudgetGate:
     """Refuses calls once spend reaches a limit; records what each admitted call cost.
 
-    ::
-
-        gate = BudgetGate(budget, ledger)          # share one ledger across wrappers
-        ticket = gate.begin("chat", scope="tenant-1", prompt=[("user", "Hi")],
-                            max_output_tokens=512, model="gpt-4o")
-        ...                                        # the call
-        ticket.finish(usage, model="gpt-4o-2024-08-06")   # or ticket.abandon()
+    ```python
+    gate = BudgetGate(budget, ledger)          # share one ledger across wrappers
+    ticket = gate.begin("chat", scope="tenant-1", prompt=[("user", "Hi")],
+                        max_output_tokens=512, model="gpt-4o")
+    ...                                        # the call
+    ticket.finish(usage, model="gpt-4o-2024-08-06")   # or ticket.abandon()
+    ```
 
     Default mode: for each configured window, day first then month, the gate reads the
     window's spend (an unconfigured window is not read) and raises
-    :class:`~llm_resilience.errors.BudgetExceededError` once ``spend >= limit``. Every
+    [`BudgetExceededError`][] once ``spend >= limit``. Every
     window the budget needs (day and month, the scope's and the global) is read at once:
     one round trip on our ledgers (``spends``), one ``spend`` per window on a ledger
     without ``spends`` (stopping at the first refusal). It is a pre-call check, so calls
     admitted concurrently can overshoot a limit by up to the cost of every call in flight.
 
     Strict mode (``CostBudget(strict=True)``): the gate reserves the call's worst-case cost
-    (:meth:`worst_case_cost`: ``estimated_input_tokens`` plus each model's output cap,
+    ([`worst_case_cost`][]: ``estimated_input_tokens`` plus each model's output cap,
     at that model's price, the dearest over ``model`` and ``may_serve``; 4096
-    (:data:`DEFAULT_MAX_OUTPUT_TOKENS`) output tokens for a chat model with no cap)
+    (`DEFAULT_MAX_OUTPUT_TOKENS`) output tokens for a chat model with no cap)
     atomically in the ledger, refusing it if any limit would be exceeded; ``finish``
     replaces the hold with the real cost. Concurrent calls cannot overshoot, as long as
     the real cost stays within the hold: pass every model a fallback chain may serve, with
@@ -85,7 +85,7 @@ class BudgetGate:
     Ledger failures degrade, never break (each logs a WARNING on ``llm_resilience.budget``):
     an unreadable ledger lets the call through ungated (a limit of 0 still refuses, spend
     reported as 0); an unwritable one lets the call succeed unrecorded. With no ``ledger``
-    an :class:`~llm_resilience.ledger.InMemoryCostLedger` is used, and one warning per gate
+    an [`InMemoryCostLedger`][] is used, and one warning per gate
     names ``SqlCostLedger``, since in-memory spend resets when the process restarts (an
     ``InMemoryCostLedger`` passed on purpose is not warned about).
 
@@ -129,24 +129,25 @@ class BudgetGate:
         The hold is the dearest, over every model that may serve the call, of
         ``estimated_input_tokens`` plus that model's output cap, at that model's price
         (input at its dearest input rate, cache writes included, output at its dearest
-        output rate: :meth:`~llm_resilience.money.ModelPrice.dearest`), so whichever
+        output rate: [`dearest`][llm_resilience.ModelPrice.dearest]), so whichever
         serves, the real cost stays within it. A model's output cap is the
         call's ``max_output_tokens`` when set (a call's ``max_tokens`` reaches every
-        member of a chain), else its own :attr:`ServingModel.max_output_tokens`, else
-        :data:`DEFAULT_MAX_OUTPUT_TOKENS` (4096). Embeddings have no output.
+        member of a chain), else its own `ServingModel.max_output_tokens`, else
+        `DEFAULT_MAX_OUTPUT_TOKENS` (4096). Embeddings have no output.
 
         The models that may serve are ``model`` and ``may_serve`` (the members of a
-        fallback chain, as names or :class:`ServingModel`). A model named both plainly and
+        fallback chain, as names or [`ServingModel`][]). A model named both plainly and
         with a cap is held at its cap; a None ``model`` (a chain, which never answers
         itself) counts only when ``may_serve`` is empty.
 
-        >>> from llm_resilience.ledger import InMemoryCostLedger
-        >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
-        >>> gate.worst_case_cost("chat", estimated_input_tokens=1000)  # 4096 output assumed
-        Decimal('0.06444')
-        >>> gate.worst_case_cost("chat", estimated_input_tokens=1000,
-        ...                      may_serve=[ServingModel("gpt-4o", max_output_tokens=8000)])
-        Decimal('0.123')
+        Examples:
+            >>> from llm_resilience.ledger import InMemoryCostLedger
+            >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
+            >>> gate.worst_case_cost("chat", estimated_input_tokens=1000)  # 4096 output assumed
+            Decimal('0.06444')
+            >>> gate.worst_case_cost("chat", estimated_input_tokens=1000,
+            ...                      may_serve=[ServingModel("gpt-4o", max_output_tokens=8000)])
+            Decimal('0.123')
         """
         _check_surface(surface)
         if max_output_tokens is not None:
@@ -182,15 +183,15 @@ class BudgetGate:
         ``model`` is the model asked for (it prices the strict-mode hold and is recorded
         when ``finish`` is not told which model served). ``may_serve`` lists the models
         that may answer instead (a fallback chain's members), as names or
-        :class:`ServingModel` with their own output caps; strict mode holds the worst
-        case over all of them (:meth:`worst_case_cost`). Returns the ticket to
+        [`ServingModel`][] with their own output caps; strict mode holds the worst
+        case over all of them ([`worst_case_cost`][]). Returns the ticket to
         ``finish`` or ``abandon``.
 
         The call's shape: pass a chat call's ``prompt`` as ``(role, text)`` pairs, or an
         embedding call's input ``texts``, and the gate decides what to count: in strict
         mode it estimates their tokens with ``cl100k_base``
-        (:func:`~llm_resilience.tokens.count_message_tokens` /
-        :func:`~llm_resilience.tokens.count_tokens`), in default mode it counts nothing.
+        (`count_message_tokens` /
+        [`count_tokens`][]), in default mode it counts nothing.
         ``estimated_input_tokens`` is for a caller that counted itself; giving it with
         ``prompt`` or ``texts`` raises ``ValueError``.
         """
@@ -245,7 +246,7 @@ class BudgetGate:
         prompt: Sequence[tuple[str, str]] | None = None,
         texts: Sequence[str] | None = None,
     ) -> BudgetTicket:
-        """Async :meth:`begin`, through the ledger's async methods."""
+        """Async [`begin`][], through the ledger's async methods."""
         now, scope, limits, amount = self._prepare(
             surface,
             scope,
@@ -386,7 +387,7 @@ class BudgetTicket:
     so ``abandon`` is safe in a ``finally`` after ``finish``. Abandon a call that failed
     or was cancelled before it delivered anything, and a stream that failed. A stream its
     consumer closed or cancelled after chunks arrived is finished with
-    :func:`~llm_resilience.usage.partial_stream_usage`: the provider billed it. In strict
+    `partial_stream_usage`: the provider billed it. In strict
     mode both release the hold. The async twins finish their ledger write even when the
     caller is cancelled meanwhile.
     """
@@ -438,7 +439,7 @@ class BudgetTicket:
         return entry
 
     async def afinish(self, usage: Usage, *, model: str | None = None) -> LedgerEntry | None:
-        """Async :meth:`finish`."""
+        """Async `finish`."""
         entry = self._entry(usage, model)
         if entry is None:
             return None
@@ -464,7 +465,7 @@ class BudgetTicket:
             release(self._gate.ledger, self.reservation)
 
     async def aabandon(self) -> None:
-        """Async :meth:`abandon`."""
+        """Async `abandon`."""
         if self._done:
             return
         self._done = True
@@ -494,7 +495,7 @@ class BudgetTicket:
         return entry
 
     async def arecord_hedge(self, usage: Usage, *, model: str | None = None) -> LedgerEntry:
-        """Async :meth:`record_hedge` (the write finishes even if the caller is cancelled)."""
+        """Async `record_hedge` (the write finishes even if the caller is cancelled)."""
         entry = self._hedge_entry(usage, model)
         ledger = self._gate.ledger
         surface = self.surface

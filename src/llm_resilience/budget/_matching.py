@@ -48,10 +48,11 @@ _DATED = re.compile(r"(?:-\d{8}|-\d{4}-\d{2}-\d{2}|@\d{8})$")
 def alias_of(model: str) -> str | None:
     """The alias a dated snapshot's name stands for, or None when ``model`` is not dated.
 
-    >>> alias_of("gpt-4o-2024-08-06"), alias_of("claude-sonnet-4-5@20250929")
-    ('gpt-4o', 'claude-sonnet-4-5')
-    >>> alias_of("gpt-4o-mini") is None
-    True
+    Examples:
+        >>> alias_of("gpt-4o-2024-08-06"), alias_of("claude-sonnet-4-5@20250929")
+        ('gpt-4o', 'claude-sonnet-4-5')
+        >>> alias_of("gpt-4o-mini") is None
+        True
     """
     found = _DATED.search(model)
     if found is None or found.start() == 0:
@@ -74,10 +75,11 @@ _DEFAULT = PriceMatch(None, "default", None)
 def match_price(prices: Mapping[str, ModelPrice], model: str | None) -> PriceMatch:
     """The price ``model`` takes from ``prices`` by the rule in this module's docstring.
 
-    >>> match_price({"gpt-4o": ModelPrice(2, 8)}, "gpt-4o-2024-08-06").rule
-    'snapshot'
-    >>> match_price({"gpt-4o": ModelPrice(2, 8)}, "gpt-4o-mini").rule
-    'default'
+    Examples:
+        >>> match_price({"gpt-4o": ModelPrice(2, 8)}, "gpt-4o-2024-08-06").rule
+        'snapshot'
+        >>> match_price({"gpt-4o": ModelPrice(2, 8)}, "gpt-4o-mini").rule
+        'default'
     """
     if model is None or not prices:
         return _DEFAULT

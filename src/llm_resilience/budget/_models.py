@@ -23,12 +23,12 @@ __all__ = [
 
 #: Output tokens a strict-mode hold assumes for a model that may serve a chat call when
 #: neither the call nor the model caps its output (no ``max_output_tokens``, no
-#: :attr:`ServingModel.max_output_tokens`).
+#: `ServingModel.max_output_tokens`).
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 
 class Priced(Protocol):
-    """What prices a model by name (a :class:`~llm_resilience.CostBudget`)."""
+    """What prices a model by name (a [`CostBudget`][])."""
 
     def price_for(self, model: str | None) -> ModelPrice: ...
 
@@ -37,19 +37,20 @@ class Priced(Protocol):
 class ServingModel:
     """A model that may serve a call, and the most output tokens it writes per call.
 
-    >>> ServingModel("gpt-4o", max_output_tokens=16384)
-    ServingModel(name='gpt-4o', max_output_tokens=16384)
+    Examples:
+        >>> ServingModel("gpt-4o", max_output_tokens=16384)
+        ServingModel(name='gpt-4o', max_output_tokens=16384)
 
     Strict mode holds each call's worst case over every model that may serve it (see
-    :meth:`BudgetGate.worst_case_cost`); pass the members of a fallback chain as
+    [`BudgetGate.worst_case_cost`][]); pass the members of a fallback chain as
     ``may_serve=[ServingModel(...), ...]``. A ``name`` of None is priced at the surface
     prices. ``TypeError``/``ValueError`` name the field that is wrong.
     """
 
-    #: The model's name, priced by :meth:`CostBudget.price_for`; None: the surface prices.
+    #: The model's name, priced by [`CostBudget.price_for`][]; None: the surface prices.
     name: str | None
     #: Its own output cap (its ``max_tokens``, else its provider's documented maximum);
-    #: None: unknown, so :data:`DEFAULT_MAX_OUTPUT_TOKENS` unless the call sets one. >= 0.
+    #: None: unknown, so `DEFAULT_MAX_OUTPUT_TOKENS` unless the call sets one. >= 0.
     max_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -62,8 +63,9 @@ class ServingModel:
 def serving_models(
     model: str | None, may_serve: Sequence[str | ServingModel]
 ) -> list[ServingModel]:
-    """Every model that may serve a call: ``model`` and ``may_serve``, as :meth:`worst_case_cost`
-    counts them (an uncapped entry gives way to a capped one of the same name)."""
+    """Every model that may serve a call: ``model`` and ``may_serve``, as
+    [`worst_case_cost`][llm_resilience.BudgetGate.worst_case_cost] counts them (an uncapped entry
+    gives way to a capped one of the same name)."""
     if isinstance(may_serve, str):
         raise TypeError(f"may_serve must be a sequence of model names, not the str {may_serve!r}")
     listed: list[ServingModel] = []
@@ -99,10 +101,11 @@ def served_model(*candidates: object) -> str | None:
     embedding entry names the embedding model the same way, and None when it has no name
     (it is then priced at the surface prices).
 
-    >>> served_model(None, "", "gpt-4o-2024-08-06", "gpt-4o")
-    'gpt-4o-2024-08-06'
-    >>> served_model("unknown") is None
-    True
+    Examples:
+        >>> served_model(None, "", "gpt-4o-2024-08-06", "gpt-4o")
+        'gpt-4o-2024-08-06'
+        >>> served_model("unknown") is None
+        True
     """
     for candidate in candidates:
         if isinstance(candidate, str) and candidate and candidate not in _PLACEHOLDER_NAMES:
@@ -120,10 +123,11 @@ def dearest_model(
     candidate, the ledger never under-records it. The first of equals wins; None when
     ``may_serve`` is empty (the surface prices).
 
-    >>> from llm_resilience.budget import CostBudget
-    >>> budget = CostBudget(daily_limit=1, prices={"dear": ModelPrice(10, 40)})
-    >>> dearest_model(budget, Usage(100, 10, estimated=True), ["cheap", "dear"])
-    'dear'
+    Examples:
+        >>> from llm_resilience.budget import CostBudget
+        >>> budget = CostBudget(daily_limit=1, prices={"dear": ModelPrice(10, 40)})
+        >>> dearest_model(budget, Usage(100, 10, estimated=True), ["cheap", "dear"])
+        'dear'
     """
     names = [entry.name for entry in serving_models(None, may_serve)]
     return max(names, key=lambda name: cost_of(usage, budget.price_for(name)))

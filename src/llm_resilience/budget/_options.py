@@ -19,8 +19,9 @@ __all__ = ["CostBudget", "ModelPrice"]
 class CostBudget:
     """Prices and spend limits, exact to the last digit (``Decimal``).
 
-    >>> budget = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
-    ...                     embedding_price_per_mtok="0.02", daily_limit=25, monthly_limit=400)
+    Examples:
+        >>> budget = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15,
+        ...                     embedding_price_per_mtok="0.02", daily_limit=25, monthly_limit=400)
 
     Money is ``Decimal``, ``int`` or ``str`` in whatever currency the prices are quoted in;
     a float raises ``TypeError`` ("use Decimal('0.15') or a string"). Validated here:
@@ -30,7 +31,7 @@ class CostBudget:
 
     Windows are UTC calendar windows: ``day`` is the current UTC date, ``month`` the current
     UTC month from its first day. Scopes (a tenant, a user, a hash of an API key passed to
-    :meth:`BudgetGate.begin`):
+    [`BudgetGate.begin`][]):
 
     * a call without a scope is gated by ``daily_limit``/``monthly_limit`` and by
       ``global_daily_limit``/``global_monthly_limit``, all against the global spend;
@@ -38,14 +39,14 @@ class CostBudget:
       against that scope's own spend, and by the ``global_*`` limits against the global
       spend (every scope together).
 
-    ``prices`` maps model names to :class:`ModelPrice`, applied to the model that actually
+    ``prices`` maps model names to [`ModelPrice`][], applied to the model that actually
     served: the exact name first, then the alias of a dated snapshot (``"gpt-4o"`` prices
     ``"gpt-4o-2024-08-06"``, never ``"gpt-4o-mini"``), then the one dated key of an alias
     (``"claude-sonnet-4-5-20250929"`` prices ``"claude-sonnet-4-5"``), else the three
     surface prices; the last two warn once per model (``llm_resilience.budget._matching``).
 
     ``strict=True`` reserves each call's worst-case cost at the gate, so concurrent calls
-    cannot overshoot a limit (see :class:`BudgetGate`). Without it the gate is a pre-call
+    cannot overshoot a limit (see [`BudgetGate`][]). Without it the gate is a pre-call
     check: every call in flight when the limit is reached still completes and records, so
     spend can exceed a limit by up to the cost of the calls running concurrently.
     """
@@ -131,9 +132,10 @@ class CostBudget:
     def price_for(self, model: str | None) -> ModelPrice:
         """The price of ``model``: exact name, else its alias or snapshot, else surface prices.
 
-        >>> budget = CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)})
-        >>> budget.price_for("gpt-4o-2024-08-06").output_per_mtok
-        Decimal('8')
+        Examples:
+            >>> budget = CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)})
+            >>> budget.price_for("gpt-4o-2024-08-06").output_per_mtok
+            Decimal('8')
         """
         matched = match_price(self.prices, model).price
         return self._surface_price if matched is None else matched
@@ -141,10 +143,11 @@ class CostBudget:
     def price_match(self, model: str | None) -> PriceMatch:
         """The price ``model`` takes and the rule that chose it (price None: surface prices).
 
-        >>> CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)}).price_match(
-        ...     "gpt-4o-mini"
-        ... ).rule
-        'default'
+        Examples:
+            >>> CostBudget(daily_limit=1, prices={"gpt-4o": ModelPrice(2, 8)}).price_match(
+            ...     "gpt-4o-mini"
+            ... ).rule
+            'default'
         """
         return match_price(self.prices, model)
 

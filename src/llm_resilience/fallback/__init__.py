@@ -5,42 +5,43 @@ per call, an *attempt*: a function of ``(index, client)`` that performs the requ
 against one client (returning a result, an awaitable, an iterable of chunks or an
 async iterable of chunks). The adapters supply the attempt; every rule lives here.
 
->>> chain = FallbackChain(["primary", "secondary"], per_client_timeout=30)
->>> chain.invoke(lambda index, client: f"answered by {client}")
-'answered by primary'
+Examples:
+    >>> chain = FallbackChain(["primary", "secondary"], per_client_timeout=30)
+    >>> chain.invoke(lambda index, client: f"answered by {client}")
+    'answered by primary'
 
 Rules, in short (``docs/fallback.md`` has the long form):
 
 * each client is tried once, in order; a transient failure (see
-  :mod:`llm_resilience.transient`) moves on at once, with no delay; anything else
+  `llm_resilience.transient`) moves on at once, with no delay; anything else
   propagates at once; when every client failed, the last client's own exception object
   is raised;
 * ``per_client_timeout`` bounds each attempt, ``first_token_timeout`` the wait for a
   stream's first content (a call's whole response) and ``idle_timeout`` each silence
   once a stream's content started; all count only waits on the client, never time the
   consumer holds a chunk. When one fires the attempt counts as transient; if it was the
-  last client the caller gets :class:`~llm_resilience.errors.PerClientTimeoutError` (a
+  last client the caller gets [`PerClientTimeoutError`][] (a
   ``TimeoutError`` naming the limit). The caller's own cancellation is never rerouted;
 * a stream that fails after yielding chunks is restarted from the beginning on the next
   client; chunks already yielded stay yielded and ``on_restart`` hooks are told. With
   ``mid_stream="continue"`` a next client that accepts an assistant prefill
   (``MemberProfile.assistant_prefill``) carries on from the text delivered instead
-  (see :mod:`~llm_resilience.fallback._continuation`); with ``mid_stream="raise"`` a
+  (see `_continuation`); with ``mid_stream="raise"`` a
   stream that fails after content raises
-  :class:`~llm_resilience.errors.StreamInterruptedError` (carrying what was delivered);
+  [`StreamInterruptedError`][] (carrying what was delivered);
 * with ``hedge_after``, a client that has produced no content within it is joined by
   the next client on the same request; the first to produce content wins and the other
   is cancelled (a sync call's loser runs to its end on its worker, its result discarded);
-* an optional :class:`Cooldown` skips, for a while, a client that keeps failing, then
+* an optional [`Cooldown`][] skips, for a while, a client that keeps failing, then
   gives it one trial call before using it again; when every client that can take a
   request is cooling down, the one of them back soonest is tried anyway.
-  :meth:`FallbackChain.health` reads each client's circuit (:class:`MemberHealth`), which
-  :meth:`FallbackChain.variant` (the chain bound to tools or an output format) shares.
+  [`FallbackChain.health`][] reads each client's circuit (`MemberHealth`), which
+  [`FallbackChain.variant`][] (the chain bound to tools or an output format) shares.
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
 ``_breaker`` (the cooldown breaker), ``_capabilities`` (what a member, and so the chain,
-can do: :func:`member_profile`, :func:`merge_capabilities`), ``_attributes`` (a chain's
-unknown attributes read from its first member: :func:`read_from_primary`), ``_routing``
+can do: `member_profile`, `merge_capabilities`), ``_attributes`` (a chain's
+unknown attributes read from its first member: `read_from_primary`), ``_routing``
 (``MemberProfile``, ``RequestNeeds``: which member may take a request, where a prompt
 too long goes), ``_continuation``
 (``mid_stream="continue"``: prefill, whitespace, a rejected prefill), ``_engine``
@@ -49,9 +50,9 @@ too long goes), ``_continuation``
 (``member_retry=``: short waits on the same member), ``_hedge`` and ``_hedge_stream``
 (``hedge_after=``: a slow first token also starts the request on the next member) and
 ``_hedge_inbox`` (how a loser's reported usage reaches the cost layer, which
-:class:`~llm_resilience.metering.Meter` opens). Import from ``llm_resilience.fallback``.
+[`Meter`][llm_resilience.metering.Meter] opens). Import from ``llm_resilience.fallback``.
 What retries by itself (a member that would delay failover) is
-:mod:`llm_resilience.self_retry`'s, shared with the retry wrappers.
+[`llm_resilience.self_retry`][]'s, shared with the retry wrappers.
 """
 
 from llm_resilience.fallback._attributes import read_from_primary

@@ -31,18 +31,19 @@ def read_from_primary(
     Otherwise the primary answers, and if it has no such attribute either the
     ``AttributeError`` names the chain, the attribute and the primary's type.
 
-    >>> class Primary:
-    ...     model_name = "gpt-4o"
-    >>> class Chain:
-    ...     members = (Primary(),)
-    ...     def __getattr__(self, name):
-    ...         return read_from_primary(self, name, self.members, AttributeError(name))
-    >>> Chain().model_name
-    'gpt-4o'
-    >>> Chain().foo
-    Traceback (most recent call last):
-    ...
-    AttributeError: 'Chain' object has no attribute 'foo', nor has its first member (Primary)
+    Examples:
+        >>> class Primary:
+        ...     model_name = "gpt-4o"
+        >>> class Chain:
+        ...     members = (Primary(),)
+        ...     def __getattr__(self, name):
+        ...         return read_from_primary(self, name, self.members, AttributeError(name))
+        >>> Chain().model_name
+        'gpt-4o'
+        >>> Chain().foo
+        Traceback (most recent call last):
+        ...
+        AttributeError: 'Chain' object has no attribute 'foo', nor has its first member (Primary)
     """
     if name.startswith("_") or hasattr(type(chain), name) or not members:
         raise missing

@@ -32,10 +32,11 @@ _chain_ids = itertools.count()
 
 @dataclass(frozen=True, slots=True)
 class MemberHealth:
-    """One client's circuit as :meth:`FallbackChain.health` reports it.
+    """One client's circuit as [`FallbackChain.health`][] reports it.
 
-    >>> chain.health()[0]  # doctest: +SKIP
-    MemberHealth(client=0, state='open', failures=0, open_until=1234.5, retry_in=12.5)
+    Examples:
+        >>> chain.health()[0]  # doctest: +SKIP
+        MemberHealth(client=0, state='open', failures=0, open_until=1234.5, retry_in=12.5)
     """
 
     #: Index of the client in the chain.

@@ -3,17 +3,18 @@
 Each adapter reads its framework's facts about a member (LangChain's model profile,
 LlamaIndex's ``LLMMetadata``) and asks the rules here, so both frameworks answer alike:
 
-* :func:`member_profile`: one member's facts as a :class:`MemberProfile`, keeping only
-  credible values (a context window from 1 token to :data:`MAX_CONTEXT_WINDOW`, flags
+* `member_profile`: one member's facts as a [`MemberProfile`][], keeping only
+  credible values (a context window from 1 token to `MAX_CONTEXT_WINDOW`, flags
   that are ``bool``) and marking the clients known to take an assistant prefill;
-* :func:`merge_capabilities`: what the chain can do, over its members' capabilities:
+* `merge_capabilities`: what the chain can do, over its members' capabilities:
   a limit (context window, output cap) is the smallest any member states, a flag is
   true only when every member says so and false when any says not, and any other value
   holds when every member states the same one.
 
->>> merge_capabilities([{"max_input_tokens": 200_000, "tool_calling": True},
-...                     {"max_input_tokens": 128_000, "tool_calling": False}])
-{'max_input_tokens': 128000, 'tool_calling': False}
+Examples:
+    >>> merge_capabilities([{"max_input_tokens": 200_000, "tool_calling": True},
+    ...                     {"max_input_tokens": 128_000, "tool_calling": False}])
+    {'max_input_tokens': 128000, 'tool_calling': False}
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ __all__ = [
 def credible_context_window(value: object) -> int | None:
     """``value`` if it is a context window the chain can rely on, else None (unknown).
 
-    A credible window is an ``int`` (not a ``bool``) from 1 to :data:`MAX_CONTEXT_WINDOW`
+    A credible window is an ``int`` (not a ``bool``) from 1 to `MAX_CONTEXT_WINDOW`
     tokens; frameworks report 0, -1 or absurd values for models they do not know.
 
-    >>> credible_context_window(128_000), credible_context_window(-1)
-    (128000, None)
+    Examples:
+        >>> credible_context_window(128_000), credible_context_window(-1)
+        (128000, None)
     """
     if isinstance(value, bool) or not isinstance(value, int):
         return None
@@ -54,10 +56,11 @@ def takes_prefill(client: object, classes: Iterable[tuple[str, str]]) -> bool:
     client of such a class, or of a subclass, does. Classes are matched by name, so the
     core never imports a framework.
 
-    >>> class ChatAnthropic: ...
-    >>> ChatAnthropic.__module__ = "langchain_anthropic.chat_models"
-    >>> takes_prefill(ChatAnthropic(), [("langchain_anthropic", "ChatAnthropic")])
-    True
+    Examples:
+        >>> class ChatAnthropic: ...
+        >>> ChatAnthropic.__module__ = "langchain_anthropic.chat_models"
+        >>> takes_prefill(ChatAnthropic(), [("langchain_anthropic", "ChatAnthropic")])
+        True
     """
     known = tuple(classes)
     return any(
@@ -77,15 +80,16 @@ def member_profile(
     structured_output: object = None,
     prefill_classes: Iterable[tuple[str, str]] = (),
 ) -> MemberProfile | None:
-    """What a framework says of one member, as the chain's :class:`MemberProfile`.
+    """What a framework says of one member, as the chain's [`MemberProfile`][].
 
     Each fact is read leniently: a window that is not credible
-    (:func:`credible_context_window`) or a flag that is not a ``bool`` is unknown. The
-    member takes an assistant prefill when :func:`takes_prefill` says so for
+    (`credible_context_window`) or a flag that is not a ``bool`` is unknown. The
+    member takes an assistant prefill when `takes_prefill` says so for
     ``prefill_classes``, else that is unknown. None when nothing is known.
 
-    >>> member_profile(object(), context_window=128_000, tool_calling="yes")
-    MemberProfile(context_window=128000, tool_calling=None, image_inputs=None, \
+    Examples:
+        >>> member_profile(object(), context_window=128_000, tool_calling="yes")
+        MemberProfile(context_window=128000, tool_calling=None, image_inputs=None, \
 structured_output=None, assistant_prefill=None)
     """
     profile = MemberProfile(
@@ -107,7 +111,7 @@ def merge_capabilities(
 
     Keys are the framework's own (``max_input_tokens``, ``num_output``,
     ``tool_calling``, ...). ``declared`` (the chain's ``member_profiles``, one
-    :class:`MemberProfile` or None per member) wins over a member's mapping, each field
+    [`MemberProfile`][] or None per member) wins over a member's mapping, each field
     under the framework key ``names`` gives it (``{"context_window": "max_input_tokens"}``;
     a field ``names`` leaves out has no key in that framework). A key a member lacks, or
     a None member, is unknown there:
@@ -119,8 +123,9 @@ def merge_capabilities(
       says True, left out otherwise (unknown);
     * anything else: kept when every member states the same value, else left out.
 
-    >>> merge_capabilities([{"num_output": -1, "pdf_inputs": True}, {"num_output": 512}])
-    {'num_output': 512}
+    Examples:
+        >>> merge_capabilities([{"num_output": -1, "pdf_inputs": True}, {"num_output": 512}])
+        {'num_output': 512}
     """
     if declared is not None:
         members = [

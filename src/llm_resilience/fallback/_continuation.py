@@ -2,7 +2,7 @@
 
 A stream that fails after it delivered text leaves the consumer holding a prefix. Under
 ``"continue"`` the next member whose profile says it accepts an assistant prefill
-(:attr:`~llm_resilience.fallback.MemberProfile.assistant_prefill`) is sent the same
+(`assistant_prefill`) is sent the same
 request with that prefix as a final assistant message, and streams only the rest: a
 plain consumer's concatenation is one coherent answer. The rules, kept here once:
 
@@ -13,7 +13,7 @@ plain consumer's concatenation is one coherent answer. The rules, kept here once
   is the delivered text with its trailing whitespace removed, and the whitespace the
   consumer already holds is dropped from the start of the continuation when the member
   sends it again (``"Hello, "`` + ``"world"``, never ``"Hello,  world"``);
-* a member that rejects the prefill (:func:`is_prefill_rejection`: a 400 saying the
+* a member that rejects the prefill (`is_prefill_rejection`: a 400 saying the
   model does not take one) has answered and is healthy: it gets the request once more,
   as a plain restart (the ``on_restart`` hooks are told, ``continued=False``), and is
   not sent a prefill again by this chain. Its rejection never becomes the caller's
@@ -55,12 +55,13 @@ def is_prefill_rejection(exc: BaseException | None) -> bool:
     prefill or that the conversation must end with a user message, along the
     ``raise ... from`` chain.
 
-    >>> is_prefill_rejection(ValueError(
-    ...     "This model does not support assistant message prefill. "
-    ...     "The conversation must end with a user message."))
-    True
-    >>> is_prefill_rejection(ValueError("Invalid request."))
-    False
+    Examples:
+        >>> is_prefill_rejection(ValueError(
+        ...     "This model does not support assistant message prefill. "
+        ...     "The conversation must end with a user message."))
+        True
+        >>> is_prefill_rejection(ValueError("Invalid request."))
+        False
     """
     for error in _chain(exc):
         status = status_code_of(error)
@@ -75,8 +76,9 @@ def is_prefill_rejection(exc: BaseException | None) -> bool:
 def split_prefill(delivered: str) -> tuple[str, str]:
     """``delivered`` as (the prefill to send, the trailing whitespace the consumer holds).
 
-    >>> split_prefill("Paris is ")
-    ('Paris is', ' ')
+    Examples:
+        >>> split_prefill("Paris is ")
+        ('Paris is', ' ')
     """
     prefill = delivered.rstrip()
     return prefill, delivered[len(prefill) :]

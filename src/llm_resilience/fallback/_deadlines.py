@@ -81,8 +81,8 @@ class _TimeLimits:
 class _AttemptClock:
     """How long the next wait on one streaming attempt may last, and which limit ends it.
 
-    The loop asks :meth:`next_wait` before each wait, and reports each wait that ended
-    with a chunk through :meth:`waited`.
+    The loop asks `next_wait` before each wait, and reports each wait that ended
+    with a chunk through `waited`.
     """
 
     __slots__ = ("_content", "_limits", "_waited")

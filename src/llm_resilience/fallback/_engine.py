@@ -91,36 +91,36 @@ class FallbackChain(Generic[ClientT]):
       has started, so a stream gone silent restarts on the next client.
 
     ``classifier`` replaces the
-    default transient rule (:func:`~llm_resilience.transient.is_transient`), for example
+    default transient rule ([`is_transient`][]), for example
     with ``TransientClassifier.with_server_errors()``. ``cooldown`` enables the circuit
-    breaker. ``on_restart`` is called with a :class:`StreamRestart` whenever a stream
+    breaker. ``on_restart`` is called with a [`StreamRestart`][] whenever a stream
     goes on after a failure mid-way. ``mid_stream`` (default ``"restart"``) decides what a
     stream that fails after it delivered content does: ``"continue"`` carries on from the
     delivered text on a next client whose profile accepts an assistant prefill (others
     restart), ``"raise"`` raises
-    :class:`~llm_resilience.errors.StreamInterruptedError` instead of restarting; a
+    [`StreamInterruptedError`][] instead of restarting; a
     failure before any content still falls through quietly. ``clock`` is the monotonic
     clock the breaker reads.
 
-    ``member_profiles`` (one :class:`MemberProfile` or None per client) is what the chain
+    ``member_profiles`` (one [`MemberProfile`][] or None per client) is what the chain
     knows of each client: a prompt too long for one client goes on to the next client
     whose ``context_window`` is larger (never back, never to one not known to be larger),
-    and a call's ``needs=`` (a :class:`RequestNeeds`, or one per client) skips the clients
-    known not to support it; see :mod:`llm_resilience.fallback._routing`. ``profile_of``
+    and a call's ``needs=`` (a [`RequestNeeds`][], or one per client) skips the clients
+    known not to support it; see `llm_resilience.fallback._routing`. ``profile_of``
     (an adapter's reader, e.g. of a framework's model profile; see
-    :func:`~llm_resilience.fallback.member_profile`) says what is known of a client
+    `member_profile`) says what is known of a client
     otherwise; the fields ``member_profiles`` declares win over it.
 
-    ``member_retry`` (a :class:`~llm_resilience.RetryPolicy`; default None: each client
+    ``member_retry`` (a [`RetryPolicy`][]; default None: each client
     once) retries a client that answered 429 or a 5xx before moving on: a
     ``Retry-After`` within the policy's ``max_delay`` is waited out exactly, other
     failures wait the policy's backoff; a stream only before its first chunk; the waits
-    count toward the attempt's time bound (see :mod:`~llm_resilience.fallback._member_retry`).
+    count toward the attempt's time bound (see `_member_retry`).
 
     ``hedge_after`` (seconds or ``timedelta``; default None: off, shorter than
     ``first_token_timeout`` and ``per_client_timeout``) hedges a slow first token: the next
     client also gets the request, and the first to produce content wins, the other is
-    cancelled (see :mod:`~llm_resilience.fallback._hedge`). Each call shape then takes a
+    cancelled (see `_hedge`). Each call shape then takes a
     ``hedge_usage`` reader, so a loser's reported usage can be recorded as spend.
 
     Raises ``ValueError``/``TypeError`` naming the option for bad input.
@@ -176,7 +176,7 @@ class FallbackChain(Generic[ClientT]):
             )
         limits = _TimeLimits.checked(per_client_timeout, first_token_timeout, idle_timeout)
         #: Seconds without a first token before the next client also gets the request
-        #: (hedged requests, :mod:`~llm_resilience.fallback._hedge`), or None (off).
+        #: (hedged requests, `_hedge`), or None (off).
         self.hedge_after: float | None = checked_hedge_after(hedge_after, limits)
         if classifier is not None and not callable(classifier):
             raise _OptionTypeError(
@@ -235,20 +235,21 @@ class FallbackChain(Generic[ClientT]):
         The variant keeps every option and shares, member by member, the circuit
         (failures, cooldowns, trial calls) and what the chain learnt of its members (one
         that refused an assistant prefill): a failure met through either counts for both,
-        and :meth:`health` of either reads it. An adapter whose framework makes a new
+        and [`health`][] of either reads it. An adapter whose framework makes a new
         model for each binding (LangChain's ``bind_tools``, which ``create_agent`` calls
         at every step) builds its bound chain with it, so the binding never forgets.
         Raises ``ValueError`` when ``clients`` does not hold one client per member.
 
-        >>> chain = FallbackChain(["a", "b"], cooldown=Cooldown(failures=1))
-        >>> def attempt(index, client):
-        ...     if index == 0:
-        ...         raise ConnectionError("connection reset")
-        ...     return f"answered by {client}"
-        >>> chain.variant(["a with tools", "b with tools"]).invoke(attempt)
-        'answered by b with tools'
-        >>> [member.state for member in chain.health()]
-        ['open', 'closed']
+        Examples:
+            >>> chain = FallbackChain(["a", "b"], cooldown=Cooldown(failures=1))
+            >>> def attempt(index, client):
+            ...     if index == 0:
+            ...         raise ConnectionError("connection reset")
+            ...     return f"answered by {client}"
+            >>> chain.variant(["a with tools", "b with tools"]).invoke(attempt)
+            'answered by b with tools'
+            >>> [member.state for member in chain.health()]
+            ['open', 'closed']
         """
         clients = tuple(clients)
         if len(clients) != len(self.clients):
@@ -269,8 +270,9 @@ class FallbackChain(Generic[ClientT]):
         The one read-back form, whatever spelling built the chain (``30``, ``30.0`` or
         ``timedelta(seconds=30)``), so an adapter shows and keys on the same value.
 
-        >>> FallbackChain(["a", "b"], per_client_timeout=timedelta(seconds=30)).durations
-        {'per_client_timeout': 30.0, 'first_token_timeout': None, 'idle_timeout': None, \
+        Examples:
+            >>> FallbackChain(["a", "b"], per_client_timeout=timedelta(seconds=30)).durations
+            {'per_client_timeout': 30.0, 'first_token_timeout': None, 'idle_timeout': None, \
 'hedge_after': None}
         """
         return {
@@ -347,7 +349,7 @@ class FallbackChain(Generic[ClientT]):
         caller's context variables) so that a hung provider cannot stall the caller;
         an attempt abandoned at its timeout keeps its thread until the provider call
         returns, and its result is discarded. Worker threads are reused (see
-        :class:`_Workers`), so a timed attempt costs a hand-off, not a thread start.
+        `_Workers`), so a timed attempt costs a hand-off, not a thread start.
         """
         if self.hedge_after is not None:
             return hedged_invoke(self, attempt, needs=needs, usage_of=hedge_usage)
@@ -416,9 +418,9 @@ class FallbackChain(Generic[ClientT]):
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
         hedge_usage: LoserUsage | None = None,
     ) -> ResultT:
-        """Async :meth:`invoke`: ``await attempt(index, client)`` on each client in turn.
+        """Async [`invoke`][]: ``await attempt(index, client)`` on each client in turn.
 
-        The bound (as in :meth:`invoke`) cancels the attempt's await; the caller's own
+        The bound (as in [`invoke`][]) cancels the attempt's await; the caller's own
         cancellation propagates at once and is never rerouted.
         """
         if self.hedge_after is not None:
@@ -486,7 +488,7 @@ class FallbackChain(Generic[ClientT]):
         chunk: time the consumer spends between chunks is never held against a client.
         With any limit set, a worker thread pulls the attempt. The attempt is created
         when iteration starts, not before. Under ``mid_stream="raise"`` a failure after
-        content raises :class:`~llm_resilience.errors.StreamInterruptedError` instead of
+        content raises [`StreamInterruptedError`][] instead of
         restarting; ``text_of`` gives a content chunk's text for its ``delivered_text``.
 
         Under ``mid_stream="continue"`` a next client whose profile accepts an assistant
@@ -494,7 +496,7 @@ class FallbackChain(Generic[ClientT]):
         text, trailing whitespace removed) and streams the rest; ``drop_text(chunk, n)``
         returns ``chunk`` without the first ``n`` characters of its text, so whitespace
         the consumer already holds is not delivered twice. Without ``continue_attempt``
-        and ``text_of`` the stream restarts (see :mod:`~llm_resilience.fallback._continuation`).
+        and ``text_of`` the stream restarts (see `_continuation`).
         """
         if self.hedge_after is not None:
             yield from hedged_stream(
@@ -593,7 +595,7 @@ class FallbackChain(Generic[ClientT]):
         drop_text: Callable[[ChunkT, int], ChunkT] | None = None,
         hedge_usage: LoserUsage | None = None,
     ) -> AsyncIterator[ChunkT]:
-        """Async :meth:`stream`. ``on_restart`` hooks may be coroutine functions.
+        """Async [`stream`][]. ``on_restart`` hooks may be coroutine functions.
 
         A time limit that fires cancels the wait for the next chunk (closing the
         attempt's HTTP request); the caller's own cancellation propagates at once.

@@ -20,12 +20,12 @@ attempt has its own time limits, and a stream that fails after content restarts 
 ``mid_stream="raise"``, raises) as usual, its restart racing again.
 
 Spend stays true through a side channel to the cost layer
-(:mod:`~llm_resilience.fallback._hedge_inbox`): an inbox the cost layer opens for each
+(`_hedge_inbox`): an inbox the cost layer opens for each
 call, captured by the engine when the call starts. The winner's usage flows as any
 call's; a loser whose provider reported usage (a call that finished at the same moment,
 a stream's opening usage event, or an abandoned sync call that finished later in its
 worker) is reported to the inbox, which records it as its own ledger entry of kind
-``"hedge"`` (:meth:`~llm_resilience.budget.BudgetTicket.record_hedge`). Callbacks and
+``"hedge"`` (`record_hedge`). Callbacks and
 events see only the winner.
 """
 
@@ -240,7 +240,7 @@ def hedged_invoke(
     needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
     usage_of: LoserUsage | None = None,
 ) -> ResultT:
-    """:meth:`FallbackChain.invoke` with ``hedge_after``: see the module's docs."""
+    """[`FallbackChain.invoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
     members = Members(chain._order(needs))
     if chain._member_retry is not None:
@@ -326,7 +326,7 @@ async def hedged_ainvoke(
     needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
     usage_of: LoserUsage | None = None,
 ) -> ResultT:
-    """:meth:`FallbackChain.ainvoke` with ``hedge_after``: see the module's docs."""
+    """[`FallbackChain.ainvoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
     members = Members(chain._order(needs))
     if chain._member_retry is not None:

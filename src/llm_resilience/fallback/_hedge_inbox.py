@@ -1,12 +1,12 @@
 """The side channel from a hedged fallback chain to the cost layer above it.
 
 A hedged chain (``hedge_after``) may leave a losing attempt whose provider reported
-usage: spend, but not the call's answer. The cost layer opens a :class:`HedgeInbox` for
-each call (:func:`hedge_inbox`, or :func:`hedge_inbox_stream` for a stream), binds its
-budget ticket once the gate admitted the call (:func:`bind_hedge_ticket`); the engine
-captures the inbox when the call starts (:func:`current_hedge_inbox`) and reports each
+usage: spend, but not the call's answer. The cost layer opens a `HedgeInbox` for
+each call (`hedge_inbox`, or `hedge_inbox_stream` for a stream), binds its
+budget ticket once the gate admitted the call (`bind_hedge_ticket`); the engine
+captures the inbox when the call starts (`current_hedge_inbox`) and reports each
 loser to it, which records it as a ledger entry of kind ``"hedge"``
-(:meth:`~llm_resilience.budget.BudgetTicket.record_hedge`). A context variable carries
+(`record_hedge`). A context variable carries
 it, so no layer between the two has to pass anything on.
 """
 
@@ -60,8 +60,8 @@ class _HedgeTicket(Protocol):
 class HedgeInbox:
     """Where one call's hedge losers are reported: the cost layer's budget ticket.
 
-    A cost layer opens one around each call (:func:`hedge_inbox`), binds its ticket once
-    the gate admitted the call (:func:`bind_hedge_ticket`); a hedged chain below captures
+    A cost layer opens one around each call (`hedge_inbox`), binds its ticket once
+    the gate admitted the call (`bind_hedge_ticket`); a hedged chain below captures
     it when the call starts and reports each loser that has reported usage.
     """
 
@@ -71,7 +71,7 @@ class HedgeInbox:
         self._ticket: _HedgeTicket | None = None
 
     def bind(self, ticket: _HedgeTicket) -> None:
-        """Record losers through ``ticket`` (a :class:`~llm_resilience.budget.BudgetTicket`)."""
+        """Record losers through ``ticket`` (a `BudgetTicket`)."""
         self._ticket = ticket
 
     def report(self, loser: HedgeLoser) -> None:
@@ -80,7 +80,7 @@ class HedgeInbox:
             self._ticket.record_hedge(loser.usage, model=loser.model)
 
     async def areport(self, loser: HedgeLoser) -> None:
-        """Async :meth:`report`."""
+        """Async `report`."""
         if self._ticket is not None:
             await self._ticket.arecord_hedge(loser.usage, model=loser.model)
 
@@ -92,19 +92,20 @@ _INBOX: contextvars.ContextVar[HedgeInbox | None] = contextvars.ContextVar(
 
 @contextmanager
 def hedge_inbox() -> Iterator[HedgeInbox]:
-    """Open a fresh :class:`HedgeInbox` for the calls made inside the block.
+    """Open a fresh `HedgeInbox` for the calls made inside the block.
 
     What a cost layer does around each call (the engine does the reporting):
 
-    >>> from llm_resilience import CostBudget, InMemoryCostLedger
-    >>> from llm_resilience.budget import BudgetGate
-    >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
-    >>> with hedge_inbox() as inbox:
-    ...     ticket = gate.begin("chat", model="gpt-4o")
-    ...     bind_hedge_ticket(ticket)  # once the gate admitted the call
-    ...     inbox.report(HedgeLoser(0, Usage(40, 2, estimated=False), "gpt-4o-mini"))
-    >>> [(entry.kind, entry.model) for entry in gate.ledger.entries()]
-    [('hedge', 'gpt-4o-mini')]
+    Examples:
+        >>> from llm_resilience import CostBudget, InMemoryCostLedger
+        >>> from llm_resilience.budget import BudgetGate
+        >>> gate = BudgetGate(CostBudget(3, 15, daily_limit=1), InMemoryCostLedger())
+        >>> with hedge_inbox() as inbox:
+        ...     ticket = gate.begin("chat", model="gpt-4o")
+        ...     bind_hedge_ticket(ticket)  # once the gate admitted the call
+        ...     inbox.report(HedgeLoser(0, Usage(40, 2, estimated=False), "gpt-4o-mini"))
+        >>> [(entry.kind, entry.model) for entry in gate.ledger.entries()]
+        [('hedge', 'gpt-4o-mini')]
     """
     inbox = HedgeInbox()
     token = _INBOX.set(inbox)
@@ -146,7 +147,7 @@ def hedge_inbox_stream(stream: Iterator[T]) -> Generator[T, None, None]:
 
 
 async def ahedge_inbox_stream(stream: AsyncIterator[T]) -> AsyncGenerator[T, None]:
-    """Async :func:`hedge_inbox_stream`."""
+    """Async `hedge_inbox_stream`."""
     with hedge_inbox():
         try:
             first = await anext(stream)

@@ -1,5 +1,5 @@
 """Hedged streams (``stream``, ``astream`` with ``hedge_after=``): see
-:mod:`~llm_resilience.fallback._hedge` for the rules both call shapes follow.
+`_hedge` for the rules both call shapes follow.
 
 A stream's first content chunk wins the race; until then each attempt's chunks are held.
 A sync stream pulls each attempt on a worker thread into one queue; an async one pulls
@@ -69,7 +69,7 @@ def hedged_stream(
     text_of: Callable[[ChunkT], str] | None = None,
     usage_of: LoserUsage | None = None,
 ) -> Iterator[ChunkT]:
-    """:meth:`FallbackChain.stream` with ``hedge_after``: see the module's docs.
+    """[`FallbackChain.stream`][] with ``hedge_after``: see the module's docs.
 
     Each attempt is pulled by a worker thread into one queue; chunks before an attempt's
     first content are held until it wins (then yielded) or loses (then read for usage).
@@ -282,7 +282,7 @@ async def hedged_astream(
     text_of: Callable[[ChunkT], str] | None = None,
     usage_of: LoserUsage | None = None,
 ) -> AsyncGenerator[ChunkT, None]:
-    """:meth:`FallbackChain.astream` with ``hedge_after``: see the module's docs.
+    """[`FallbackChain.astream`][] with ``hedge_after``: see the module's docs.
 
     Each attempt is pulled by a task of its own into one queue; a loser's task is
     cancelled and closes its stream (the member's HTTP response) before the next chunk

@@ -49,7 +49,7 @@ RETRIED_STATUS_CODES: frozenset[int] = frozenset({429, 500, 502, 503, 504, 529})
 
 
 def member_retry_option(value: object) -> RetryPolicy | None:
-    """The ``member_retry=`` option: None (each member once) or a :class:`RetryPolicy`."""
+    """The ``member_retry=`` option: None (each member once) or a [`RetryPolicy`][]."""
     if value is None:
         return None
     if not isinstance(value, RetryPolicy):

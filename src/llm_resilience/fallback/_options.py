@@ -26,12 +26,12 @@ _OptionTypeError = OptionTypeError
 #: request on the next client (the default; ``on_restart`` hooks are told),
 #: ``"continue"`` it on the next client from the text already delivered, sent as an
 #: assistant prefill where that client accepts one (else restart, with the hooks told),
-#: or ``"raise"`` :class:`~llm_resilience.errors.StreamInterruptedError`.
+#: or ``"raise"`` [`StreamInterruptedError`][].
 MID_STREAM_POLICIES: tuple[str, ...] = ("restart", "continue", "raise")
 
 
 def checked_mid_stream(value: object, option: str = "mid_stream") -> str:
-    """``value`` if it is one of :data:`MID_STREAM_POLICIES`, else a ``ValueError`` naming them."""
+    """``value`` if it is one of `MID_STREAM_POLICIES`, else a ``ValueError`` naming them."""
     if not isinstance(value, str) or value not in MID_STREAM_POLICIES:
         allowed = ", ".join(repr(policy) for policy in MID_STREAM_POLICIES)
         raise ValueError(f"{option} must be one of {allowed}; got {value!r}")
@@ -53,8 +53,11 @@ class Cooldown:
     client is cooling down, the one whose cooldown ends first is tried anyway: the chain
     never refuses a call without trying a provider.
 
+    ```pycon
     >>> Cooldown(failures=3, window=60, duration=30)
     Cooldown(failures=3, window=60.0, duration=30.0, honor_retry_after=True, max_retry_after=300.0)
+
+    ```
     """
 
     #: Transient failures within ``window`` that open the breaker (>= 1).
@@ -80,7 +83,7 @@ class Cooldown:
 
 
 class RestartPayload(TypedDict):
-    """What a restart event carries (:meth:`StreamRestart.payload`): no text, ever."""
+    """What a restart event carries ([`StreamRestart.payload`][]): no text, ever."""
 
     failed_client: int
     next_client: int
@@ -117,8 +120,9 @@ class StreamRestart:
         """The fields a restart event carries to a consumer: indexes, counts and the
         failure's class name, never its message (which may quote provider output).
 
-        >>> StreamRestart(0, 1, chunks=3, error=TimeoutError("slow")).payload()
-        {'failed_client': 0, 'next_client': 1, 'chunks': 3, 'error_type': 'TimeoutError', \
+        Examples:
+            >>> StreamRestart(0, 1, chunks=3, error=TimeoutError("slow")).payload()
+            {'failed_client': 0, 'next_client': 1, 'chunks': 3, 'error_type': 'TimeoutError', \
 'continued': False}
         """
         return {

@@ -1,23 +1,24 @@
 """Which member may take a request, and where a prompt too long for one member goes next.
 
 Two errors are not transient yet have a right next move, and both depend on what the
-chain knows of each member (:class:`MemberProfile`):
+chain knows of each member ([`MemberProfile`][]):
 
-* **A prompt too long for a member** (:func:`is_context_overflow`) is sent, unchanged, to
+* **A prompt too long for a member** (`is_context_overflow`) is sent, unchanged, to
   the next member in the order whose context window is known to be larger than the
   failing member's. The failing member's window is its profile's ``context_window``,
   else the maximum its error states ("maximum context length is 128000 tokens",
   "prompt is too long: 210000 tokens > 200000 maximum"). A member whose window is
   unknown, equal or smaller is skipped; with no larger member the original error
   propagates at once. It never goes back to the member that refused it.
-* **A request that needs tools, images or structured output** (:class:`RequestNeeds`)
+* **A request that needs tools, images or structured output** ([`RequestNeeds`][])
   skips the members known not to support them. A member whose capability is unknown
   is tried as before; when every member is known to lack something the request needs,
-  :class:`~llm_resilience.errors.NoCapableMemberError` says what, before any call.
+  [`NoCapableMemberError`][] says what, before any call.
 
->>> routing = _Routing([MemberProfile(context_window=128_000), None], size=2)
->>> routing.eligible([0, 1], RequestNeeds())
-[0, 1]
+Examples:
+    >>> routing = _Routing([MemberProfile(context_window=128_000), None], size=2)
+    >>> routing.eligible([0, 1], RequestNeeds())
+    [0, 1]
 """
 
 from __future__ import annotations
@@ -55,11 +56,12 @@ class MemberProfile:
     The names follow LangChain's model profiles, which the LangChain adapter reads; a
     field declared here overrides the framework's value for that member.
 
-    >>> MemberProfile(context_window=128_000, image_inputs=False).over(
-    ...     MemberProfile(context_window=200_000, image_inputs=True, tool_calling=True)
-    ... )  # doctest: +NORMALIZE_WHITESPACE
-    MemberProfile(context_window=128000, tool_calling=True, image_inputs=False,
-                  structured_output=None, assistant_prefill=None)
+    Examples:
+        >>> MemberProfile(context_window=128_000, image_inputs=False).over(
+        ...     MemberProfile(context_window=200_000, image_inputs=True, tool_calling=True)
+        ... )  # doctest: +NORMALIZE_WHITESPACE
+        MemberProfile(context_window=128000, tool_calling=True, image_inputs=False,
+                      structured_output=None, assistant_prefill=None)
     """
 
     #: Tokens of input the member accepts (an int from 1 to 1e9), or None.
@@ -105,8 +107,9 @@ class MemberProfile:
 class RequestNeeds:
     """What one request carries that not every member supports.
 
-    >>> RequestNeeds(tool_calling=True).names()
-    ('tool_calling',)
+    Examples:
+        >>> RequestNeeds(tool_calling=True).names()
+        ('tool_calling',)
     """
 
     #: The request binds tools.
@@ -117,7 +120,7 @@ class RequestNeeds:
     structured_output: bool = False
 
     def names(self) -> tuple[str, ...]:
-        """The needed capabilities, by their :class:`MemberProfile` field names."""
+        """The needed capabilities, by their [`MemberProfile`][] field names."""
         return tuple(name for name in _CAPABILITIES if getattr(self, name))
 
     def lacking(self, profile: MemberProfile | None) -> tuple[str, ...]:
@@ -137,13 +140,14 @@ def resolve_member_profiles(
 
     ``known`` holds one profile (or None) per member, read by an adapter from the
     framework (LangChain's model profile, say); ``declared`` is the user's option, one
-    :class:`MemberProfile` or None per member. Raises ``ValueError``/``TypeError`` naming
+    [`MemberProfile`][] or None per member. Raises ``ValueError``/``TypeError`` naming
     ``option`` when ``declared`` has the wrong length or holds something else.
 
-    >>> known = [MemberProfile(context_window=128_000, tool_calling=True), None]
-    >>> declared = [MemberProfile(tool_calling=False), MemberProfile(context_window=8_192)]
-    >>> [profile.context_window for profile in resolve_member_profiles(declared, known)]
-    [128000, 8192]
+    Examples:
+        >>> known = [MemberProfile(context_window=128_000, tool_calling=True), None]
+        >>> declared = [MemberProfile(tool_calling=False), MemberProfile(context_window=8_192)]
+        >>> [profile.context_window for profile in resolve_member_profiles(declared, known)]
+        [128000, 8192]
     """
     checked = _Routing(declared, len(known), option=option).profiles
     return tuple(
@@ -207,10 +211,11 @@ def is_context_overflow(exc: BaseException | None) -> bool:
     length", Cohere's "too many tokens: total number of tokens in the prompt cannot
     exceed M - received N", along the ``raise ... from`` chain.
 
-    >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
-    True
-    >>> is_context_overflow(ValueError("Invalid request."))
-    False
+    Examples:
+        >>> is_context_overflow(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
+        True
+        >>> is_context_overflow(ValueError("Invalid request."))
+        False
     """
     return any(_says_overflow(error) for error in _chain(exc))
 
@@ -218,8 +223,9 @@ def is_context_overflow(exc: BaseException | None) -> bool:
 def context_limit_of(exc: BaseException) -> int | None:
     """The context window a prompt-too-long error states, in tokens, or None.
 
-    >>> context_limit_of(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
-    200000
+    Examples:
+        >>> context_limit_of(ValueError("prompt is too long: 210000 tokens > 200000 maximum"))
+        200000
     """
     for error in _chain(exc):
         text = _text(error)

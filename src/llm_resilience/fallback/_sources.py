@@ -33,7 +33,7 @@ class _Source(Generic[ChunkT]):
     def next(self, timeout: float | None) -> ChunkT:
         """The next chunk, waiting at most ``timeout`` seconds (None: no limit).
 
-        Raises ``StopIteration`` at the end, and :class:`_AttemptTimedOut` when the wait
+        Raises ``StopIteration`` at the end, and `_AttemptTimedOut` when the wait
         ran out.
         """
         raise NotImplementedError

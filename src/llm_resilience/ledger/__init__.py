@@ -1,23 +1,24 @@
 """Spend ledgers: where the budget gate records each call's cost and reads spend back.
 
-* :class:`InMemoryCostLedger`: the default; exact and thread-safe, lost on restart.
-* :class:`SqlCostLedger`: SQLite (``sqlite:///spend.db``) or PostgreSQL
+* [`InMemoryCostLedger`][]: the default; exact and thread-safe, lost on restart.
+* [`SqlCostLedger`][]: SQLite (``sqlite:///spend.db``) or PostgreSQL
   (``postgresql+psycopg://...``) through SQLAlchemy; survives restarts and is shared by
   every process and worker opening the same database. Every operation is bounded by its
-  ``operation_timeout`` (:class:`LedgerTimeoutError` past it), and writes the database
+  ``operation_timeout`` ([`LedgerTimeoutError`][] past it), and writes the database
   does not take wait in memory until it does.
 
-Any object with the :class:`CostLedger` methods can replace both.
+Any object with the `CostLedger` methods can replace both.
 
->>> from datetime import UTC, datetime
->>> from decimal import Decimal
->>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
->>> ledger = InMemoryCostLedger()
->>> ledger.record(LedgerEntry(datetime.now(UTC), "chat", 1000, 200, Decimal("0.006")))
->>> ledger.spend("day")
-Decimal('0.006')
+Examples:
+    >>> from datetime import UTC, datetime
+    >>> from decimal import Decimal
+    >>> from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry
+    >>> ledger = InMemoryCostLedger()
+    >>> ledger.record(LedgerEntry(datetime.now(UTC), "chat", 1000, 200, Decimal("0.006")))
+    >>> ledger.spend("day")
+    Decimal('0.006')
 
-:class:`SqlCostLedger` loads on first use, so importing this package never imports
+[`SqlCostLedger`][] loads on first use, so importing this package never imports
 SQLAlchemy.
 """
 

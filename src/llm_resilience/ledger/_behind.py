@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 class Flusher:
     """Calls ``flush`` every ``interval`` seconds, counted from the start of the last
-    call (or at once on :meth:`wake`), on a daemon thread of its own, started on the first
-    :meth:`start` or :meth:`wake`. ``flush`` returns False when it could not store
+    call (or at once on `wake`), on a daemon thread of its own, started on the first
+    `start` or `wake`. ``flush`` returns False when it could not store
     (the next call then waits a whole interval from its end)."""
 
     __slots__ = ("_flush", "_interval", "_lock", "_name", "_stopping", "_thread", "_wake")
@@ -44,7 +44,7 @@ class Flusher:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Make sure the thread runs (a no-op once it does, and after :meth:`stop`)."""
+        """Make sure the thread runs (a no-op once it does, and after `stop`)."""
         if self._thread is not None:
             return
         with self._lock:
@@ -62,7 +62,7 @@ class Flusher:
     def stop(self, timeout: float) -> None:
         """End the thread, waiting at most ``timeout`` seconds for a flush in progress.
 
-        A later :meth:`start` starts a new thread (a closed ledger used again).
+        A later `start` starts a new thread (a closed ledger used again).
         """
         with self._lock:
             thread, self._thread = self._thread, None

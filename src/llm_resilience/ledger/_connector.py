@@ -4,7 +4,7 @@ libpq's ``connect_timeout`` counts whole seconds and treats anything under 2 as 
 connection that is still being opened has no socket the watchdog could shut down. So
 each new connection is opened on a short-lived helper thread while the operation waits
 for it only as long as its own deadline allows. A connection that arrives after the
-operation gave up is closed. At most :data:`MAX_CONNECTING` attempts run at once per
+operation gave up is closed. At most `MAX_CONNECTING` attempts run at once per
 ledger; each ends within ``connect_timeout`` (per address the host name resolves to).
 """
 

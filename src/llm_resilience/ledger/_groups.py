@@ -1,15 +1,16 @@
 """How a ledger's entries add up per group: the rows a spend report is made of.
 
-Storage owns the grouping (:class:`~llm_resilience.ledger.SqlCostLedger` groups in the
-database, the in-memory ledger here, with :func:`group_entries`) and the report of rows it
-makes (:func:`grouped_report`: ordered, totalled; a ledger's ``report()``). What a budget
-has left is policy: :func:`llm_resilience.spend.spend_report` adds it, and re-exports these
+Storage owns the grouping ([`SqlCostLedger`][] groups in the
+database, the in-memory ledger here, with `group_entries`) and the report of rows it
+makes (`grouped_report`: ordered, totalled; a ledger's ``report()``). What a budget
+has left is policy: `llm_resilience.spend.spend_report` adds it, and re-exports these
 names.
 
->>> from datetime import UTC, datetime
->>> entry = LedgerEntry(datetime(2026, 11, 29, 12, tzinfo=UTC), "chat", cost=Decimal("0.1"))
->>> [(row.key, row.cost, row.calls) for row in group_entries([entry, entry], "day")]
-[('2026-11-29', Decimal('0.2'), 2)]
+Examples:
+    >>> from datetime import UTC, datetime
+    >>> entry = LedgerEntry(datetime(2026, 11, 29, 12, tzinfo=UTC), "chat", cost=Decimal("0.1"))
+    >>> [(row.key, row.cost, row.calls) for row in group_entries([entry, entry], "day")]
+    [('2026-11-29', Decimal('0.2'), 2)]
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
 class SpendRow:
     """Sums over the entries of one group (or all of them, for a report's total).
 
-    >>> row = SpendRow("gpt-4o", Decimal("0.3"), calls=4, input_tokens=1500,
-    ...                output_tokens=300, estimated_calls=1)
-    >>> row.estimated_share
-    0.25
+    Examples:
+        >>> row = SpendRow("gpt-4o", Decimal("0.3"), calls=4, input_tokens=1500,
+        ...                output_tokens=300, estimated_calls=1)
+        >>> row.estimated_share
+        0.25
     """
 
     #: The group: ``'2026-11-29'`` (day), ``'2026-11'`` (month), a model, kind, surface or
@@ -74,9 +76,10 @@ class SpendRow:
 class SpendReport:
     """Spend per group over ``[since, until)``, for ``scope`` or every scope.
 
-    >>> report = SpendReport("day", None, None, None, rows=(), total=EMPTY_ROW)
-    >>> report.total.cost, dict(report.remaining)
-    (Decimal('0'), {})
+    Examples:
+        >>> report = SpendReport("day", None, None, None, rows=(), total=EMPTY_ROW)
+        >>> report.total.cost, dict(report.remaining)
+        (Decimal('0'), {})
     """
 
     #: What the rows are grouped by.
@@ -92,7 +95,7 @@ class SpendReport:
     rows: tuple[SpendRow, ...]
     #: Sums over every row; its key is None.
     total: SpendRow
-    #: Only from :func:`~llm_resilience.spend.spend_report` with a budget: money left today
+    #: Only from `spend_report` with a budget: money left today
     #: (``"day"``) and this month (``"month"``) for the scope, ``limit - spend`` but not
     #: below 0; a window without a limit is absent.
     remaining: Mapping[str, Decimal] = field(default_factory=dict)
@@ -117,10 +120,11 @@ def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
     """The group ``entry`` falls in: its UTC day or month, or its model, kind, surface or
     scope (None when it has none).
 
-    >>> from datetime import UTC, datetime
-    >>> entry = LedgerEntry(datetime(2026, 11, 29, 23, tzinfo=UTC), "chat")
-    >>> entry_key(entry, "day"), entry_key(entry, "month"), entry_key(entry, "model")
-    ('2026-11-29', '2026-11', None)
+    Examples:
+        >>> from datetime import UTC, datetime
+        >>> entry = LedgerEntry(datetime(2026, 11, 29, 23, tzinfo=UTC), "chat")
+        >>> entry_key(entry, "day"), entry_key(entry, "month"), entry_key(entry, "model")
+        ('2026-11-29', '2026-11', None)
     """
     # isoformat, not strftime: "%Y" writes year 1 as "1", a key that sorts wrongly.
     if by == "day":

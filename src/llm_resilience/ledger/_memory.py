@@ -75,27 +75,28 @@ def _entry_filter(
 class InMemoryCostLedger:
     """A ledger in this process's memory: the default, and lost on restart.
 
-    >>> from datetime import UTC, datetime
-    >>> ledger = InMemoryCostLedger()
-    >>> now = datetime(2026, 11, 29, 10, tzinfo=UTC)
-    >>> ledger.record(LedgerEntry(now, "chat", cost=Decimal("0.1")))
-    >>> ledger.record(LedgerEntry(now, "ocr", pages=3, cost=Decimal("0.2")))
-    >>> ledger.spend("day", now=now)
-    Decimal('0.3')
+    Examples:
+        >>> from datetime import UTC, datetime
+        >>> ledger = InMemoryCostLedger()
+        >>> now = datetime(2026, 11, 29, 10, tzinfo=UTC)
+        >>> ledger.record(LedgerEntry(now, "chat", cost=Decimal("0.1")))
+        >>> ledger.record(LedgerEntry(now, "ocr", pages=3, cost=Decimal("0.2")))
+        >>> ledger.spend("day", now=now)
+        Decimal('0.3')
 
-    Running totals per UTC day and month (globally and per scope) make :meth:`spend`
-    O(1) plus the live holds; one lock makes :meth:`reserve` atomic across threads.
+    Running totals per UTC day and month (globally and per scope) make [`spend`][]
+    O(1) plus the live holds; one lock makes [`reserve`][] atomic across threads.
     Holds count toward spend for ``reservation_ttl`` (15 minutes by default) unless
-    settled first. :meth:`entries` returns the latest ``max_entries`` (100,000, about
+    settled first. [`entries`][] returns the latest ``max_entries`` (100,000, about
     30 MB; None keeps all) so a long-lived process does not grow without bound; spend
     always counts every entry. Share one instance between every wrapper of the process; use
-    :class:`~llm_resilience.ledger.SqlCostLedger` to keep spend across restarts and
+    [`SqlCostLedger`][] to keep spend across restarts and
     processes.
     """
 
     __slots__ = ("_entries", "_holds", "_lock", "_totals", "reservation_ttl")
 
-    #: Default bound on the entries kept for :meth:`entries`.
+    #: Default bound on the entries kept for [`entries`][].
     DEFAULT_MAX_ENTRIES = 100_000
 
     #: Spend does not survive the process: the budget gate warns when this ledger is used.
@@ -127,7 +128,7 @@ class InMemoryCostLedger:
             self._add(entry)
 
     async def arecord(self, entry: LedgerEntry) -> None:
-        """:meth:`record`; it never waits for more than the lock's brief hold."""
+        """[`record`][]; it never waits for more than the lock's brief hold."""
         self.record(entry)
 
     def spend(
@@ -143,18 +144,19 @@ class InMemoryCostLedger:
     async def aspend(
         self, window: Window, *, scope: str | None = None, now: datetime | None = None
     ) -> Decimal:
-        """:meth:`spend`, for async callers."""
+        """[`spend`][], for async callers."""
         return self.spend(window, scope=scope, now=now)
 
     def spends(
         self, windows: Sequence[SpendWindow], *, now: datetime | None = None
     ) -> tuple[Decimal, ...]:
         """The spend of each ``(window, scope)`` pair at one instant, in order: what
-        :meth:`spend` would return for each, read under one hold of the lock.
+        [`spend`][] would return for each, read under one hold of the lock.
 
-        >>> ledger = InMemoryCostLedger()
-        >>> ledger.spends([("day", None), ("month", "tenant-1")])
-        (Decimal('0'), Decimal('0'))
+        Examples:
+            >>> ledger = InMemoryCostLedger()
+            >>> ledger.spends([("day", None), ("month", "tenant-1")])
+            (Decimal('0'), Decimal('0'))
         """
         when = check_now(now)
         checked = check_windows(windows)
@@ -167,7 +169,7 @@ class InMemoryCostLedger:
     async def aspends(
         self, windows: Sequence[SpendWindow], *, now: datetime | None = None
     ) -> tuple[Decimal, ...]:
-        """:meth:`spends`, for async callers."""
+        """[`spends`][], for async callers."""
         return self.spends(windows, now=now)
 
     def reserve(
@@ -180,7 +182,7 @@ class InMemoryCostLedger:
     ) -> Reservation:
         """Hold ``amount`` if every limit admits it, all under one lock.
 
-        Raises :class:`~llm_resilience.errors.BudgetExceededError` naming the first limit
+        Raises [`BudgetExceededError`][] naming the first limit
         (in ``limits`` order) that ``spend + amount`` would exceed, holding nothing.
         """
         amount = check_amount(amount)
@@ -209,7 +211,7 @@ class InMemoryCostLedger:
         scope: str | None,
         now: datetime | None = None,
     ) -> Reservation:
-        """:meth:`reserve`, for async callers."""
+        """[`reserve`][], for async callers."""
         return self.reserve(amount, limits=limits, scope=scope, now=now)
 
     def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
@@ -222,7 +224,7 @@ class InMemoryCostLedger:
                 self._add(entry)
 
     async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
-        """:meth:`settle`, for async callers."""
+        """[`settle`][], for async callers."""
         self.settle(reservation, entry)
 
     def entries(
@@ -237,8 +239,9 @@ class InMemoryCostLedger:
         """Entries with ``since <= timestamp < until`` (either bound optional) and the
         given ``scope``, ``model`` and ``kind`` (None: any), oldest first.
 
-        >>> InMemoryCostLedger().entries(kind="ocr")
-        []
+        Examples:
+            >>> InMemoryCostLedger().entries(kind="ocr")
+            []
         """
         low, high, wanted = _entry_filter(since, until, scope, model, kind)
         with self._lock:
@@ -255,7 +258,7 @@ class InMemoryCostLedger:
         model: str | None = None,
         kind: str | None = None,
     ) -> list[LedgerEntry]:
-        """:meth:`entries`, for async callers."""
+        """[`entries`][], for async callers."""
         return self.entries(since, until, scope=scope, model=model, kind=kind)
 
     def iter_entries(
@@ -268,8 +271,8 @@ class InMemoryCostLedger:
         kind: str | None = None,
         page_size: int = 1000,
     ) -> Iterator[LedgerEntry]:
-        """:meth:`entries` as an iterator (the entries are in memory already; this and
-        ``page_size`` are for code written against :meth:`SqlCostLedger.iter_entries`)."""
+        """[`entries`][] as an iterator (the entries are in memory already; this and
+        ``page_size`` are for code written against [`SqlCostLedger.iter_entries`][])."""
         checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
         return iter(self.entries(since, until, scope=scope, model=model, kind=kind))
 
@@ -283,7 +286,7 @@ class InMemoryCostLedger:
         kind: str | None = None,
         page_size: int = 1000,
     ) -> AsyncIterator[LedgerEntry]:
-        """:meth:`iter_entries` for async callers (as :meth:`SqlCostLedger.aiter_entries`)."""
+        """[`iter_entries`][] for async callers (as [`SqlCostLedger.aiter_entries`][])."""
         chosen = self.iter_entries(
             since, until, scope=scope, model=model, kind=kind, page_size=page_size
         )
@@ -305,11 +308,12 @@ class InMemoryCostLedger:
         """This ledger's spend per ``by`` group over ``since <= timestamp < until``
         (``"day"``, ``"month"``, ``"model"``, ``"kind"``, ``"surface"`` or ``"scope"``).
 
-        >>> InMemoryCostLedger().report(by="model").rows
-        ()
+        Examples:
+            >>> InMemoryCostLedger().report(by="model").rows
+            ()
 
         What a budget has left is policy, not storage: ``spend_report(ledger, ...,
-        budget=)`` (:mod:`llm_resilience.spend`) adds it to the same report.
+        budget=)`` (`llm_resilience.spend`) adds it to the same report.
         """
         return grouped_report(self, by, since, until, scope=scope)
 

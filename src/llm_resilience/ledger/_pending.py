@@ -39,7 +39,7 @@ class PendingWrite:
 
 
 class PendingWrites:
-    """A bounded FIFO of :class:`PendingWrite`, with the money it holds per window.
+    """A bounded FIFO of `PendingWrite`, with the money it holds per window.
 
     Thread-safe. ``unwritten_cost`` lets a read add what is still waiting here, so a
     gate sees the spend it was told about even before it reaches the database.
@@ -93,7 +93,7 @@ class PendingWrites:
         return dropped
 
     def full(self) -> bool:
-        """Whether the next :meth:`push` would drop the oldest write."""
+        """Whether the next `push` would drop the oldest write."""
         return len(self._writes) >= self.capacity
 
     def wait_for_room(self, timeout: float) -> bool:
@@ -121,7 +121,7 @@ class PendingWrites:
             return self._totals.get((key, scope), Decimal(0))
 
     def unwritten_costs(self, windows: Sequence[tuple[str, str | None]]) -> list[Decimal]:
-        """:meth:`unwritten_cost` of each ``(key, scope)``, under one lock."""
+        """`unwritten_cost` of each ``(key, scope)``, under one lock."""
         zero = Decimal(0)
         with self._lock:
             return [self._totals.get(window, zero) for window in windows]

@@ -2,10 +2,10 @@
 
 Windows are UTC calendar windows: ``"day"`` is the current UTC date and ``"month"`` the
 current UTC month from its first day. Every entry and every hold belongs to exactly one
-day and one month, named by :func:`window_key` (``"day:2026-11-29"``, ``"month:2026-11"``),
+day and one month, named by `window_key` (``"day:2026-11-29"``, ``"month:2026-11"``),
 and to the global total plus, when it has one, its scope's total.
 
-Money is :class:`~decimal.Decimal` end to end and sums are exact: :func:`exact_sum` adds
+Money is `Decimal` end to end and sums are exact: `exact_sum` adds
 without the default context's 28-digit rounding.
 """
 
@@ -84,15 +84,16 @@ def _optional_text(option: str, value: object) -> str | None:
 class LedgerEntry:
     """One priced call (or any other billed thing) as the ledger stores it.
 
-    >>> from datetime import UTC, datetime
-    >>> entry = LedgerEntry(datetime(2026, 11, 29, 10, tzinfo=UTC), "chat",
-    ...                     input_tokens=1200, output_tokens=300, cost=Decimal("0.0081"))
+    Examples:
+        >>> from datetime import UTC, datetime
+        >>> entry = LedgerEntry(datetime(2026, 11, 29, 10, tzinfo=UTC), "chat",
+        ...                     input_tokens=1200, output_tokens=300, cost=Decimal("0.0081"))
 
     Counts and money only, never prompt or response text. Validated on construction, so
     every entry can be stored by every ledger: a naive ``timestamp`` raises
     ``ValueError`` (an aware one is converted to UTC); a float ``cost`` raises
     ``TypeError`` (an ``int`` or a string becomes a ``Decimal``, as everywhere money is
-    read: :mod:`llm_resilience.money`); counts are integers from 0 to
+    read: `llm_resilience.money`); counts are integers from 0 to
     2,147,483,647 (a PostgreSQL ``INTEGER``); ``cost`` is >= 0, below 10**30 and has at
     most 24 decimal places (so is any cost priced from valid prices and counts); ``kind``
     is non-empty text; ``scope`` is None or at most 256 characters of printable text (no
@@ -104,7 +105,7 @@ class LedgerEntry:
     of equality: two entries with the same facts compare equal.
 
     The cache and reasoning counts (keyword-only, 0 when the provider did not report
-    them) are parts of the totals, as in :class:`~llm_resilience.usage.Usage`: cache reads
+    them) are parts of the totals, as in `Usage`: cache reads
     plus writes are at most ``input_tokens``, one-hour writes at most the writes,
     reasoning at most ``output_tokens``; otherwise ``ValueError``.
     """
@@ -175,7 +176,7 @@ def checked_entry(
 
     The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
     the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
-    validated prices and counts (so within :func:`~llm_resilience.checks.cost_in_range`)
+    validated prices and counts (so within [`cost_in_range`][llm_resilience.checks.cost_in_range])
     and ``scope`` checked when the call was admitted; the cache and reasoning counts are
     the same ``Usage``'s (None there is 0 here). Only ``model`` and ``estimated``,
     which a caller of ``BudgetTicket.finish`` passes, are checked here. The result equals
@@ -245,7 +246,7 @@ def _ordered_id() -> str:
 class Reservation:
     """A hold on budget taken at the gate in strict mode, released by ``settle``.
 
-    Counts toward :meth:`CostLedger.spend` in the day and month of ``timestamp``,
+    Counts toward `CostLedger.spend` in the day and month of ``timestamp``,
     globally and for ``scope``, until settled or until the ledger's reservation TTL
     (15 minutes by default) has passed since ``timestamp``.
     """
@@ -272,10 +273,10 @@ class CostLedger(Protocol):
     them would make ``isinstance`` reject every ledger written before them): both of our
     ledgers also answer ``spends(windows, now=)``/``aspends`` (the spend of several
     ``(window, scope)`` pairs in one read, which the budget gate uses when it has more
-    than one window to check; :func:`read_spends` falls back to ``spend`` per window),
+    than one window to check; `read_spends` falls back to ``spend`` per window),
     ``entries(..., scope=, model=, kind=)``, ``aentries``, ``iter_entries`` (streamed in
     pages) and ``report``.
-    :func:`llm_resilience.spend.spend_report` works on any ledger, reading one that has
+    `llm_resilience.spend.spend_report` works on any ledger, reading one that has
     only ``entries(since, until)`` through it.
     """
 
@@ -283,7 +284,7 @@ class CostLedger(Protocol):
         """Store ``entry``; it counts toward its day and month at once."""
 
     async def arecord(self, entry: LedgerEntry) -> None:
-        """Async :meth:`record`."""
+        """Async `record`."""
 
     def spend(
         self, window: Window, *, scope: str | None = None, now: datetime | None = None
@@ -294,7 +295,7 @@ class CostLedger(Protocol):
     async def aspend(
         self, window: Window, *, scope: str | None = None, now: datetime | None = None
     ) -> Decimal:
-        """Async :meth:`spend`."""
+        """Async `spend`."""
 
     def reserve(
         self,
@@ -306,7 +307,7 @@ class CostLedger(Protocol):
     ) -> Reservation:
         """Atomically check every ``(window, limit_scope) -> limit`` and hold ``amount``.
 
-        Raises :class:`~llm_resilience.errors.BudgetExceededError` for the first limit
+        Raises [`BudgetExceededError`][] for the first limit
         the hold would exceed (``spend + amount > limit``, or a limit already reached).
         """
 
@@ -318,7 +319,7 @@ class CostLedger(Protocol):
         scope: str | None,
         now: datetime | None = None,
     ) -> Reservation:
-        """Async :meth:`reserve`."""
+        """Async `reserve`."""
 
     def settle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
         """Release ``reservation`` and record ``entry`` (if any) in one transaction.
@@ -327,7 +328,7 @@ class CostLedger(Protocol):
         """
 
     async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
-        """Async :meth:`settle`."""
+        """Async `settle`."""
 
     def entries(
         self, since: datetime | None = None, until: datetime | None = None
@@ -360,9 +361,10 @@ def _check_window(window: object) -> Window:
 def window_key(window: Window, when: datetime) -> str:
     """The name of the ``window`` holding the UTC instant ``when``.
 
-    >>> when = datetime(2026, 11, 29, 23, 59, tzinfo=UTC)
-    >>> window_key("day", when), window_key("month", when)
-    ('day:2026-11-29', 'month:2026-11')
+    Examples:
+        >>> when = datetime(2026, 11, 29, 23, 59, tzinfo=UTC)
+        >>> window_key("day", when), window_key("month", when)
+        ('day:2026-11-29', 'month:2026-11')
     """
     if _check_window(window) == "day":
         return f"day:{when.year:04d}-{when.month:02d}-{when.day:02d}"
@@ -372,9 +374,10 @@ def window_key(window: Window, when: datetime) -> str:
 def window_bounds(window: Window, when: datetime) -> tuple[datetime, datetime]:
     """``[start, end)`` in UTC of the ``window`` holding the UTC instant ``when``.
 
-    >>> start, end = window_bounds("month", datetime(2026, 12, 31, 23, tzinfo=UTC))
-    >>> start.isoformat(), end.isoformat()
-    ('2026-12-01T00:00:00+00:00', '2027-01-01T00:00:00+00:00')
+    Examples:
+        >>> start, end = window_bounds("month", datetime(2026, 12, 31, 23, tzinfo=UTC))
+        >>> start.isoformat(), end.isoformat()
+        ('2026-12-01T00:00:00+00:00', '2027-01-01T00:00:00+00:00')
     """
     day = datetime(when.year, when.month, when.day, tzinfo=UTC)
     if _check_window(window) == "day":
@@ -389,7 +392,7 @@ def window_bounds(window: Window, when: datetime) -> tuple[datetime, datetime]:
 
 
 def check_amount(amount: object) -> Decimal:
-    """A reservation's ``amount``: money as :func:`~llm_resilience.money.money` reads it,
+    """A reservation's ``amount``: money as `money` reads it,
     bounded like a recorded cost (float: ``TypeError``)."""
     return recorded_cost("amount", amount)
 
@@ -402,7 +405,7 @@ class CheckedLimits(Mapping[SpendWindow, Decimal]):
     """``reserve``'s ``limits`` for a call of ``scope``, built from values already checked
     (the gate's: windows and money parsed when its budget was built, the scope checked once
     per call), so a ledger of ours checks nothing again on each reservation. Any other
-    mapping is checked by :func:`check_limits` as before."""
+    mapping is checked by `check_limits` as before."""
 
     __slots__ = ("_by_window", "scope", "triples")
 
@@ -425,7 +428,7 @@ class CheckedLimits(Mapping[SpendWindow, Decimal]):
 
 def check_limits(limits: Mapping[SpendWindow, Decimal]) -> Sequence[Limit]:
     """``reserve``'s ``limits`` as validated ``(window, scope, limit)`` triples, in order
-    (:class:`CheckedLimits` as they are)."""
+    (`CheckedLimits` as they are)."""
     if isinstance(limits, CheckedLimits):
         return limits.triples
     checked: list[Limit] = []
@@ -435,7 +438,7 @@ def check_limits(limits: Mapping[SpendWindow, Decimal]) -> Sequence[Limit]:
 
 
 def check_hold_scope(limits: Mapping[SpendWindow, Decimal], scope: object) -> str | None:
-    """``reserve``'s ``scope``, checked unless it is the one its :class:`CheckedLimits`
+    """``reserve``'s ``scope``, checked unless it is the one its `CheckedLimits`
     were checked for."""
     if isinstance(limits, CheckedLimits) and scope is limits.scope:
         return limits.scope
@@ -462,8 +465,9 @@ def check_entry_filters(
     """The filters of ``entries``/``iter_entries``, checked: aware bounds in UTC (naive:
     ``ValueError``), a valid scope, and ``model``/``kind`` as non-empty text or None.
 
-    >>> check_entry_filters(None, None, "tenant-1", None, "chat")
-    (None, None, 'tenant-1', None, 'chat')
+    Examples:
+        >>> check_entry_filters(None, None, "tenant-1", None, "chat")
+        (None, None, 'tenant-1', None, 'chat')
     """
     low = None if since is None else _utc("since", since)
     high = None if until is None else _utc("until", until)
@@ -491,7 +495,7 @@ def read_spends(
 ) -> tuple[Decimal, ...]:
     """The spend of each ``(window, scope)`` at ``now``, in order: in one read when the
     ledger has ``spends`` (both of ours: one bounded operation, one statement), else
-    one :meth:`CostLedger.spend` per window (the protocol's default, for any ledger)."""
+    one `CostLedger.spend` per window (the protocol's default, for any ledger)."""
     spends = batch_reader(ledger, "spends")
     if spends is not None:
         return tuple(spends(windows, now=now))
@@ -501,7 +505,7 @@ def read_spends(
 async def aread_spends(
     ledger: CostLedger, windows: Sequence[SpendWindow], *, now: datetime
 ) -> tuple[Decimal, ...]:
-    """Async :func:`read_spends`, through ``aspends`` or ``aspend``."""
+    """Async `read_spends`, through ``aspends`` or ``aspend``."""
     aspends = batch_reader(ledger, "aspends")
     if aspends is not None:
         return tuple(await aspends(windows, now=now))

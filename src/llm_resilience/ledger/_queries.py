@@ -1,16 +1,16 @@
 """The SQL ledger's reads for exploring spend: filtered pages of entries, and sums per group.
 
-Both run inside one bounded operation of :class:`~llm_resilience.ledger.SqlCostLedger`
+Both run inside one bounded operation of [`SqlCostLedger`][]
 each; neither writes.
 
-* :func:`read_page`: entries oldest first, filtered by time, scope, model and kind, at most
+* `read_page`: entries oldest first, filtered by time, scope, model and kind, at most
   ``limit`` of them after a keyset cursor on ``(timestamp, id)``, so a caller can walk a
   month of rows page by page without holding a connection (or an offset scan) between
   pages.
-* :func:`read_groups`: count, tokens and exact cost per day, month, model, kind, surface
+* `read_groups`: count, tokens and exact cost per day, month, model, kind, surface
   or scope, grouped by the database. PostgreSQL adds ``NUMERIC`` costs exactly in
   ``SUM``. SQLite stores costs as decimal text and its ``SUM`` would add floats, so the
-  query calls an aggregate registered on the connection (:class:`_ExactSum`) that adds
+  query calls an aggregate registered on the connection (`_ExactSum`) that adds
   each group's costs as ``Decimal`` while SQLite groups the rows: exact, and no row
   leaves the database.
 

@@ -326,7 +326,7 @@ def _postgres_batch_statement() -> TextClause:
     entry beside them. Entries whose id is already stored insert nothing and add
     nothing. The costs are summed per total first (one upsert may not touch a row twice),
     and the totals are then locked in key order, as by a single record
-    (:func:`_postgres_record_statement`): writers of batches and of single entries, in any
+    (`_postgres_record_statement`): writers of batches and of single entries, in any
     number of processes, take the totals' row locks in one order and never deadlock.
     """
     columns = ", ".join(f'"{name}"' for name, _ in _POSTGRES_COLUMNS)
@@ -391,7 +391,7 @@ Run = Callable[[str, Any], Any]
 
 
 def _sqlite_time(moment: datetime) -> str:
-    """A UTC instant as :class:`_UtcTime` stores it on SQLite: ``YYYY-MM-DD
+    """A UTC instant as `_UtcTime` stores it on SQLite: ``YYYY-MM-DD
     HH:MM:SS.ffffff``, the year always four digits (``strftime("%Y")`` writes year 1 as
     ``1``, text that neither sorts nor parses back)."""
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
@@ -413,7 +413,7 @@ def _sqlite_bounds(window: Window, key: str, when: datetime) -> tuple[str, str]:
 
 
 def _decimal_add(total: object, amount: object) -> str:
-    """SQLite function :data:`DECIMAL_ADD`: the exact sum of two stored amounts, as the
+    """SQLite function `DECIMAL_ADD`: the exact sum of two stored amounts, as the
     decimal text the ledger stores (SQLite's own ``+`` would add floats)."""
     return format(exact_sum((_to_decimal(total), _to_decimal(amount))), "f")
 
@@ -441,7 +441,7 @@ def driver_run(driver: sqlite3.Connection, statement: str, parameters: Any) -> A
 
 
 def sqlite_run(connection: Connection, statement: str, parameters: Any) -> Any:
-    """:func:`driver_run` on ``connection``'s SQLite connection, in its transaction (if
+    """`driver_run` on ``connection``'s SQLite connection, in its transaction (if
     any). With ``echo`` on, the statement goes through SQLAlchemy instead, so it is
     logged like every other.
 
@@ -469,7 +469,7 @@ def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str]]:
 def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) -> None:
     """Store ``entry`` and add its cost to its totals, unless its id is already stored.
 
-    On PostgreSQL one statement (atomic on its own); on SQLite :func:`sqlite_insert`.
+    On PostgreSQL one statement (atomic on its own); on SQLite `sqlite_insert`.
     """
     if not postgres:
         sqlite_insert(_runner(connection), entry)
@@ -502,7 +502,7 @@ def insert_entries(connection: Connection, entries: Sequence[LedgerEntry]) -> No
     statement (atomic on its own), skipping any whose id is already stored or repeated.
 
     One shard of each total for the whole batch (a random one, as for a single record),
-    and the totals locked in key order: see :func:`_postgres_batch_statement`.
+    and the totals locked in key order: see `_postgres_batch_statement`.
     """
     unique: list[LedgerEntry] = []
     seen: set[str] = set()
@@ -525,7 +525,7 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
     """Store ``entry`` on SQLite and add its cost to its totals, unless its id is already
     stored: two statements, inside the caller's transaction.
 
-    The totals are added in SQL by :data:`DECIMAL_ADD` (exact decimal text, the stored
+    The totals are added in SQL by `DECIMAL_ADD` (exact decimal text, the stored
     form every release reads), so no read of them is needed first.
     """
     cost = format(entry.cost, "f")
@@ -576,7 +576,7 @@ def sqlite_insert_many(run: Run, entries: Sequence[LedgerEntry]) -> None:
     id is already stored (or repeated): one ``INSERT`` for the rows, one upsert per
     total touched, inside the caller's transaction.
 
-    :func:`sqlite_insert` once per entry stores the same; this is for the write-behind
+    `sqlite_insert` once per entry stores the same; this is for the write-behind
     batches, which it keeps from running SQL (and the decimal function) per entry. Every
     entry must have an ``entry_id``, and SQLite must have ``RETURNING``.
     """
@@ -649,7 +649,7 @@ def read_spend(
 
 
 def sqlite_spend(run: Run, window: Window, scope: str | None, when: datetime) -> Decimal:
-    """:func:`read_spend` on SQLite, through ``run``."""
+    """`read_spend` on SQLite, through ``run``."""
     key = window_key(window, when)
     start, end = _sqlite_bounds(window, key, when)
     parameters: dict[str, Any] = {
@@ -715,7 +715,7 @@ def read_spends(
     connection: Connection, windows: Sequence[tuple[Window, str | None]], when: datetime
 ) -> list[Decimal]:
     """Stored spend of each ``(window, scope)`` holding ``when``, in order, read in one
-    statement: what :func:`read_spend` returns for each, from one snapshot."""
+    statement: what `read_spend` returns for each, from one snapshot."""
     if connection.dialect.name == "sqlite":
         return sqlite_spends(_runner(connection), windows, when)
     statement = _spends_statement(tuple(scope is not None for _, scope in windows))
@@ -726,7 +726,7 @@ def read_spends(
 def sqlite_spends(
     run: Run, windows: Sequence[tuple[Window, str | None]], when: datetime
 ) -> list[Decimal]:
-    """:func:`read_spends` on SQLite, through ``run``."""
+    """`read_spends` on SQLite, through ``run``."""
     statement = _spends_statement(tuple(scope is not None for _, scope in windows))
     parameters = _spends_parameters(windows, when, sqlite=True)
     return _sum_slots(len(windows), run(statement, parameters))

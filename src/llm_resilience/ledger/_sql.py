@@ -80,7 +80,7 @@ DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
 #: The longest ``operation_timeout`` and ``connect_timeout`` accepted (a day).
 MAX_OPERATION_TIMEOUT = checks.MAX_OPERATION_TIMEOUT
-#: Rows per page of :meth:`SqlCostLedger.iter_entries`.
+#: Rows per page of [`SqlCostLedger.iter_entries`][].
 DEFAULT_PAGE_SIZE = 1000
 #: The longest ``write_behind`` accepted: what a crash of the process may lose.
 MAX_WRITE_BEHIND = timedelta(seconds=60)
@@ -97,8 +97,9 @@ _live: weakref.WeakSet[SqlCostLedger] = weakref.WeakSet()
 class SqlCostLedger:
     """A ledger in a SQL database, shared by every process that opens it.
 
-    >>> ledger = SqlCostLedger("sqlite:///spend.db")  # doctest: +SKIP
-    >>> ledger = SqlCostLedger("postgresql://app@db/app", operation_timeout=2)  # doctest: +SKIP
+    Examples:
+        >>> ledger = SqlCostLedger("sqlite:///spend.db")  # doctest: +SKIP
+        >>> ledger = SqlCostLedger("postgresql://app@db/app", operation_timeout=2)  # doctest: +SKIP
 
     ``url`` is ``sqlite:///path.db`` (a file), ``sqlite://`` (in memory, this process only),
     or ``postgresql+psycopg://user@host/db`` (``postgresql://`` means the same; psycopg comes
@@ -112,7 +113,7 @@ class SqlCostLedger:
     * ``operation_timeout`` (seconds or ``timedelta``, default 5 s, at most a day): bounds
       every operation, measured on our side of the connection, so a database that stops
       answering, or a SQLite file another process keeps locked, holds no call longer.
-      Past it the operation raises :class:`~llm_resilience.ledger.LedgerTimeoutError`
+      Past it the operation raises [`LedgerTimeoutError`][]
       naming the operation, and the connection it used is discarded. Opening is bounded
       by it too, except creating or migrating tables (10 minutes).
     * ``connect_timeout`` (default 5 s): libpq's own bound on a PostgreSQL connection
@@ -126,7 +127,7 @@ class SqlCostLedger:
       little durability for speed. None: ``record`` returns once its entry is committed.
       Set: ``record`` queues the entry and returns, never waiting on the database, even
       while it is away; a thread of the ledger's commits the queue in batches every
-      interval (sooner once 100 wait), and :meth:`close` and the exit of the process
+      interval (sooner once 100 wait), and [`close`][] and the exit of the process
       store the rest. Only a full queue (``max_pending``) makes ``record`` wait, at most
       ``operation_timeout``, for the writer to make room (``arecord`` waits in a worker
       thread), and only while the database answers; in an outage the oldest entry is
@@ -141,11 +142,11 @@ class SqlCostLedger:
       (``hide_parameters``), since a scope can be a user id.
 
     A ``record`` or ``settle`` the database cannot take (down, locked, too slow) does not
-    fail: the write waits in memory (:attr:`pending`), one WARNING names the error type,
+    fail: the write waits in memory ([`pending`][]), one WARNING names the error type,
     and it is written, once and in order, before the ledger's next operation, by
-    :meth:`close`, or at process exit (what is still waiting then is logged with its count
+    [`close`][], or at process exit (what is still waiting then is logged with its count
     and money). Reads add the money still waiting to what the database says. When
-    ``max_pending`` writes wait, the oldest is dropped and counted (:attr:`dropped`).
+    ``max_pending`` writes wait, the oldest is dropped and counted ([`dropped`][]).
     ``spend``, ``reserve`` and ``entries`` raise on failure (the budget gate turns that
     into a warning).
 
@@ -245,7 +246,7 @@ class SqlCostLedger:
         """Store ``entry`` and add its cost to its day's and month's totals, atomically.
 
         If the database does not take it within ``operation_timeout``, the entry waits
-        in memory (see :attr:`pending`) and this returns normally. With ``write_behind``
+        in memory (see [`pending`][]) and this returns normally. With ``write_behind``
         the entry is queued and this returns at once (see the class).
         """
         if not isinstance(entry, LedgerEntry):
@@ -256,7 +257,7 @@ class SqlCostLedger:
         self._writes.write("record", PendingWrite(entry), None)
 
     async def arecord(self, entry: LedgerEntry) -> None:
-        """:meth:`record` in a worker thread, bounded from this call (with
+        """[`record`][] in a worker thread, bounded from this call (with
         ``write_behind``, queued on the event loop; a full queue is waited for in a
         worker thread)."""
         if not isinstance(entry, LedgerEntry):
@@ -278,7 +279,7 @@ class SqlCostLedger:
         self._writes.write("settle", _settlement(reservation, entry), None)
 
     async def asettle(self, reservation: Reservation, entry: LedgerEntry | None) -> None:
-        """:meth:`settle` in a worker thread, bounded from this call."""
+        """[`settle`][] in a worker thread, bounded from this call."""
         write = _settlement(reservation, entry)
         await asyncio.to_thread(self._writes.write, "settle", write, time.monotonic())
 
@@ -334,7 +335,7 @@ class SqlCostLedger:
     async def aspend(
         self, window: Window, *, scope: str | None = None, now: datetime | None = None
     ) -> Decimal:
-        """:meth:`spend` in a worker thread, bounded from this call (with
+        """[`spend`][] in a worker thread, bounded from this call (with
         ``write_behind``, on the event loop when the last read is still good)."""
         if self._flusher is not None:
             at_once = self._spends_at_once([(window, scope)], now)
@@ -421,7 +422,7 @@ class SqlCostLedger:
     def _spends_at_once(
         self, windows: Sequence[SpendWindow], now: datetime | None
     ) -> tuple[Decimal, ...] | None:
-        """Write-behind: :meth:`spends` when it needs no database (a fresh cached read),
+        """Write-behind: [`spends`][] when it needs no database (a fresh cached read),
         else None. For the async gate, which then needs no worker thread."""
         checked, keys = self._plan(windows, check_now(now))
         waiting = self._waiting(checked, keys)
@@ -434,19 +435,20 @@ class SqlCostLedger:
         self, windows: Sequence[SpendWindow], *, now: datetime | None = None
     ) -> tuple[Decimal, ...]:
         """The spend of each ``(window, scope)`` pair at ``now``, in order: what
-        :meth:`spend` returns for each, read in one bounded operation and one statement
+        [`spend`][] returns for each, read in one bounded operation and one statement
         (one round trip, one snapshot). The budget gate reads its day and month, scope
         and global, through this.
 
-        >>> ledger.spends([("day", "tenant-1"), ("month", None)])  # doctest: +SKIP
-        (Decimal('0.42'), Decimal('17.3'))
+        Examples:
+            >>> ledger.spends([("day", "tenant-1"), ("month", None)])  # doctest: +SKIP
+            (Decimal('0.42'), Decimal('17.3'))
         """
         return self._spends(windows, now, None)
 
     async def aspends(
         self, windows: Sequence[SpendWindow], *, now: datetime | None = None
     ) -> tuple[Decimal, ...]:
-        """:meth:`spends` in a worker thread, bounded from this call (with
+        """[`spends`][] in a worker thread, bounded from this call (with
         ``write_behind``, on the event loop when the last read is still good)."""
         if self._flusher is not None:
             at_once = self._spends_at_once(windows, now)
@@ -509,7 +511,7 @@ class SqlCostLedger:
     ) -> Reservation:
         """Hold ``amount`` if every limit admits it, atomically across processes.
 
-        Raises :class:`~llm_resilience.errors.BudgetExceededError` naming the first limit
+        Raises [`BudgetExceededError`][] naming the first limit
         (in ``limits`` order) that ``spend + amount`` would exceed, holding nothing.
         """
         return self._reserve(amount, limits, scope, now, None)
@@ -522,7 +524,7 @@ class SqlCostLedger:
         scope: str | None,
         now: datetime | None = None,
     ) -> Reservation:
-        """:meth:`reserve` in a worker thread, bounded from this call."""
+        """[`reserve`][] in a worker thread, bounded from this call."""
         return await asyncio.to_thread(self._reserve, amount, limits, scope, now, time.monotonic())
 
     def entries(
@@ -538,10 +540,11 @@ class SqlCostLedger:
         the given ``scope``, ``model`` and ``kind`` (None: any), oldest first, read in one
         operation. Writes still pending are not listed until they are stored.
 
-        >>> ledger.entries(since, until, model="gpt-4o")  # doctest: +SKIP
+        Examples:
+            >>> ledger.entries(since, until, model="gpt-4o")  # doctest: +SKIP
 
         Bounded like every operation (the database's part of it): for reads of millions
-        of rows use :meth:`iter_entries`, pass narrower bounds, or open the ledger with a
+        of rows use [`iter_entries`][], pass narrower bounds, or open the ledger with a
         larger ``operation_timeout``.
         """
         return self._entries(since, until, scope, model, kind, None)
@@ -569,7 +572,7 @@ class SqlCostLedger:
         model: str | None = None,
         kind: str | None = None,
     ) -> list[LedgerEntry]:
-        """:meth:`entries` in a worker thread, bounded from this call."""
+        """[`entries`][] in a worker thread, bounded from this call."""
         return await asyncio.to_thread(
             self._entries, since, until, scope, model, kind, time.monotonic()
         )
@@ -584,11 +587,12 @@ class SqlCostLedger:
         kind: str | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
     ) -> Iterator[LedgerEntry]:
-        """:meth:`entries`, streamed: ``page_size`` rows (default 1,000) per read, so a
+        """[`entries`][], streamed: ``page_size`` rows (default 1,000) per read, so a
         month of entries never has to fit in memory.
 
-        >>> for entry in ledger.iter_entries(since, until, scope="tenant-1"):  # doctest: +SKIP
-        ...     print(entry.cost)
+        Examples:
+            >>> for entry in ledger.iter_entries(since, until, scope="tenant-1"):  # doctest: +SKIP
+            ...     print(entry.cost)
 
         Pages follow ``(timestamp, id)`` (keyset pagination: each page is an index range
         scan, however deep). Each page is one operation bounded by ``operation_timeout``,
@@ -611,11 +615,12 @@ class SqlCostLedger:
         kind: str | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
     ) -> AsyncIterator[LedgerEntry]:
-        """:meth:`iter_entries` for async callers: each page is read in a worker thread,
+        """[`iter_entries`][] for async callers: each page is read in a worker thread,
         bounded from when it is asked for; the event loop never waits on the database.
 
-        >>> async for entry in ledger.aiter_entries(since, until):  # doctest: +SKIP
-        ...     total += entry.cost
+        Examples:
+            >>> async for entry in ledger.aiter_entries(since, until):  # doctest: +SKIP
+            ...     total += entry.cost
         """
         checked = check_entry_filters(since, until, scope, model, kind)
         checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
@@ -696,20 +701,21 @@ class SqlCostLedger:
         """This ledger's spend per ``by`` group over ``since <= timestamp < until``,
         grouped by the database in one bounded operation (exact sums).
 
-        >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
+        Examples:
+            >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
 
         What a budget has left is policy, not storage: ``spend_report(ledger, ...,
-        budget=)`` (:mod:`llm_resilience.spend`) adds it to the same report.
+        budget=)`` (`llm_resilience.spend`) adds it to the same report.
         """
         return grouped_report(self, by, since, until, scope=scope)
 
     def _spend_rows(
         self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
     ) -> list[SpendRow]:
-        """What :func:`~llm_resilience.spend.spend_report` reads: the rows grouped by the
+        """What `spend_report` reads: the rows grouped by the
         database in one bounded operation (``GROUP BY``; exact sums, see ``_queries``).
         Writes still pending are not in them (a report's ``remaining`` reads
-        :meth:`spend`, which counts them)."""
+        [`spend`][], which counts them)."""
 
         def read(operation: Operation) -> list[SpendRow]:
             with self._db.connection(operation) as connection:
@@ -746,7 +752,7 @@ class SqlCostLedger:
             self._db.close()
 
     async def aclose(self) -> None:
-        """:meth:`close` in a worker thread."""
+        """[`close`][] in a worker thread."""
         await asyncio.to_thread(self.close)
 
     def _exit(self) -> None:

@@ -3,8 +3,8 @@
 A server that stops answering (or a network that drops every packet) leaves the client
 blocked in a socket read that nothing on the server side will ever end: the kernel still
 acknowledges what we send, so TCP keepalives and server timeouts never fire. The
-:class:`Watchdog` (one daemon thread per ledger, a heap of deadlines, no thread per
-call) ends such a wait when an :class:`Operation` overruns: it shuts down the socket of
+`Watchdog` (one daemon thread per ledger, a heap of deadlines, no thread per
+call) ends such a wait when an `Operation` overruns: it shuts down the socket of
 the psycopg connection the operation is using (the blocked read returns and psycopg
 raises) or calls ``interrupt()`` on a sqlite3 connection. The operation then discards the
 connection instead of returning it to the pool.
@@ -72,14 +72,15 @@ class _Alarm:
 class Watchdog:
     """Calls each armed callback once its deadline (``time.monotonic()``) has passed.
 
-    >>> watchdog = Watchdog("doc")
-    >>> fired = threading.Event()
-    >>> alarm = watchdog.arm(time.monotonic() + 0.01, fired.set)
-    >>> fired.wait(2)
-    True
-    >>> watchdog.stop()
+    Examples:
+        >>> watchdog = Watchdog("doc")
+        >>> fired = threading.Event()
+        >>> alarm = watchdog.arm(time.monotonic() + 0.01, fired.set)
+        >>> fired.wait(2)
+        True
+        >>> watchdog.stop()
 
-    The thread starts on the first :meth:`arm` and ends with :meth:`stop`; arming again
+    The thread starts on the first `arm` and ends with `stop`; arming again
     after that starts a new one. It wakes only when an alarm is due or one earlier than
     the next it sleeps for is armed, not for every operation. Callbacks run on the
     watchdog's thread and must be quick.
@@ -98,7 +99,7 @@ class Watchdog:
         self._wakes_at = math.inf  # when the thread wakes up next unless notified
 
     def arm(self, deadline: float, callback: Callable[[], None]) -> _Alarm:
-        """Call ``callback`` at ``deadline`` unless :meth:`cancel` comes first."""
+        """Call ``callback`` at ``deadline`` unless `cancel` comes first."""
         alarm = _Alarm(deadline, next(self._sequence), callback)
         with self._condition:
             if self._thread is None:
@@ -160,9 +161,9 @@ class Operation:
     """One ledger operation's deadline, and the connection to interrupt past it.
 
     The operation runs for at most ``bound`` seconds from ``started``. A *phase* (see
-    :meth:`phase`) may end earlier. When the current phase's deadline passes, the
-    watchdog interrupts the connection attached at that moment (:meth:`attach`), and
-    :meth:`detach` reports it so the caller discards that connection.
+    `phase`) may end earlier. When the current phase's deadline passes, the
+    watchdog interrupts the connection attached at that moment (`attach`), and
+    `detach` reports it so the caller discards that connection.
     """
 
     __slots__ = (

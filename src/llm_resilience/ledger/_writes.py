@@ -119,7 +119,7 @@ class Writes:
                     insert_entry(connection, write.entry, postgres=False)
 
     def _apply_postgres(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
-        """:meth:`_apply` on PostgreSQL: the holds released first, then every entry in
+        """`_apply` on PostgreSQL: the holds released first, then every entry in
         one statement that locks the totals in key order (so the writers of several
         processes never wait for each other in a cycle); a deadlock or serialisation
         failure the database reports anyway is tried again, a few times, within the
@@ -267,7 +267,7 @@ class Writes:
 
     def queue(self, entry: LedgerEntry) -> None:
         """Write-behind: queue ``entry`` for the writer thread. Never touches the
-        database; waits (up to ``behind_wait``) only when :meth:`must_wait` says so."""
+        database; waits (up to ``behind_wait``) only when `must_wait` says so."""
         assert self.flusher is not None
         if self.must_wait():
             # The writer falls behind a database that answers: wait for it to make room
@@ -283,7 +283,7 @@ class Writes:
             self.flusher.start()  # in an outage the writer tries again every interval
 
     def must_wait(self) -> bool:
-        """Write-behind: whether :meth:`queue` would wait for room: the queue is full
+        """Write-behind: whether `queue` would wait for room: the queue is full
         and the database answered the writer's last try."""
         return self.pending.full() and not self._behind_failing
 

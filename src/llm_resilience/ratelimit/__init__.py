@@ -1,5 +1,5 @@
-"""Token-bucket rate limiters: one process (:class:`TokenBucketRateLimiter`) or many
-sharing a Redis (:class:`RedisTokenBucketRateLimiter`).
+"""Token-bucket rate limiters: one process ([`TokenBucketRateLimiter`][]) or many
+sharing a Redis ([`RedisTokenBucketRateLimiter`][]).
 
 Both refill ``max(1, rpm // 60)`` permits every second into a bucket holding ``rpm``
 permits that starts full, queue callers over budget first come first served, and plug
@@ -7,10 +7,11 @@ into LangChain's and LlamaIndex's ``rate_limiter=`` slots once the adapter packa
 imported. ``tokens_per_minute`` adds a token bucket; with ``requests_per_minute=None``
 it is the only limit.
 
->>> from llm_resilience.ratelimit import TokenBucketRateLimiter
->>> limiter = TokenBucketRateLimiter(requests_per_minute=300)
->>> limiter.permits_per_period, limiter.capacity
-(5, 300)
+Examples:
+    >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
+    >>> limiter = TokenBucketRateLimiter(requests_per_minute=300)
+    >>> limiter.permits_per_period, limiter.capacity
+    (5, 300)
 
 The Redis limiter loads on first use, so importing this package never imports redis.
 """
@@ -69,17 +70,18 @@ def limiter_for(**options: Unpack[LimiterOptions]) -> Any:
     """The limiter a wrapper waits on: ``limiter`` as given, or one built from the numbers.
 
     The rule every rate-limited wrapper follows: either budgets (a new
-    :class:`TokenBucketRateLimiter` from ``requests_per_minute``, ``tokens_per_minute``
+    [`TokenBucketRateLimiter`][] from ``requests_per_minute``, ``tokens_per_minute``
     or both, with ``max_queued_requests`` if set; tokens alone leave requests unlimited)
     or ``limiter`` (a limiter shared with other wrappers, which carries its own
     numbers). Raises ``ValueError`` for neither, both, or numbers given alongside a
     shared limiter; ``TypeError`` for a limiter without ``acquire``/``aacquire``, or for a
     keyword that is not one of `LimiterOptions` (naming the closest one).
 
-    >>> limiter_for(requests_per_minute=300).capacity
-    300
-    >>> limiter_for(tokens_per_minute=40_000).requests_per_minute is None
-    True
+    Examples:
+        >>> limiter_for(requests_per_minute=300).capacity
+        300
+        >>> limiter_for(tokens_per_minute=40_000).requests_per_minute is None
+        True
     """
     known_keywords("limiter_for", options, _OPTION_NAMES)
     requests_per_minute = options.get("requests_per_minute")

@@ -29,14 +29,14 @@ __all__ = ["TokenBucketRateLimiter"]
 class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     """A token bucket for one process: callers over budget wait their turn.
 
-    ::
+    ```python
+    limiter = TokenBucketRateLimiter(requests_per_minute=300)
 
-        limiter = TokenBucketRateLimiter(requests_per_minute=300)
+    async with limiter:  # one permit
+        await client.chat.completions.create(...)
 
-        async with limiter:  # one permit
-            await client.chat.completions.create(...)
-
-        model = ChatOpenAI(rate_limiter=limiter)  # or LlamaIndex's OpenAI(rate_limiter=...)
+    model = ChatOpenAI(rate_limiter=limiter)  # or LlamaIndex's OpenAI(rate_limiter=...)
+    ```
 
     The bucket holds ``requests_per_minute`` permits, starts full, and gains
     ``max(1, requests_per_minute // 60)`` permits at the end of every 1-second step: 300
@@ -47,14 +47,14 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     or tasks on any number of event loops: one FIFO queue, no overtaking, no polling
     (each waiter sleeps until its permit is due or its predecessor hands over). With
     ``max_queued_requests`` set, a caller finding that many already waiting gets
-    :class:`~llm_resilience.errors.RateLimitQueueFullError` at once. A cancelled waiter
+    [`RateLimitQueueFullError`][] at once. A cancelled waiter
     leaves the queue and takes nothing.
 
     With ``tokens_per_minute`` a call also needs ``num_tokens`` token permits (its
     estimated prompt plus its max output tokens) from a second bucket with the same
-    derivation; :meth:`reconcile` settles the estimate against real usage afterwards.
+    derivation; [`reconcile`][] settles the estimate against real usage afterwards.
     ``num_tokens`` over ``tokens_per_minute`` raises
-    :class:`~llm_resilience.errors.RequestExceedsCapacityError` at once. With
+    [`RequestExceedsCapacityError`][] at once. With
     ``requests_per_minute=None`` only tokens are limited (requests are not counted);
     giving neither budget raises ``ValueError`` naming both.
 
@@ -95,7 +95,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     #: The per-minute request budget (the bucket's capacity), or None: requests unlimited.
     _rpm: int | None
-    #: Request permits the bucket holds: ``_rpm``, or :data:`UNLIMITED_REQUESTS`.
+    #: Request permits the bucket holds: ``_rpm``, or `UNLIMITED_REQUESTS`.
     _capacity: int
     #: How many callers may wait at once; None is unbounded.
     _max_queued: int | None
@@ -115,7 +115,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     _steps: int
     #: Request permits in the bucket now (0 to ``_capacity``).
     _permits: int
-    #: Token permits in the bucket now; negative after :meth:`reconcile` charged a debt.
+    #: Token permits in the bucket now; negative after [`reconcile`][] charged a debt.
     _tokens: int
     #: Waiting callers in arrival order (an ordered set: O(1) removal on cancel).
     _waiters: OrderedDict[_Waiter, None]
@@ -167,10 +167,10 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
         Returns True once granted, or False at once when ``blocking=False`` and the
         permit is not available now (or others are already waiting for theirs). Raises
-        :class:`~llm_resilience.errors.RateLimitQueueFullError` when the queue is full and
-        :class:`~llm_resilience.errors.RequestExceedsCapacityError` when ``num_tokens`` is
+        [`RateLimitQueueFullError`][] when the queue is full and
+        [`RequestExceedsCapacityError`][] when ``num_tokens`` is
         more than ``tokens_per_minute``. Blocks the calling thread: from async code use
-        :meth:`aacquire`.
+        [`aacquire`][].
         """
         started: float | None = None
         waiter: _Waiter | None = None
@@ -200,7 +200,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     async def aacquire(
         self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat"
     ) -> bool:
-        """Async :meth:`acquire`: waits without blocking the event loop, cancellably.
+        """Async [`acquire`][]: waits without blocking the event loop, cancellably.
 
         A waiter cancelled while queued leaves the queue, consumes nothing, and the
         caller behind it takes its place at once.
@@ -244,7 +244,7 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
         return outcome == "granted"
 
     async def async_acquire(self, num_tokens: int = 0) -> None:
-        """LlamaIndex's name for :meth:`aacquire` (blocking, surface ``chat``)."""
+        """LlamaIndex's name for [`aacquire`][] (blocking, surface ``chat``)."""
         await self.aacquire(num_tokens)
 
     def reconcile(self, estimated_tokens: int, actual_tokens: int) -> None:

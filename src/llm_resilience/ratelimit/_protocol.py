@@ -1,11 +1,11 @@
 """What every limiter of this package is, and the checks they share.
 
-Both :class:`~llm_resilience.ratelimit.TokenBucketRateLimiter` (one process) and
-:class:`~llm_resilience.ratelimit.RedisTokenBucketRateLimiter` (every process sharing a
+Both [`TokenBucketRateLimiter`][] (one process) and
+[`RedisTokenBucketRateLimiter`][] (every process sharing a
 Redis) follow one derivation from a per-minute budget:
 
-* the bucket refills in discrete steps of :data:`PERIOD_SECONDS` (1 s);
-* each step adds ``max(1, per_minute // 60)`` permits (:func:`per_period`), so 300 rpm
+* the bucket refills in discrete steps of `PERIOD_SECONDS` (1 s);
+* each step adds ``max(1, per_minute // 60)`` permits (`per_period`), so 300 rpm
   adds 5 a second, 90 rpm floors to 1 a second (60 a minute) and 30 rpm rounds up to 1 a
   second (60 a minute: budgets under 60 over-admit);
 * the bucket holds the whole per-minute budget and starts full, so an idle limiter
@@ -57,8 +57,9 @@ UNLIMITED_REQUESTS = 2**40
 def per_period(per_minute: int) -> int:
     """Permits added per 1-second step for a per-minute budget: ``max(1, per_minute // 60)``.
 
-    >>> [per_period(rpm) for rpm in (30, 60, 90, 300, 6000)]
-    [1, 1, 1, 5, 100]
+    Examples:
+        >>> [per_period(rpm) for rpm in (30, 60, 90, 300, 6000)]
+        [1, 1, 1, 5, 100]
     """
     return max(1, per_minute // 60)
 
@@ -70,7 +71,7 @@ def positive_int(option: str, value: object) -> int:
 
 
 def optional_positive_int(option: str, value: object) -> int | None:
-    """Like :func:`positive_int`, but None (the option left unset) passes through."""
+    """Like `positive_int`, but None (the option left unset) passes through."""
     return None if value is None else positive_int(option, value)
 
 
@@ -80,12 +81,13 @@ def check_budgets(
     """The two per-minute budgets of a limiter, checked: each None or an ``int`` >= 1, and
     not both None (a limiter with neither would limit nothing).
 
-    >>> check_budgets(None, 40_000)
-    (None, 40000)
-    >>> check_budgets(None, None)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: give requests_per_minute, tokens_per_minute or both (integers >= 1): ...
+    Examples:
+        >>> check_budgets(None, 40_000)
+        (None, 40000)
+        >>> check_budgets(None, None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: give requests_per_minute, tokens_per_minute or both (integers >= 1): ...
     """
     if requests_per_minute is None and tokens_per_minute is None:
         raise ValueError(
@@ -106,7 +108,7 @@ def non_negative_int(option: str, value: object) -> int:
 def check_token_weight(num_tokens: object, token_capacity: int | None) -> int:
     """Validate a call's token weight (an ``int`` >= 0) against the token bucket.
 
-    Raises :class:`~llm_resilience.errors.RequestExceedsCapacityError` when the weight
+    Raises [`RequestExceedsCapacityError`][] when the weight
     exceeds ``token_capacity`` (the ``tokens_per_minute`` budget): such a call could
     never be granted. Without a token bucket the weight is checked and ignored.
     """
@@ -154,11 +156,11 @@ class RateLimiter(Protocol):
     async def aacquire(
         self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat"
     ) -> bool:
-        """Async :meth:`acquire`."""
+        """Async `acquire`."""
         ...
 
     async def async_acquire(self, num_tokens: int = 0) -> None:
-        """LlamaIndex's name for :meth:`aacquire`."""
+        """LlamaIndex's name for `aacquire`."""
         ...
 
     def reconcile(self, estimated_tokens: int, actual_tokens: int) -> None:
@@ -196,7 +198,7 @@ class BucketArithmetic:
     _rpm: int | None
     _max_queued: int | None
     _tpm: int | None
-    #: ``max(1, rpm // 60)``, or :data:`UNLIMITED_REQUESTS` for a tokens-only limiter.
+    #: ``max(1, rpm // 60)``, or `UNLIMITED_REQUESTS` for a tokens-only limiter.
     _permits_per_period: int
     _tokens_per_period: int | None
 
@@ -302,15 +304,16 @@ def request_weight(
     0 when the limiter has no token budget (nothing is tokenized then). A chat call
     weighs its estimated ``prompt`` (``cl100k_base``, with chat framing) plus
     ``max_output_tokens``, its output cap (the call's own, else the model's; None counts
-    as 0 here, since :func:`reconcile_with_usage` settles the difference afterwards). An
+    as 0 here, since `reconcile_with_usage` settles the difference afterwards). An
     embedding call weighs its input ``texts``.
 
-    >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
-    >>> limiter = TokenBucketRateLimiter(60, tokens_per_minute=10_000)
-    >>> request_weight(limiter, prompt=[("user", "hello world")], max_output_tokens=100)
-    109
-    >>> request_weight(TokenBucketRateLimiter(60), prompt=[("user", "hello world")])
-    0
+    Examples:
+        >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
+        >>> limiter = TokenBucketRateLimiter(60, tokens_per_minute=10_000)
+        >>> request_weight(limiter, prompt=[("user", "hello world")], max_output_tokens=100)
+        109
+        >>> request_weight(TokenBucketRateLimiter(60), prompt=[("user", "hello world")])
+        0
     """
     if not weighs_tokens(limiter):
         return 0
@@ -332,19 +335,20 @@ def reconcile_with_usage(
     The one rule every wrapper follows after a successful chat call (or completed stream):
 
     * a limiter without ``tokens_per_minute`` weighs nothing, so has nothing to settle;
-    * only a report settles (:func:`~llm_resilience.usage.reported_usage`: both counts,
+    * only a report settles (`reported_usage`: both counts,
       and an input above 0 for a non-empty ``prompt``); an estimate would only replace
       one guess with another, so the hold stands as taken;
     * a limiter that cannot settle (Redis down) logs a WARNING on
       ``llm_resilience.ratelimit`` naming the error type and returns False: the call has
       succeeded and must not fail for its bookkeeping.
 
-    >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
-    >>> limiter = TokenBucketRateLimiter(60, tokens_per_minute=10_000)
-    >>> reconcile_with_usage(limiter, 500, 0, 20, prompt=[("user", "hi")])  # 0 in: no report
-    False
-    >>> reconcile_with_usage(limiter, 500, 9, 20, prompt=[("user", "hi")])
-    True
+    Examples:
+        >>> from llm_resilience.ratelimit import TokenBucketRateLimiter
+        >>> limiter = TokenBucketRateLimiter(60, tokens_per_minute=10_000)
+        >>> reconcile_with_usage(limiter, 500, 0, 20, prompt=[("user", "hi")])  # 0 in: no report
+        False
+        >>> reconcile_with_usage(limiter, 500, 9, 20, prompt=[("user", "hi")])
+        True
     """
     if getattr(limiter, "tokens_per_minute", None) is None:
         return False

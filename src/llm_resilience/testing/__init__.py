@@ -1,21 +1,23 @@
 """Test doubles for resilience stacks: a local LLM server that fails on cue.
 
-:class:`FaultInjectingServer` answers like the OpenAI Chat Completions and Anthropic
+[`FaultInjectingServer`][] answers like the OpenAI Chat Completions and Anthropic
 Messages APIs on ``127.0.0.1``, so real SDK clients (and the LangChain and LlamaIndex
-models built on them) run against it unchanged, while a script of :class:`Fault` values
+models built on them) run against it unchanged, while a script of [`Fault`][] values
 makes chosen requests fail with 429s, 5xx, hangs, refused connections, slow first
 tokens, streams that stall or are cut mid-body, a content filter
-(:meth:`Fault.content_filtered`) or a refused assistant prefill
-(:meth:`Fault.prefill_rejected`). A request that ends with an assistant message is
-answered with the rest of the reply after it, as a provider that takes a prefill does.
+([`Fault.content_filtered`][llm_resilience.testing.Fault.content_filtered]) or a refused assistant
+prefill ([`Fault.prefill_rejected`][llm_resilience.testing.Fault.prefill_rejected]). A request that
+ends with an assistant message is answered with the rest of the reply after it, as a provider that
+takes a prefill does.
 
->>> from llm_resilience.testing import Fault, FaultInjectingServer
->>> with FaultInjectingServer(reply="Paris.") as server:
-...     server.script(Fault.status(429), Fault.drop_mid_stream(after_chunks=2))
-...     len(server.pending)
-2
+Examples:
+    >>> from llm_resilience.testing import Fault, FaultInjectingServer
+    >>> with FaultInjectingServer(reply="Paris.") as server:
+    ...     server.script(Fault.status(429), Fault.drop_mid_stream(after_chunks=2))
+    ...     len(server.pending)
+    2
 
-:class:`FaultProxy` does the same for a real PostgreSQL or Redis: a TCP proxy that can
+[`FaultProxy`][] does the same for a real PostgreSQL or Redis: a TCP proxy that can
 go silent (connections open, nothing answers) or reset every connection, on cue.
 
 `FakeFaults` is the fault state the adapters' fake models share: the requests

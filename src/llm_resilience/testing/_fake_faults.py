@@ -17,14 +17,15 @@ E = TypeVar("E", bound=BaseException)
 class FakeFaults:
     """What a fake model does wrong, written once for the LangChain and LlamaIndex fakes.
 
-    >>> faults = FakeFaults()
-    >>> faults.count(), faults.calls  # the first request's turn, and the count
-    (0, 1)
-    >>> faults.release()
-    >>> faults.hang(60.0)  # released: returns at once (so would `await faults.ahang(60.0)`)
-    >>> copied = faults.failure(ValueError("scripted"))
-    >>> copied is faults.last_error, copied.args
-    (True, ('scripted',))
+    Examples:
+        >>> faults = FakeFaults()
+        >>> faults.count(), faults.calls  # the first request's turn, and the count
+        (0, 1)
+        >>> faults.release()
+        >>> faults.hang(60.0)  # released: returns at once (so would `await faults.ahang(60.0)`)
+        >>> copied = faults.failure(ValueError("scripted"))
+        >>> copied is faults.last_error, copied.args
+        (True, ('scripted',))
 
     A fake holds one as a private attribute and calls it from each of its methods:
     `count()` first (under a lock, so threads never lose a request), then `hang()` or
@@ -113,14 +114,15 @@ class HasFakeFaults:
     A mixin: the fake declares `_faults` (a pydantic `PrivateAttr(default_factory=
     FakeFaults)`, say) and gains `calls`, `last_error` and `release()`.
 
-    >>> class Fake(HasFakeFaults):
-    ...     def __init__(self) -> None:
-    ...         self._faults = FakeFaults()
-    >>> fake = Fake()
-    >>> fake._faults.count()
-    0
-    >>> fake.calls, fake.last_error
-    (1, None)
+    Examples:
+        >>> class Fake(HasFakeFaults):
+        ...     def __init__(self) -> None:
+        ...         self._faults = FakeFaults()
+        >>> fake = Fake()
+        >>> fake._faults.count()
+        0
+        >>> fake.calls, fake.last_error
+        (1, None)
     """
 
     __slots__ = ()

@@ -46,8 +46,9 @@ _FAULT_OPTIONS = (
 class Fault:
     """How the server answers one request. Build them with the class methods.
 
-    >>> Fault.status(429, retry_after=2)
-    Fault(kind='status', status_code=429, retry_after=2)
+    Examples:
+        >>> Fault.status(429, retry_after=2)
+        Fault(kind='status', status_code=429, retry_after=2)
     """
 
     kind: FaultKind
@@ -127,9 +128,10 @@ class Fault:
         "too many tokens: total number of tokens in the prompt cannot exceed {maximum} -
         received {tokens}. ..." (the cohere SDK raises ``BadRequestError``).
 
-        >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
-        >>> fault.body["error"]["message"]
-        'prompt is too long: 210000 tokens > 200000 maximum'
+        Examples:
+            >>> fault = Fault.context_length_exceeded("anthropic", tokens=210_000, maximum=200_000)
+            >>> fault.body["error"]["message"]
+            'prompt is too long: 210000 tokens > 200000 maximum'
         """
         for option, value in (("tokens", tokens), ("maximum", maximum)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -226,8 +228,9 @@ class Fault:
         answered normally. As ``default_fault`` it makes the server a model that never
         takes a prefill.
 
-        >>> Fault.prefill_rejected()
-        Fault(kind='prefill_rejected')
+        Examples:
+            >>> Fault.prefill_rejected()
+            Fault(kind='prefill_rejected')
         """
         return cls("prefill_rejected")
 
@@ -242,10 +245,11 @@ class Fault:
         ``"content_filter"`` (the body Azure OpenAI sends; Anthropic's route says the
         same in an ``invalid_request_error``).
 
-        >>> Fault.content_filtered(after_chunks=2)
-        Fault(kind='content_filtered', after_chunks=2)
-        >>> Fault.content_filtered(prompt=True).status_code
-        400
+        Examples:
+            >>> Fault.content_filtered(after_chunks=2)
+            Fault(kind='content_filtered', after_chunks=2)
+            >>> Fault.content_filtered(prompt=True).status_code
+            400
         """
         if isinstance(after_chunks, bool) or not isinstance(after_chunks, int) or after_chunks < 0:
             raise ValueError(f"after_chunks must be an integer >= 0; got {after_chunks!r}")
@@ -269,10 +273,11 @@ class Fault:
         ``serviceUnavailableException`` 503, ``modelStreamErrorException`` 424,
         ``validationException`` 400 and any other 4xx, ``internalServerException`` 500
         and any other 5xx). A non-streaming request gets the plain ``code`` answer, as
-        :meth:`status` sends it.
+        [`status`][] sends it.
 
-        >>> Fault.error_event(529, after_chunks=2)
-        Fault(kind='error_event', status_code=529, after_chunks=2)
+        Examples:
+            >>> Fault.error_event(529, after_chunks=2)
+            Fault(kind='error_event', status_code=529, after_chunks=2)
         """
         if isinstance(code, bool) or not isinstance(code, int) or not 400 <= code <= 599:
             raise ValueError(f"code must be an HTTP error status between 400 and 599; got {code!r}")
@@ -306,8 +311,9 @@ class Fault:
         ``summary=None`` leaves the block out and keeps the usage, for clients that
         cannot parse the block.
 
-        >>> Fault.compacted(input_tokens=100, output_tokens=131, cache_write_5m=55_096)
-        Fault(kind='compacted', compaction={'input_tokens': 100, 'output_tokens': 131, \
+        Examples:
+            >>> Fault.compacted(input_tokens=100, output_tokens=131, cache_write_5m=55_096)
+            Fault(kind='compacted', compaction={'input_tokens': 100, 'output_tokens': 131, \
 'cache_read': 0, 'cache_write_5m': 55096, 'cache_write_1h': 0}, \
 summary='Summary of the earlier conversation.')
         """

@@ -1,12 +1,14 @@
 """A TCP proxy that makes a real database or Redis fail on cue: silent, reset, or healthy.
 
-Point a ledger or a limiter at the proxy instead of the server, then switch its mode::
+Point a ledger or a limiter at the proxy instead of the server, then switch its mode:
 
-    with FaultProxy(("127.0.0.1", 5432)) as proxy:
-        ledger = SqlCostLedger(f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/test")
-        proxy.mode = "silent"     # connections stay open and nothing answers
-        ...
-        proxy.mode = "forward"    # the server answers again, on the same connections
+```python
+with FaultProxy(("127.0.0.1", 5432)) as proxy:
+    ledger = SqlCostLedger(f"postgresql+psycopg://postgres@127.0.0.1:{proxy.port}/test")
+    proxy.mode = "silent"     # connections stay open and nothing answers
+    ...
+    proxy.mode = "forward"    # the server answers again, on the same connections
+```
 
 * ``"forward"``: bytes flow both ways.
 * ``"silent"``: new connections are accepted and existing ones kept, but no byte moves in
@@ -63,11 +65,12 @@ class _Link:
 
 
 class FaultProxy:
-    """Forwards ``127.0.0.1:<port>`` to ``target``; :attr:`mode` decides what gets through.
+    """Forwards ``127.0.0.1:<port>`` to ``target``; [`mode`][] decides what gets through.
 
-    >>> proxy = FaultProxy(("127.0.0.1", 6379))
-    >>> proxy.mode
-    'forward'
+    Examples:
+        >>> proxy = FaultProxy(("127.0.0.1", 6379))
+        >>> proxy.mode
+        'forward'
     """
 
     def __init__(self, target: tuple[str, int], *, mode: ProxyMode = "forward") -> None:

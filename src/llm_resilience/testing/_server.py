@@ -13,7 +13,7 @@ and Ollama's native chat API (``POST /api/chat``, streamed as newline-delimited 
 and Cohere's Chat API (``POST /v2/chat``, and v1's ``POST /v1/chat``; ``_wire_cohere``)
 for the real SDK clients, and the
 LangChain and LlamaIndex models built on them, to run against it unchanged. A script of
-:class:`Fault` values decides, one per incoming request and in order, how each request is
+[`Fault`][] values decides, one per incoming request and in order, how each request is
 answered; when the script is used up, requests get the normal answer (``default_fault``).
 
 Everything runs on daemon threads, so a hanging request never keeps the process alive and
@@ -61,12 +61,12 @@ _POLL_INTERVAL = 0.02
 class FaultInjectingServer:
     """A fake OpenAI + Anthropic endpoint on ``127.0.0.1`` that injects scripted faults.
 
-    ::
-
-        with FaultInjectingServer(reply="Paris is the capital of France.") as server:
-            server.script(Fault.status(429), Fault.hang())
-            model = ChatOpenAI(base_url=server.openai_base_url, api_key="test", max_retries=0)
-            # the first call gets a RateLimitError, the second hangs, the rest succeed
+    ```python
+    with FaultInjectingServer(reply="Paris is the capital of France.") as server:
+        server.script(Fault.status(429), Fault.hang())
+        model = ChatOpenAI(base_url=server.openai_base_url, api_key="test", max_retries=0)
+        # the first call gets a RateLimitError, the second hangs, the rest succeed
+    ```
 
     Each request to ``/v1/chat/completions`` or ``/v1/messages`` takes the next fault of
     the script (thread-safe); when the script is empty it gets ``default_fault``
@@ -92,7 +92,7 @@ class FaultInjectingServer:
     joined are ``reply``; a prefill that is not the start of ``reply`` gets all of it.
     On the Anthropic route a prefill ending in whitespace gets Anthropic's 400 ("final
     assistant content cannot end with trailing whitespace").
-    :meth:`Fault.prefill_rejected` plays a model that takes no prefill at all.
+    [`Fault.prefill_rejected`][] plays a model that takes no prefill at all.
 
     Prompt caching and reasoning: ``usage_details`` (e.g. ``{"cache_read": 900,
     "cache_write_5m": 100, "cache_write_1h": 50, "reasoning": 7}``, every key optional,

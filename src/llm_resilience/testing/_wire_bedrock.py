@@ -130,8 +130,9 @@ def _header(name: str, value: str) -> bytes:
 def encode_message(headers: Mapping[str, str], payload: bytes) -> bytes:
     """One event-stream message: prelude and its CRC, string headers, payload, message CRC.
 
-    >>> encode_message({}, b"").hex()
-    '000000100000000005c248eb7d98c8ff'
+    Examples:
+        >>> encode_message({}, b"").hex()
+        '000000100000000005c248eb7d98c8ff'
     """
     encoded = b"".join(_header(name, value) for name, value in headers.items())
     total = _PRELUDE.size + _CRC.size + len(encoded) + len(payload) + _CRC.size
@@ -247,7 +248,7 @@ def stream_exception_type(code: int) -> str:
 def bedrock_stream_exception(code: int) -> bytes:
     """The event-stream exception message Bedrock sends when a stream fails after it
     started (``:message-type`` ``exception``, the ``:exception-type`` of
-    :func:`stream_exception_type`, a ``{"message": ...}`` payload)."""
+    `stream_exception_type`, a ``{"message": ...}`` payload)."""
     exception_type = stream_exception_type(code)
     message = next(
         (text for name, text in _STREAM_EXCEPTIONS.values() if name == exception_type),

@@ -1,10 +1,11 @@
 """The errors the fakes raise: real SDK exceptions, and a fresh copy for every raise.
 
->>> from llm_resilience.testing.errors import api_status_error, rate_limit_error
->>> rate_limit_error(retry_after=20).response.headers["retry-after"]  # doctest: +SKIP
-'20'
->>> api_status_error(400).status_code  # doctest: +SKIP
-400
+Examples:
+    >>> from llm_resilience.testing.errors import api_status_error, rate_limit_error
+    >>> rate_limit_error(retry_after=20).response.headers["retry-after"]  # doctest: +SKIP
+    '20'
+    >>> api_status_error(400).status_code  # doctest: +SKIP
+    400
 
 The builders return the ``openai`` SDK's own exceptions (``RateLimitError``,
 ``InternalServerError``, ...) over a real ``httpx.Response`` carrying OpenAI's error body,
@@ -121,10 +122,11 @@ def fresh_error(error: E) -> E:
     Exceptions whose constructor cannot be replayed from ``args`` (the SDKs' status
     errors take keyword-only ``response`` and ``body``) are copied without calling it.
 
-    >>> original = ValueError("scripted")
-    >>> copied = fresh_error(original)
-    >>> copied is not original, type(copied), copied.args
-    (True, <class 'ValueError'>, ('scripted',))
+    Examples:
+        >>> original = ValueError("scripted")
+        >>> copied = fresh_error(original)
+        >>> copied is not original, type(copied), copied.args
+        (True, <class 'ValueError'>, ('scripted',))
     """
     try:
         clone = copy.copy(error)

@@ -1,13 +1,15 @@
-"""pytest fixtures for :class:`~llm_resilience.testing.FaultInjectingServer`.
+"""pytest fixtures for [`FaultInjectingServer`][].
 
-Enable them in a ``conftest.py``::
+Enable them in a ``conftest.py``:
 
-    pytest_plugins = ["llm_resilience.testing.fixtures"]
+```python
+pytest_plugins = ["llm_resilience.testing.fixtures"]
 
-    def test_fallback(fault_server, fault_server_factory):
-        secondary = fault_server_factory(reply="from the secondary", name="secondary")
-        fault_server.script(Fault.status(503))
-        ...
+def test_fallback(fault_server, fault_server_factory):
+    secondary = fault_server_factory(reply="from the secondary", name="secondary")
+    fault_server.script(Fault.status(503))
+    ...
+```
 
 Every server a test starts through them is stopped when the test ends, hanging requests
 included (``stop()`` takes a few hundredths of a second).

@@ -1,16 +1,17 @@
 """A small value valid for a JSON schema: what the fakes answer a tool call or a
 structured-output request with.
 
->>> from llm_resilience.testing.schema import sample_instance
->>> schema = {
-...     "type": "object",
-...     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-...     "required": ["city", "days"],
-... }
->>> sample_instance(schema)
-{'city': 'test', 'days': 0}
->>> sample_instance(schema, prompt="The weather in San Francisco for 3 days?")
-{'city': 'San Francisco', 'days': 3}
+Examples:
+    >>> from llm_resilience.testing.schema import sample_instance
+    >>> schema = {
+    ...     "type": "object",
+    ...     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    ...     "required": ["city", "days"],
+    ... }
+    >>> sample_instance(schema)
+    {'city': 'test', 'days': 0}
+    >>> sample_instance(schema, prompt="The weather in San Francisco for 3 days?")
+    {'city': 'San Francisco', 'days': 3}
 
 Both the fake server (``FaultInjectingServer``) and the adapters' fake models
 (LangChain's ``ScriptedChatModel``, LlamaIndex's ``FakeFunctionCallingLLM``) build their

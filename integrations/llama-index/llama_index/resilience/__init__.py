@@ -1,17 +1,19 @@
 """LlamaIndex adapters for llm-resilience.
 
-Example::
+Example:
 
-    from llama_index.resilience import CostTrackedLLM, FallbackLLM, RateLimitedLLM
-    from llm_resilience import CostBudget
+```python
+from llama_index.resilience import CostTrackedLLM, FallbackLLM, RateLimitedLLM
+from llm_resilience import CostBudget
 
-    llm = CostTrackedLLM(
-        inner=RateLimitedLLM(
-            inner=FallbackLLM(llms=[primary, secondary], per_client_timeout=30),
-            requests_per_minute=300,
-        ),
-        budget=CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25),
-    )
+llm = CostTrackedLLM(
+    inner=RateLimitedLLM(
+        inner=FallbackLLM(llms=[primary, secondary], per_client_timeout=30),
+        requests_per_minute=300,
+    ),
+    budget=CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25),
+)
+```
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@ A layer (fallback, rate limit, spend budget) is an ``LLM`` whose public methods 
 LlamaIndex's ``llm_chat_callback``/``llm_completion_callback`` and the dispatcher's span,
 so one user call emits one ``CBEventType.LLM`` start/end pair and one
 ``LLMChatStartEvent``/``LLMChatEndEvent`` (or completion) pair, however deep the stack.
-The LLM below is called *underneath* its own decorators (:func:`undecorated_call`): the
+The LLM below is called *underneath* its own decorators (`undecorated_call`): the
 plain method is recovered from the dispatcher's ``wrapt`` proxy (``__wrapped__``) and
 from the callback decorator's closure (which keeps no ``__wrapped__``). The wrapped
 LLM's own ``rate_limiter``, which that decorator would have applied, is acquired here
 instead. Swapping its ``callback_manager`` would not do: instrumentation events go to
 global dispatchers, and mutating a shared LLM is not thread-safe.
 
-:class:`DelegatingLLM` and :class:`DelegatingEmbedding` are the bases of the layers that
+`DelegatingLLM` and `DelegatingEmbedding` are the bases of the layers that
 wrap one object (``inner``); subclasses say what happens around each call through
 ``_begin``/``_end`` (and their async twins).
 """
@@ -136,11 +136,11 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne):
     # -- what subclasses define ---------------------------------------------------------
 
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> Any:
-        """Before the inner call; returns a context handed to :meth:`_end`. May raise."""
+        """Before the inner call; returns a context handed to `_end`. May raise."""
         return None
 
     async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> Any:
-        """Async :meth:`_begin` (by default, the sync one)."""
+        """Async `_begin` (by default, the sync one)."""
         return self._begin(kind, request, kwargs)
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
@@ -150,7 +150,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne):
         """After the call: the response (a stream's last chunk), or None if there is none."""
 
     async def _aend(self, context: Any, response: AnyResponse | None) -> None:
-        """Async :meth:`_end` (by default, the sync one)."""
+        """Async `_end` (by default, the sync one)."""
         self._end(context, response)
 
     def _end_early(self, context: Any, last: AnyResponse | None) -> None:
@@ -159,7 +159,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne):
         self._end(context, None)
 
     async def _aend_early(self, context: Any, last: AnyResponse | None) -> None:
-        """Async :meth:`_end_early` (by default, :meth:`_aend` with None)."""
+        """Async `_end_early` (by default, `_aend` with None)."""
         await self._aend(context, None)
 
     # -- identity -------------------------------------------------------------------------
@@ -424,18 +424,18 @@ class DelegatingEmbedding(BaseEmbedding, WrapsOne):
     # -- what subclasses define ---------------------------------------------------------
 
     def _begin(self, kind: EmbeddingKind, texts: list[str]) -> Any:
-        """Before the inner call; returns a context handed to :meth:`_end`. May raise."""
+        """Before the inner call; returns a context handed to `_end`. May raise."""
         return None
 
     async def _abegin(self, kind: EmbeddingKind, texts: list[str]) -> Any:
-        """Async :meth:`_begin` (by default, the sync one)."""
+        """Async `_begin` (by default, the sync one)."""
         return self._begin(kind, texts)
 
     def _end(self, context: Any, embeddings: list[Embedding] | None) -> None:
         """After the call: one embedding per text, or None if the call failed."""
 
     async def _aend(self, context: Any, embeddings: list[Embedding] | None) -> None:
-        """Async :meth:`_end` (by default, the sync one)."""
+        """Async `_end` (by default, the sync one)."""
         self._end(context, embeddings)
 
     # -- identity -------------------------------------------------------------------------

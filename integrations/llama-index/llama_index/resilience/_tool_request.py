@@ -2,7 +2,7 @@
 
 OpenAI and Anthropic tool schemas differ, so ``FallbackLLM._prepare_chat_with_tools``
 does not prepare the tools: it returns the messages (for the wrapper's own events) and a
-:class:`ToolRequest` under :data:`TOOL_REQUEST_KEY`, and each attempt hands it to its
+`ToolRequest` under `TOOL_REQUEST_KEY`, and each attempt hands it to its
 member's own ``_prepare_chat_with_tools``, with a fresh copy of the chat history.
 """
 

@@ -1,7 +1,7 @@
 """Reading LlamaIndex requests and responses for the core's token and cost rules.
 
 Translation only: what counts as reported usage, and how to estimate what is missing,
-is :mod:`llm_resilience.usage`'s. This module finds the numbers where LlamaIndex
+is `llm_resilience.usage`'s. This module finds the numbers where LlamaIndex
 integrations put them:
 
 * OpenAI-shaped: ``response.raw.usage`` (``prompt_tokens``/``completion_tokens``, the
@@ -28,7 +28,7 @@ integrations put them:
   ``stream-end`` chunk: ``input_tokens`` and ``output_tokens``, what Cohere bills, sent
   as whole floats.
 
-Cache and reasoning counts (:func:`reported_details`) come from the raw usage: OpenAI's
+Cache and reasoning counts (`reported_details`) come from the raw usage: OpenAI's
 ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
 (both already inside ``prompt_tokens``/``completion_tokens``; the Responses API's
 ``input_tokens_details``/``output_tokens_details`` alike), Anthropic's
@@ -45,7 +45,7 @@ and reasoning tokens are inside ``prompt_tokens``/``completion_tokens`` as OpenA
 Anthropic's server-side compaction bills its summarising step apart from the counts
 above, as a ``"compaction"`` entry of ``usage.iterations``: the raw usage
 (``raw["usage"]`` of a call and of a stream's ``message_delta`` chunk) goes to the core
-(:func:`~llm_resilience.usage.with_billed_apart`), which adds it.
+(`with_billed_apart`), which adds it.
 
 The serving model is ``raw.model`` when the provider reports it.
 """
@@ -146,7 +146,7 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
 
 def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
     """The provider's cache and reasoning counts, from the same places as
-    :func:`reported_tokens` (the first that has any); None where not reported."""
+    `reported_tokens` (the first that has any); None where not reported."""
     bedrock = _bedrock_usage(response)
     if bedrock is not None:
         return _bedrock_details(bedrock)
@@ -201,7 +201,7 @@ class StreamTally:
     """What a stream reported, chunk by chunk: text deltas, usage, the serving model.
 
     A LlamaIndex chunk's usage is what its provider put in ``raw`` (a running total, or
-    one piece of the usage); the core's :class:`~llm_resilience.usage.StreamUsage` adds
+    one piece of the usage); the core's `StreamUsage` adds
     them up.
     """
 
@@ -217,17 +217,17 @@ class StreamTally:
 
     @property
     def input_tokens(self) -> int | None:
-        """The stream's input count so far (:class:`StreamUsage`), or None."""
+        """The stream's input count so far (`StreamUsage`), or None."""
         return self._usage.input_tokens
 
     @property
     def output_tokens(self) -> int | None:
-        """The stream's output count so far (:class:`StreamUsage`), or None."""
+        """The stream's output count so far (`StreamUsage`), or None."""
         return self._usage.output_tokens
 
     @property
     def details(self) -> TokenDetails:
-        """The stream's cache and reasoning counts so far (:class:`StreamUsage`)."""
+        """The stream's cache and reasoning counts so far (`StreamUsage`)."""
         return self._usage.details
 
     @property

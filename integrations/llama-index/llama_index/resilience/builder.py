@@ -44,18 +44,20 @@ __all__ = ["ResilienceBuilder"]
 class ResilienceBuilder(ResiliencePlan):
     """LlamaIndex components wrapped in resilience layers, ready for `Settings`.
 
-    Example::
+    Example:
 
-        stack = (
-            ResilienceBuilder()
-            .use_fallback_chain([primary, secondary], per_client_timeout=30)
-            .use_rate_limiting(chat_requests_per_minute=300)
-            .use_cost_budgeting(
-                CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25)
-            )
-            .build()
+    ```python
+    stack = (
+        ResilienceBuilder()
+        .use_fallback_chain([primary, secondary], per_client_timeout=30)
+        .use_rate_limiting(chat_requests_per_minute=300)
+        .use_cost_budgeting(
+            CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25)
         )
-        Settings.llm = stack.chat  # CostTrackedLLM(RateLimitedLLM(FallbackLLM(...)))
+        .build()
+    )
+    Settings.llm = stack.chat  # CostTrackedLLM(RateLimitedLLM(FallbackLLM(...)))
+    ```
 
     The chat surface is an `LLM` (or the `FallbackLLM` that `use_fallback_chain` builds),
     the embeddings a `BaseEmbedding`, the vector store a `BasePydanticVectorStore` or a

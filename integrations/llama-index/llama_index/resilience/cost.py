@@ -1,9 +1,9 @@
 """``CostTrackedLLM`` and ``CostTrackedEmbedding``: LlamaIndex layers over a spend budget.
 
 The adapter only translates: limits, windows, prices, what counts as reported usage and
-how missing usage is estimated are the core's (:mod:`llm_resilience.budget`,
-:mod:`llm_resilience.usage`). Each call passes the budget gate before the inner call
-(a spent budget raises :class:`~llm_resilience.errors.BudgetExceededError` and the inner
+how missing usage is estimated are the core's (`llm_resilience.budget`,
+`llm_resilience.usage`). Each call passes the budget gate before the inner call
+(a spent budget raises [`BudgetExceededError`][llm_resilience.BudgetExceededError] and the inner
 model is never called) and records one ledger entry after it:
 
 * chat and completion: the provider's usage when the response reports both counts
@@ -14,17 +14,17 @@ model is never called) and records one ledger entry after it:
   the chunks reported, else estimated from the accumulated text. A stream its consumer
   closes early (``break``, ``close()``/``aclose()``, garbage collection) or cancels
   after chunks arrived records what it consumed
-  (:func:`~llm_resilience.usage.partial_stream_usage`: the usage reported so far, else
+  (`partial_stream_usage`: the usage reported so far, else
   the prompt and the delivered text estimated); one that failed with an error records
-  nothing (a failover inside a :class:`~llama_index.resilience.FallbackLLM` below is
+  nothing (a failover inside a [`FallbackLLM`][] below is
   not seen here);
 * a hedged ``FallbackLLM`` below (``hedge_after``): the attempt that lost is recorded as
   its own entry of kind ``"hedge"`` when its provider reported usage;
 * embeddings: always estimated over the input texts.
 
 Every entry names the model that served, by the core's rule
-(:func:`~llm_resilience.budget.served_model`): the provider's ``raw.model``, else the
-member of a :class:`~llama_index.resilience.FallbackLLM` below that answered, else the
+(`served_model`): the provider's ``raw.model``, else the
+member of a [`FallbackLLM`][] below that answered, else the
 inner LLM's ``metadata.model_name``; LlamaIndex's placeholder ``"unknown"`` is no name,
 so an unnamed model (embedding models included) records None. A stream closed early
 before naming its model records the dearest that may have served. A failed call
@@ -73,37 +73,39 @@ _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
 class CostTrackedLLM(DelegatingLLM):
     """An LLM that refuses calls once a spend limit is reached, and records each call's cost.
 
-    Example::
+    Example:
 
-        from llama_index.core import Settings
-        from llama_index.llms.openai import OpenAI
-        from llama_index.resilience import CostTrackedLLM
-        from llm_resilience import CostBudget
-        from llm_resilience.ledger import SqlCostLedger
+    ```python
+    from llama_index.core import Settings
+    from llama_index.llms.openai import OpenAI
+    from llama_index.resilience import CostTrackedLLM
+    from llm_resilience import CostBudget
+    from llm_resilience.ledger import SqlCostLedger
 
-        llm = CostTrackedLLM(
-            inner=OpenAI(model="gpt-4o"),
-            budget=CostBudget(input_price_per_mtok="2.50", output_price_per_mtok=10,
-                              daily_limit=25),
-            ledger=SqlCostLedger("sqlite:///spend.db"),
-        )
-        Settings.llm = llm                            # query engines and agents are gated
-        llm.complete("Hi", budget_scope="tenant-7")  # counts toward tenant-7's limits
+    llm = CostTrackedLLM(
+        inner=OpenAI(model="gpt-4o"),
+        budget=CostBudget(input_price_per_mtok="2.50", output_price_per_mtok=10,
+                          daily_limit=25),
+        ledger=SqlCostLedger("sqlite:///spend.db"),
+    )
+    Settings.llm = llm                            # query engines and agents are gated
+    llm.complete("Hi", budget_scope="tenant-7")  # counts toward tenant-7's limits
+    ```
 
-    ``budget`` is a :class:`~llm_resilience.budget.CostBudget`; this layer keeps one
-    :class:`~llm_resilience.budget.BudgetGate` over it. ``ledger`` may be shared by every
+    ``budget`` is a [`CostBudget`][]; this layer keeps one
+    [`BudgetGate`][] over it. ``ledger`` may be shared by every
     layer of the process (None: a new in-memory ledger, with a warning naming
     ``SqlCostLedger``). ``scope`` (a tenant, a user, a hash of a key; None: unscoped) applies to
     every call; a call's ``budget_scope=`` keyword overrides it and is never passed to
     the inner LLM. Windows are UTC days and months; money is exact ``Decimal``. In strict
     mode the hold covers every LLM below that may serve, each up to its own output cap
-    (:func:`~llm_resilience.usage.output_cap`: the call's ``max_tokens``,
+    (`output_cap`: the call's ``max_tokens``,
     ``max_completion_tokens`` or ``max_output_tokens``, else the LLM's own field of those
     names, else its ``metadata.num_output``, else 4,096), at its own price.
 
     Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
     non-text ``scope``, or an ``inner`` that is not an ``LLM``; calls raise
-    :class:`~llm_resilience.errors.BudgetExceededError` (``window``, ``limit``,
+    [`BudgetExceededError`][llm_resilience.BudgetExceededError] (``window``, ``limit``,
     ``spend``) once spend has reached a limit. Tools, structured output and metadata
     pass through to ``inner``.
     """
@@ -264,19 +266,21 @@ class CostTrackedLLM(DelegatingLLM):
 class CostTrackedEmbedding(DelegatingEmbedding):
     """An embedding model gated by a spend budget, recording each call's estimated cost.
 
-    Example::
+    Example:
 
-        Settings.embed_model = CostTrackedEmbedding(
-            inner=OpenAIEmbedding(),
-            budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit=5),
-            ledger=ledger,  # shared with the CostTrackedLLM
-        )
+    ```python
+    Settings.embed_model = CostTrackedEmbedding(
+        inner=OpenAIEmbedding(),
+        budget=CostBudget(embedding_price_per_mtok="0.02", daily_limit=5),
+        ledger=ledger,  # shared with the CostTrackedLLM
+    )
+    ```
 
     One gate and one ledger entry per provider call (a query, a text, or a batch of up
     to ``embed_batch_size`` texts), priced at ``embedding_price_per_mtok`` (or the
     ``prices`` entry of the inner model's ``model_name``). Usage is always estimated
     over the input texts (``cl100k_base``). Options and errors are
-    :class:`CostTrackedLLM`'s; the scope is fixed per layer (LlamaIndex's embedding
+    [`CostTrackedLLM`][]'s; the scope is fixed per layer (LlamaIndex's embedding
     calls take no per-call keywords).
     """
 

@@ -1,22 +1,24 @@
 """Instrumentation events of the LlamaIndex adapters.
 
 A stream that fails after it yielded chunks is restarted from the beginning on the next
-LLM of a :class:`~llama_index.resilience.FallbackLLM`; the chunks already yielded stay
-yielded. :class:`FallbackStreamRestartEvent` tells a consumer to drop what it
+LLM of a [`FallbackLLM`][]; the chunks already yielded stay
+yielded. [`FallbackStreamRestartEvent`][] tells a consumer to drop what it
 accumulated, without parsing logs:
 
-Example::
+Example:
 
-    from llama_index.core.instrumentation import get_dispatcher
-    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-    from llama_index.resilience import FallbackStreamRestartEvent
+```python
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.resilience import FallbackStreamRestartEvent
 
-    class DropPartialOutput(BaseEventHandler):
-        def handle(self, event, **kwargs):
-            if isinstance(event, FallbackStreamRestartEvent):
-                ...  # forget the text streamed so far
+class DropPartialOutput(BaseEventHandler):
+    def handle(self, event, **kwargs):
+        if isinstance(event, FallbackStreamRestartEvent):
+            ...  # forget the text streamed so far
 
-    get_dispatcher().add_event_handler(DropPartialOutput())
+get_dispatcher().add_event_handler(DropPartialOutput())
+```
 
 Events carry indexes and counts only, never prompt or response text.
 """

@@ -1,8 +1,8 @@
-"""``FallbackLLM``: a LlamaIndex ``FunctionCallingLLM`` over :class:`llm_resilience.FallbackChain`.
+"""``FallbackLLM``: a LlamaIndex ``FunctionCallingLLM`` over [`llm_resilience.FallbackChain`][].
 
 The adapter only translates. Which LLM is tried, what counts as transient, timeouts,
 the circuit breaker, the log lines and stream restarts are the core engine's
-(:mod:`llm_resilience.fallback`); this module turns LlamaIndex calls into engine
+(`llm_resilience.fallback`); this module turns LlamaIndex calls into engine
 attempts and engine results back into LlamaIndex responses.
 
 Three translation rules are worth knowing:
@@ -20,13 +20,13 @@ Three translation rules are worth knowing:
   siblings hand each attempt's member the original tools and messages, and the member
   builds its own request with its own ``_prepare_chat_with_tools`` (OpenAI and Anthropic
   tool schemas differ). Each member gets its own copy of the chat history
-  (:mod:`llama_index.resilience._tool_request`).
+  (`llama_index.resilience._tool_request`).
 * **One event pair per call.** The wrapper's public methods carry LlamaIndex's
   ``llm_chat_callback``/``llm_completion_callback`` and the dispatcher's span, so one user
   call emits one ``CBEventType.LLM`` start/end pair and one ``LLMChatStartEvent`` /
   ``LLMChatEndEvent`` (or completion) pair. Members are called *below* their own
   decorators, their ``rate_limiter`` still applied
-  (:func:`llama_index.resilience._delegate.undecorated_call`, shared by every layer).
+  (`llama_index.resilience._delegate.undecorated_call`, shared by every layer).
 """
 
 from __future__ import annotations
@@ -107,20 +107,22 @@ def _option(description: str, exclude: bool = False) -> Any:
 class FallbackLLM(FunctionCallingLLM, Probeable):
     """Try ``llms`` in order; move to the next one at once when one fails transiently.
 
-    Example::
+    Example:
 
-        from llama_index.core import Settings
-        from llama_index.llms.anthropic import Anthropic
-        from llama_index.llms.openai import OpenAI
-        from llama_index.resilience import FallbackLLM
+    ```python
+    from llama_index.core import Settings
+    from llama_index.llms.anthropic import Anthropic
+    from llama_index.llms.openai import OpenAI
+    from llama_index.resilience import FallbackLLM
 
-        Settings.llm = FallbackLLM(
-            llms=[OpenAI(model="gpt-4o", max_retries=0), Anthropic(model="claude-sonnet-4-5")],
-            per_client_timeout=30,
-        )  # query engines, agents and structured_predict now fail over
+    Settings.llm = FallbackLLM(
+        llms=[OpenAI(model="gpt-4o", max_retries=0), Anthropic(model="claude-sonnet-4-5")],
+        per_client_timeout=30,
+    )  # query engines, agents and structured_predict now fail over
+    ```
 
     ``llms`` needs at least 2 LlamaIndex ``LLM`` objects, tried in that order, each once
-    per call, under the rules of :class:`llm_resilience.FallbackChain` (what is
+    per call, under the rules of [`llm_resilience.FallbackChain`][] (what is
     transient, the time limits, restarts, cooldown, routing: ``docs/fallback.md``). Every
     option defaults to None (off) but ``mid_stream`` (``"restart"``):
 
@@ -130,13 +132,13 @@ class FallbackLLM(FunctionCallingLLM, Probeable):
       the provider returns (as does a sync ``chat``'s hedged loser);
     * ``mid_stream``: a stream that fails after chunks restarts on the next LLM from the
       beginning (chunks already yielded stay yielded; a
-      :class:`~llama_index.resilience.events.FallbackStreamRestartEvent` is dispatched);
-      ``"raise"`` raises :class:`~llm_resilience.errors.StreamInterruptedError` instead;
+      [`FallbackStreamRestartEvent`][] is dispatched);
+      ``"raise"`` raises [`StreamInterruptedError`][llm_resilience.StreamInterruptedError] instead;
       ``"continue"`` has a ``stream_chat`` go on from the text delivered, sent as a last
       assistant ``ChatMessage`` to the next LLM that takes an assistant prefill
       (LlamaIndex's ``Anthropic``, or one declared ``MemberProfile(assistant_prefill=True)``);
-    * ``cooldown`` (:class:`llm_resilience.Cooldown`), ``classifier`` (replaces the
-      transient rule), ``member_retry`` (:class:`llm_resilience.RetryPolicy`: retry an LLM
+    * ``cooldown`` ([`llm_resilience.Cooldown`][]), ``classifier`` (replaces the
+      transient rule), ``member_retry`` ([`llm_resilience.RetryPolicy`][]: retry an LLM
       that answered 429 or a 5xx before moving on);
     * ``member_profiles=[MemberProfile(...), None]`` declares or overrides what is known
       per LLM beyond its ``metadata`` (``context_window``; ``is_function_calling_model``
@@ -255,7 +257,8 @@ class FallbackLLM(FunctionCallingLLM, Probeable):
         return tuple(self.llms)
 
     def health(self) -> tuple[MemberHealth, ...]:
-        """Each member's circuit (see :meth:`FallbackChain.health`), in ``llms`` order."""
+        """Each member's circuit (see
+        [`FallbackChain.health`][llm_resilience.FallbackChain.health]), in ``llms`` order."""
         return self._chain.health()
 
     def __getattr__(self, name: str) -> Any:
@@ -269,7 +272,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """What every member can do (:func:`llm_resilience.fallback.merge_capabilities`).
+        """What every member can do (`llm_resilience.fallback.merge_capabilities`).
 
         ``context_window`` and ``num_output``: the smallest positive value among the
         members (non-positive values mean "unknown", as OpenAI's ``num_output=-1``; -1

@@ -1,7 +1,7 @@
 """``RateLimitedLLM`` and ``RateLimitedEmbedding``: LlamaIndex layers over a token bucket.
 
 The adapter only translates: the bucket, its queue and its derivation are the core's
-(:mod:`llm_resilience.ratelimit`). Each call takes one permit before the inner call; a
+(`llm_resilience.ratelimit`). Each call takes one permit before the inner call; a
 stream takes it on its first iteration and holds nothing while streaming; an embedding
 batch takes one permit, not one per text. A refused or cancelled wait never reaches the
 inner model.
@@ -54,36 +54,38 @@ _OPTIONS = tuple(LimiterOptions.__annotations__)
 class RateLimitedLLM(DelegatingLLM):
     """An LLM that waits for a rate-limit permit before each call.
 
-    Example::
+    Example:
 
-        from llama_index.core import Settings
-        from llama_index.llms.openai import OpenAI
-        from llama_index.resilience import RateLimitedLLM
+    ```python
+    from llama_index.core import Settings
+    from llama_index.llms.openai import OpenAI
+    from llama_index.resilience import RateLimitedLLM
 
-        Settings.llm = RateLimitedLLM(inner=OpenAI(model="gpt-4o"), requests_per_minute=300)
+    Settings.llm = RateLimitedLLM(inner=OpenAI(model="gpt-4o"), requests_per_minute=300)
+    ```
 
     Give either budgets (a new
-    :class:`~llm_resilience.ratelimit.TokenBucketRateLimiter` from
+    [`TokenBucketRateLimiter`][] from
     ``requests_per_minute``: ``max(1, rpm // 60)`` permits a second, a burst of ``rpm``;
     ``tokens_per_minute``; or both, with ``max_queued_requests`` if set; tokens alone
     leave requests unlimited) or ``limiter``, a limiter shared with other layers (a
-    :class:`~llm_resilience.ratelimit.RedisTokenBucketRateLimiter` shares one budget
+    [`RedisTokenBucketRateLimiter`][] shares one budget
     across processes). Each of the eight chat/completion calls takes one permit first,
     waiting first come first served; a stream takes it on first iteration.
 
     When the limiter has ``tokens_per_minute``, a call also weighs its estimated prompt
-    tokens plus its output cap (:func:`~llm_resilience.usage.output_cap`: the call's
+    tokens plus its output cap (`output_cap`: the call's
     ``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``, else the largest
     cap an LLM below states, its own field or its ``metadata.num_output``: the cap a
     strict budget holds), and the weight is settled with the usage the provider
     reports afterwards by the core's rule
-    (:func:`~llm_resilience.ratelimit.reconcile_with_usage`).
+    (`reconcile_with_usage`).
 
     Raises ``ValueError`` when neither budgets nor ``limiter`` are given, or both,
     ``TypeError`` for a limiter without ``acquire``/``aacquire``, an ``inner`` that is
     not an ``LLM``, or a keyword that is neither an option nor a field (naming the
     closest); the limiter raises
-    :class:`~llm_resilience.errors.RateLimitQueueFullError` when its queue is full.
+    [`RateLimitQueueFullError`][llm_resilience.RateLimitQueueFullError] when its queue is full.
     Tools, structured output and metadata pass through to ``inner``.
     """
 
@@ -153,20 +155,22 @@ class RateLimitedLLM(DelegatingLLM):
 class RateLimitedEmbedding(DelegatingEmbedding):
     """An embedding model that waits for a rate-limit permit before each call.
 
-    Example::
+    Example:
 
-        from llama_index.core import Settings
-        from llama_index.embeddings.openai import OpenAIEmbedding
-        from llama_index.resilience import RateLimitedEmbedding
+    ```python
+    from llama_index.core import Settings
+    from llama_index.embeddings.openai import OpenAIEmbedding
+    from llama_index.resilience import RateLimitedEmbedding
 
-        Settings.embed_model = RateLimitedEmbedding(
-            inner=OpenAIEmbedding(), requests_per_minute=3000
-        )
+    Settings.embed_model = RateLimitedEmbedding(
+        inner=OpenAIEmbedding(), requests_per_minute=3000
+    )
+    ```
 
     One permit per provider call: a query, a text, or a batch of up to
     ``embed_batch_size`` texts (so ``get_text_embedding_batch`` over 100 texts with a
     batch size of 10 takes 10 permits). Options and errors are
-    :class:`RateLimitedLLM`'s; with ``tokens_per_minute`` a call weighs the estimated
+    [`RateLimitedLLM`][]'s; with ``tokens_per_minute`` a call weighs the estimated
     tokens of its texts (never reconciled: embedding usage is not reported).
     """
 

@@ -1,19 +1,21 @@
 """LlamaIndex embedding models and vector stores whose every call runs under a retry policy.
 
 What is retried, how often and how long between tries is
-:class:`llm_resilience.RetryPolicy`'s decision; these classes only route each call of
+[`llm_resilience.RetryPolicy`][]'s decision; these classes only route each call of
 the wrapped object through it.
 
-Example::
+Example:
 
-    from llama_index.core import Settings, StorageContext, VectorStoreIndex
-    from llama_index.resilience import RetryingEmbedding, RetryingVectorStore
+```python
+from llama_index.core import Settings, StorageContext, VectorStoreIndex
+from llama_index.resilience import RetryingEmbedding, RetryingVectorStore
 
-    Settings.embed_model = RetryingEmbedding(inner=OpenAIEmbedding(max_retries=0))
-    store = RetryingVectorStore(inner=QdrantVectorStore(client=client, collection_name="docs"))
-    index = VectorStoreIndex.from_documents(
-        documents, storage_context=StorageContext.from_defaults(vector_store=store)
-    )
+Settings.embed_model = RetryingEmbedding(inner=OpenAIEmbedding(max_retries=0))
+store = RetryingVectorStore(inner=QdrantVectorStore(client=client, collection_name="docs"))
+index = VectorStoreIndex.from_documents(
+    documents, storage_context=StorageContext.from_defaults(vector_store=store)
+)
+```
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ __all__ = ["RetryingEmbedding", "RetryingVectorStore"]
 
 
 class RetryingEmbedding(DelegatingEmbedding):
-    """An embedding model whose every provider call is retried under a :class:`RetryPolicy`.
+    """An embedding model whose every provider call is retried under a [`RetryPolicy`][].
 
-    Example::
+    Example:
 
-        Settings.embed_model = RetryingEmbedding(inner=OpenAIEmbedding(max_retries=0))
+    ```python
+    Settings.embed_model = RetryingEmbedding(inner=OpenAIEmbedding(max_retries=0))
+    ```
 
     One retried unit per provider call: a query, a text, or one batch of
     ``embed_batch_size`` texts (copied from the inner model, as are ``num_workers``,
@@ -88,9 +92,11 @@ class RetryingEmbedding(DelegatingEmbedding):
 class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
     """A vector store whose every call (sync and async) is retried under a policy.
 
-    Example::
+    Example:
 
-        store = RetryingVectorStore(inner=SimpleVectorStore())
+    ```python
+    store = RetryingVectorStore(inner=SimpleVectorStore())
+    ```
 
     ``add``, ``delete``, ``query``, ``get_nodes``, ``delete_nodes``, ``clear``,
     ``persist`` and their async forms go to the inner store's own method, once per try;

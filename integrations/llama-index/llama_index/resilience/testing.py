@@ -1,21 +1,22 @@
 """Fake LlamaIndex LLMs that fail on cue, for testing resilience stacks offline.
 
->>> from llama_index.resilience import FallbackLLM
->>> from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
->>> primary = FakeFunctionCallingLLM(model_name="primary", error=rate_limit_error())
->>> secondary = FakeFunctionCallingLLM(model_name="secondary", text="Paris.")
->>> FallbackLLM(llms=[primary, secondary]).complete("Capital of France?").text
-'Paris.'
+Examples:
+    >>> from llama_index.resilience import FallbackLLM
+    >>> from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
+    >>> primary = FakeFunctionCallingLLM(model_name="primary", error=rate_limit_error())
+    >>> secondary = FakeFunctionCallingLLM(model_name="secondary", text="Paris.")
+    >>> FallbackLLM(llms=[primary, secondary]).complete("Capital of France?").text
+    'Paris.'
 
-:class:`FakeFunctionCallingLLM` answers every chat and completion call (sync, async,
+[`FakeFunctionCallingLLM`][] answers every chat and completion call (sync, async,
 streaming) with a fixed text streamed word by word, reports OpenAI-shaped usage, calls a
 configured tool when it is offered, and can fail with any exception, after any number of
 chunks, or hang. Its public methods carry LlamaIndex's usual callback decorators, so it
-emits the same events a provider integration does. :func:`rate_limit_error` and
-:func:`api_status_error` (the core's ``llm_resilience.testing.errors``) build errors the
+emits the same events a provider integration does. [`rate_limit_error`][] and
+[`api_status_error`][] (the core's ``llm_resilience.testing.errors``) build errors the
 way the ``openai`` SDK raises them (``httpx.HTTPStatusError`` when ``openai`` is not
 installed).
-:func:`restart_events` collects the stream restarts a chain dispatches while it is open.
+[`restart_events`][] collects the stream restarts a chain dispatches while it is open.
 """
 
 from __future__ import annotations
@@ -65,22 +66,22 @@ _ChunkT = TypeVar("_ChunkT", ChatResponse, CompletionResponse)
 class FakeFunctionCallingLLM(HasFakeFaults, FunctionCallingLLM):
     """A scripted function-calling LLM: fixed answer, optional tool call, faults on cue.
 
-    >>> fake = FakeFunctionCallingLLM(text="Hello there.", fail_after_chunks=1,
-    ...                               error=rate_limit_error())
-    >>> stream = fake.stream_complete("hi")
-    >>> next(stream).delta
-    'Hello'
+    Examples:
+        >>> fake = FakeFunctionCallingLLM(text="Hello there.", fail_after_chunks=1,
+        ...                               error=rate_limit_error())
+        >>> stream = fake.stream_complete("hi")
+        >>> next(stream).delta
+        'Hello'
 
-    Every request first counts in :attr:`calls`. Then, for a plain call, it hangs
-    ``hang_seconds`` (if set) and raises a fresh copy of ``error`` (if set) before
-    answering (its own traceback each time, so failing calls keep nothing alive;
-    :attr:`last_error` is the latest copy). A stream yields ``fail_after_chunks`` word
-    chunks (default 0: hang and fail before the first chunk), then hangs and/or fails.
-    Streams end with an empty-delta chunk carrying the usage, as OpenAI's do with
-    ``include_usage``. `release()` ends every hang at once (call it when a test is
-    done with a hung fake so abandoned worker threads finish); cancelling an async call
-    ends its hang too. Counting, hangs and copies are the core's
-    `llm_resilience.testing.FakeFaults`.
+    Every request first counts in [`calls`][llm_resilience.testing.HasFakeFaults.calls]. Then, for a
+    plain call, it hangs ``hang_seconds`` (if set) and raises a fresh copy of ``error`` (if set)
+    before answering (its own traceback each time, so failing calls keep nothing alive;
+    [`last_error`][llm_resilience.testing.HasFakeFaults.last_error] is the latest copy). A stream
+    yields ``fail_after_chunks`` word chunks (default 0: hang and fail before the first chunk), then
+    hangs and/or fails. Streams end with an empty-delta chunk carrying the usage, as OpenAI's do
+    with ``include_usage``. `release()` ends every hang at once (call it when a test is done with a
+    hung fake so abandoned worker threads finish); cancelling an async call ends its hang too.
+    Counting, hangs and copies are the core's `llm_resilience.testing.FakeFaults`.
 
     Usage counts words: ``prompt_tokens`` over the request's message texts,
     ``completion_tokens`` over the answer. It is in ``raw["usage"]`` and, as
@@ -127,7 +128,7 @@ class FakeFunctionCallingLLM(HasFakeFaults, FunctionCallingLLM):
 
     @property
     def tool_call_parses(self) -> int:
-        """How many times :meth:`get_tool_calls_from_response` was called on this fake."""
+        """How many times `get_tool_calls_from_response` was called on this fake."""
         return self._tool_call_parses
 
     @property
@@ -362,8 +363,8 @@ def _words(text: str) -> list[str]:
 
 
 class RestartEvents(BaseEventHandler):
-    """The :class:`~llama_index.resilience.FallbackStreamRestartEvent` s dispatched while
-    this handler is registered, in order (see :func:`restart_events`)."""
+    """The [`FallbackStreamRestartEvent`][] s dispatched while
+    this handler is registered, in order (see [`restart_events`][])."""
 
     events: list[FallbackStreamRestartEvent] = Field(default_factory=list)
 
@@ -380,15 +381,16 @@ class RestartEvents(BaseEventHandler):
 def restart_events() -> Iterator[RestartEvents]:
     """Collect the stream restarts dispatched while the block runs (root dispatcher).
 
-    >>> from llama_index.core.llms import ChatMessage
-    >>> from llama_index.resilience import FallbackLLM
-    >>> primary = FakeFunctionCallingLLM(text="Paris is", error=rate_limit_error(),
-    ...                                  fail_after_chunks=1)
-    >>> chain = FallbackLLM(llms=[primary, FakeFunctionCallingLLM(text="Paris.")])
-    >>> with restart_events() as restarts:
-    ...     text = "".join(r.delta for r in chain.stream_chat([ChatMessage(content="?")]))
-    >>> [(e.failed_client, e.next_client) for e in restarts.events]
-    [(0, 1)]
+    Examples:
+        >>> from llama_index.core.llms import ChatMessage
+        >>> from llama_index.resilience import FallbackLLM
+        >>> primary = FakeFunctionCallingLLM(text="Paris is", error=rate_limit_error(),
+        ...                                  fail_after_chunks=1)
+        >>> chain = FallbackLLM(llms=[primary, FakeFunctionCallingLLM(text="Paris.")])
+        >>> with restart_events() as restarts:
+        ...     text = "".join(r.delta for r in chain.stream_chat([ChatMessage(content="?")]))
+        >>> [(e.failed_client, e.next_client) for e in restarts.events]
+        [(0, 1)]
     """
     handler = RestartEvents()
     dispatcher = get_dispatcher()

@@ -1,4 +1,4 @@
-"""The token bucket of :class:`TokenBucketRateLimiter`, kept in Redis and shared by every process.
+"""The token bucket of [`TokenBucketRateLimiter`][], kept in Redis and shared by every process.
 
 Every decision is one round trip: one Lua script reads the bucket (a hash at
 ``key_prefix + name``), refills it by the Redis server's clock (``TIME``, so the hosts'
@@ -6,7 +6,7 @@ clocks never matter), and either grants at once or *reserves* the caller's permi
 answers when it is due. The caller then sleeps until that moment and goes, with no retry
 and no polling. Reservations are taken in the order the calls reach Redis, so callers
 are served first come first served across every process and host; the cost is that a
-reservation is a commitment (see :class:`RedisTokenBucketRateLimiter` for what
+reservation is a commitment (see [`RedisTokenBucketRateLimiter`][] for what
 cancellation and crashes do to it).
 
 Every round trip is bounded in time (``operation_timeout``) and first takes one of as
@@ -18,7 +18,7 @@ only when a limiter is built.
 
 One job per module: ``_script`` (the Lua script), ``_clients`` (redis-py clients, their
 time bounds and connection slots), ``_outage`` (the outage breaker) and ``_limiter``
-(:class:`RedisTokenBucketRateLimiter`).
+([`RedisTokenBucketRateLimiter`][]).
 """
 
 from llm_resilience.checks import MAX_OPERATION_TIMEOUT

@@ -71,11 +71,12 @@ def _duration(option: str, value: object, maximum: timedelta = MAX_DURATION) -> 
 
 
 class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
-    """:class:`TokenBucketRateLimiter`'s bucket, shared through Redis by every process and host.
+    """[`TokenBucketRateLimiter`][]'s bucket, shared through Redis by every process and host.
 
-    >>> limiter = RedisTokenBucketRateLimiter(600, name="openai-chat")  # doctest: +SKIP
-    >>> with limiter:  # doctest: +SKIP
-    ...     call_the_model()
+    Examples:
+        >>> limiter = RedisTokenBucketRateLimiter(600, name="openai-chat")  # doctest: +SKIP
+        >>> with limiter:  # doctest: +SKIP
+        ...     call_the_model()
 
     The same derivation as the in-process limiter: ``max(1, rpm // 60)`` permits each
     1-second period, capacity ``rpm``, starting full; ``tokens_per_minute`` adds a token
@@ -89,35 +90,35 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     so callers are served in the order their calls reach Redis, across every process,
     with one round trip per call and no retries. A waiter that is cancelled (or
     interrupted) gives its reservation back; callers already waiting keep their due
-    times, so the returned permit (like tokens given back by :meth:`reconcile`) goes to
+    times, so the returned permit (like tokens given back by [`reconcile`][]) goes to
     whoever asks next, not to them. A process that dies while waiting wastes its one
     reserved permit.
 
-    **Cancellation** of :meth:`aacquire` leaves nothing behind: no permit, no task, no
+    **Cancellation** of [`aacquire`][] leaves nothing behind: no permit, no task, no
     connection. Cancelled while queued for a connection, it leaves at once; cancelled
     while its round trip is in flight, it lets that round trip finish (at most
     ``operation_timeout``), gives back any permit it was granted, then raises
     ``CancelledError``; cancelled while sleeping on a
-    reservation, it gives the reservation back. (A sync :meth:`acquire` interrupted by
+    reservation, it gives the reservation back. (A sync [`acquire`][] interrupted by
     ``KeyboardInterrupt`` mid round trip may waste that one permit.)
 
     **max_queued_requests** bounds the callers waiting *in this process* (each process
     has its own bound): a call that would have to wait while that many are waiting is
-    refused with :class:`~llm_resilience.errors.RateLimitQueueFullError`, after a
+    refused with [`RateLimitQueueFullError`][], after a
     non-reserving round trip that grants it if a permit is free right now.
 
     **Connections.** Nothing connects at construction. Each round trip first takes one of
     as many slots as the client's pool has connections (``max_connections``): a client
-    built from ``redis_url`` has :data:`DEFAULT_MAX_CONNECTIONS` (16) per pool, or the
+    built from ``redis_url`` has `DEFAULT_MAX_CONNECTIONS` (16) per pool, or the
     URL's ``?max_connections=``. So any number of concurrent callers queue for a
     connection and are granted at the configured rate; running out of connections is
     never taken for a Redis outage. ``client`` takes your own ``redis.Redis`` instead
-    (left open by :meth:`close`), and its pool's ``max_connections`` sizes the slots; if
+    (left open by [`close`][]), and its pool's ``max_connections`` sizes the slots; if
     other code shares that client, give it a ``BlockingConnectionPool``, or a pool
     emptied by them fails the limiter's calls like a backend error. The async methods
     use a ``redis.asyncio`` client built from the same options; its connections belong
     to one event loop, so each loop gets its own client (and slots), closed when the loop
-    shuts down through ``asyncio.run`` (or by :meth:`aclose`).
+    shuts down through ``asyncio.run`` (or by [`aclose`][]).
 
     **Time bounds.** ``operation_timeout`` (seconds or ``timedelta``, default 1 s)
     bounds each round trip. The async methods enforce it on our side, as a deadline on
@@ -137,7 +138,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     **Backend errors** (any redis-py error: refused, reset, lost or silent connection, a
     failing script): ``on_backend_error="fail_open"`` (the default) grants the permit
     without limiting; ``"fail_closed"`` raises
-    :class:`~llm_resilience.errors.RateLimitBackendError` (pinned non-transient, so a
+    [`RateLimitBackendError`][] (pinned non-transient, so a
     fallback chain does not mistake it for a provider outage), even with
     ``blocking=False``. Either way the histogram records outcome ``faulted``, one WARNING
     is logged on ``llm_resilience.ratelimit`` per outage (and an INFO when Redis answers
@@ -145,7 +146,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     failure calls apply the mode without trying Redis. The first call after that tries
     Redis again, and enforcement resumes as soon as it answers. A round trip that timed
     out may still reach Redis later (a server that was frozen, not gone) and take its
-    permit there. :meth:`reconcile` never raises for a backend error: the adjustment is
+    permit there. [`reconcile`][] never raises for a backend error: the adjustment is
     dropped.
 
     Keys expire when the bucket would have refilled to capacity, so idle buckets vanish.
@@ -318,11 +319,11 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
         Returns True when granted (or, with ``fail_open``, when Redis failed); False at
         once with ``blocking=False`` if nothing is free now. Raises
-        :class:`~llm_resilience.errors.RateLimitQueueFullError`,
-        :class:`~llm_resilience.errors.RequestExceedsCapacityError` (``num_tokens`` over
+        [`RateLimitQueueFullError`][],
+        [`RequestExceedsCapacityError`][] (``num_tokens`` over
         ``tokens_per_minute``) or, with ``fail_closed``,
-        :class:`~llm_resilience.errors.RateLimitBackendError`. Blocks the calling
-        thread: from async code use :meth:`aacquire`.
+        [`RateLimitBackendError`][]. Blocks the calling
+        thread: from async code use [`aacquire`][].
         """
         started = time.monotonic()
         try:
@@ -336,7 +337,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
     async def aacquire(
         self, num_tokens: int = 0, *, blocking: bool = True, surface: str = "chat"
     ) -> bool:
-        """Async :meth:`acquire`: the wait is an ``asyncio.sleep``, cancellable at any point.
+        """Async [`acquire`][]: the wait is an ``asyncio.sleep``, cancellable at any point.
 
         A cancelled call consumes nothing: a permit it was granted or reserved is given
         back before ``CancelledError`` propagates (which waits for a round trip in flight,
@@ -352,7 +353,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         return outcome != "rejected"
 
     async def async_acquire(self, num_tokens: int = 0) -> None:
-        """LlamaIndex's name for a blocking :meth:`aacquire`."""
+        """LlamaIndex's name for a blocking [`aacquire`][]."""
         await self.aacquire(num_tokens)
 
     def reconcile(self, estimated_tokens: int, actual_tokens: int) -> None:
@@ -501,7 +502,7 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
         return _parse(raw)
 
     async def _around_trip(self, mode: str, amount: int, due_us: int) -> _Reply | None:
-        """Async :meth:`_round_trip`; a cancelled caller leaves no permit taken behind."""
+        """Async `_round_trip`; a cancelled caller leaves no permit taken behind."""
         if self._outage.skipping():
             return None
         failures_seen = self._outage.failures

@@ -20,13 +20,14 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne, read_through, refuse_shadowing_write
 from llm_resilience.retry import RetryPolicy, policy_option, warn_of_multiplied_retries
 
 __all__ = ["RetryingEmbeddings", "RetryingVectorStore"]
 
 
-class RetryingEmbeddings(Embeddings, WrapsOne):
+class RetryingEmbeddings(Embeddings, WrapsOne, KnownKeywords):
     """Embeddings whose every call (sync and async) is retried under a :class:`RetryPolicy`.
 
     >>> from langchain_openai import OpenAIEmbeddings
@@ -59,7 +60,7 @@ class RetryingEmbeddings(Embeddings, WrapsOne):
         return await self.policy.acall(self.inner.aembed_query, text)
 
 
-class RetryingVectorStore(VectorStore, WrapsOne):
+class RetryingVectorStore(VectorStore, WrapsOne, KnownKeywords):
     """A vector store whose every public call (sync and async) is retried under a policy.
 
     >>> store = RetryingVectorStore(inner=QdrantVectorStore(...))  # doctest: +SKIP

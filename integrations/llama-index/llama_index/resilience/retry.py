@@ -32,6 +32,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.resilience._delegate import DelegatingEmbedding, EmbeddingKind
 
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne, read_through, refuse_shadowing_write
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy, policy_option, warn_of_multiplied_retries
@@ -85,7 +86,7 @@ class RetryingEmbedding(DelegatingEmbedding):
         return result
 
 
-class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
+class RetryingVectorStore(BasePydanticVectorStore, WrapsOne, KnownKeywords):
     """A vector store whose every call (sync and async) is retried under a policy.
 
     Example::

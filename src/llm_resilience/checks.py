@@ -19,11 +19,15 @@ Examples:
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import math
+import typing
 import unicodedata
 from collections.abc import Iterable
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any, ClassVar, Self
 
 __all__ = [
     "MAX_COST",
@@ -34,10 +38,12 @@ __all__ = [
     "MAX_MONEY_PLACES",
     "MAX_OPERATION_TIMEOUT",
     "MAX_SCOPE_LENGTH",
+    "KnownKeywords",
     "OptionTypeError",
     "cost_in_range",
     "count",
     "duration",
+    "keywords_taken",
     "known_keywords",
     "money_in_range",
     "scope",
@@ -226,3 +232,71 @@ def known_keywords(owner: str, given: Iterable[str], allowed: Iterable[str]) -> 
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f" (it takes {', '.join(names)})"
             raise TypeError(f"{owner} takes no keyword {name!r}{hint}")
+
+
+class KnownKeywords:
+    """A mixin whose class refuses, before anything is built, a keyword it does not take.
+
+    Pydantic models (LangChain's and LlamaIndex's) drop an unknown keyword without a
+    word, and Python names no close option, so ``per_client_timout=5`` would leave a
+    chain unbounded. With this mixin a constructor raises [`known_keywords`][]'s
+    ``TypeError`` (naming the keyword and the closest one it takes) before its own
+    ``__init__`` runs, so a misspelled required option is named too.
+
+    A class takes: the keyword parameters of every ``__init__`` in its MRO (and the keys
+    of a ``**options: Unpack[SomeTypedDict]``), its pydantic fields and their aliases,
+    and `accepted_keywords`.
+
+    Examples:
+        >>> class Layer(KnownKeywords):
+        ...     def __init__(self, *, inner, policy=None): ...
+        >>> Layer(inner=1, polcy=None)
+        Traceback (most recent call last):
+        ...
+        TypeError: Layer takes no keyword 'polcy'; did you mean 'policy'?
+    """
+
+    __slots__ = ()
+
+    #: Keywords taken besides the constructor's own and the fields (LangChain's standard
+    #: chat-model parameters, say, which configure a provider and not a layer).
+    accepted_keywords: ClassVar[tuple[str, ...]] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        if kwargs:
+            known_keywords(cls.__name__, kwargs, keywords_taken(typing.cast(type, cls)))
+        return super().__new__(cls)
+
+
+@functools.cache
+def keywords_taken(cls: type) -> tuple[str, ...]:
+    """The keywords a [`KnownKeywords`][] class takes, computed once per class."""
+    names: dict[str, None] = {}
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if inspect.isfunction(init):
+            names.update(dict.fromkeys(_init_keywords(init)))
+    fields: Any = getattr(cls, "__pydantic_fields__", None) or {}
+    for name, field in fields.items():
+        names[name] = None
+        for alias in (getattr(field, "alias", None), getattr(field, "validation_alias", None)):
+            if isinstance(alias, str):
+                names[alias] = None
+    names.update(dict.fromkeys(getattr(cls, "accepted_keywords", ())))
+    return tuple(names)
+
+
+def _init_keywords(init: Any) -> list[str]:
+    """The keyword parameters of ``init``, a ``**options: Unpack[TypedDict]``'s keys included."""
+    keywords: list[str] = []
+    for parameter in inspect.signature(init).parameters.values():
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            keywords.append(parameter.name)
+        elif parameter.kind is parameter.VAR_KEYWORD and "Unpack" in str(parameter.annotation):
+            try:
+                hint = typing.get_type_hints(init, include_extras=True)[parameter.name]
+            except Exception:  # an annotation that does not resolve at run time
+                continue
+            for options in typing.get_args(hint):
+                keywords.extend(getattr(options, "__annotations__", {}))
+    return [name for name in keywords if name != "self"]

@@ -211,6 +211,20 @@ class LangChainStores:
 
         return "upsert", write, len(SEEDED) + 2
 
+    async def qdrant_for(self, asynchronous: bool) -> Any:
+        """A seeded Qdrant store that serves sync and async calls alike (LangChain's
+        async methods run the sync ones in a thread)."""
+        return self.qdrant_store()[0]
+
+    async def qdrant_narrowed(self, store: Any, asynchronous: bool) -> list[str]:
+        """A search narrowed by a keyword only ``langchain-qdrant`` takes (``offset=1``
+        skips the best match); the texts found."""
+        method = getattr(store, self.search_method(asynchronous))
+        return [doc.page_content for doc in await run(method(SEEDED[0], k=1, offset=1))]
+
+    #: A method ``langchain-qdrant``'s store has and the retrying store does not wrap.
+    qdrant_unwrapped_method = "similarity_search_with_score_by_vector"
+
 
 class LlamaIndexStores:
     """LlamaIndex's side: ``SimpleVectorStore`` and ``llama-index-vector-stores-qdrant``."""
@@ -339,3 +353,40 @@ class LlamaIndexStores:
             return [node.get_content() for node in store.get_nodes(node_ids=[qdrant_id(0)])]
 
         return "scroll", read, [SEEDED[0]]
+
+    async def qdrant_for(self, asynchronous: bool) -> Any:
+        """A seeded Qdrant store for sync or async calls: LlamaIndex's store speaks to a
+        separate async client, whose local-mode data the sync client does not see."""
+        if not asynchronous:
+            return self.qdrant_store()[0]
+        from llama_index.core.schema import TextNode
+        from llama_index.vector_stores.qdrant import QdrantVectorStore
+        from qdrant_client import AsyncQdrantClient
+
+        # Its async add writes nothing with max_retries=0 (a loop that never runs), so
+        # the store is seeded with one try and then left to the wrapper's retries alone.
+        store = QdrantVectorStore(
+            aclient=AsyncQdrantClient(":memory:"), collection_name="retry", max_retries=1
+        )
+        await store.async_add(
+            [
+                TextNode(
+                    id_=qdrant_id(n),
+                    text=text,
+                    embedding=[1.0 if i == n else 0.0 for i in range(3)],
+                )
+                for n, text in enumerate(SEEDED)
+            ]
+        )
+        store.max_retries = 0
+        return store
+
+    async def qdrant_narrowed(self, store: Any, asynchronous: bool) -> list[str]:
+        """Nodes read with keywords only Qdrant's store takes: ``limit=1`` (one of the
+        three) and ``shard_identifier`` (None: no sharding)."""
+        method = store.aget_nodes if asynchronous else store.get_nodes
+        nodes = await run(method(limit=1, shard_identifier=None))
+        return [node.get_content() for node in nodes]
+
+    #: A method Qdrant's store has and the retrying store does not wrap.
+    qdrant_unwrapped_method = "use_old_sparse_encoder"

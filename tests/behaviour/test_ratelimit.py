@@ -341,14 +341,6 @@ def test_with_a_token_budget_an_embeddings_batch_weighs_its_texts(driver: Any) -
     assert limiter.reconciled == []
 
 
-def test_a_misspelled_option_is_refused_naming_the_one_meant_not_dropped(driver: Any) -> None:
-    misspelled: dict[str, Any] = {"requests_per_minute": 60, "max_queue_requests": 3}
-    with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
-        driver.rate_limited(driver.answering(), **misspelled)
-    with pytest.raises(TypeError, match="did you mean 'max_queued_requests'"):
-        driver.rate_limited_embeddings(driver.embeddings(), **misspelled)
-
-
 @pytest.mark.parametrize("shape", EMBED_SHAPES)
 async def test_a_refused_embeddings_permit_never_reaches_the_inner_model(
     driver: Any, shape: Any

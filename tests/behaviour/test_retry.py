@@ -278,3 +278,84 @@ def test_qdrant_forbidden_is_raised_at_once(
         driver.qdrant_search(driver.retrying_store(inner, policy=policy))
 
     assert (faults.calls, slept) == (1, [])
+
+
+@QDRANT_WARNING
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_keyword_only_the_qdrant_store_takes_reaches_it_through_the_wrapper(
+    driver: Any, asynchronous: bool, policy: RetryPolicy
+) -> None:
+    pytest.importorskip("qdrant_client")
+    inner = await driver.qdrant_for(asynchronous)
+    expected = await driver.qdrant_narrowed(inner, asynchronous)
+    assert len(expected) == 1  # the keyword narrowed what the store read
+
+    store = driver.retrying_store(inner, policy=policy)
+
+    assert await driver.qdrant_narrowed(store, asynchronous) == expected
+
+
+@QDRANT_WARNING
+def test_the_inner_stores_own_attributes_read_through_the_wrapper(
+    driver: Any, qdrant: tuple[Any, Any], policy: RetryPolicy
+) -> None:
+    inner, client = qdrant
+    store = driver.retrying_store(inner, policy=policy)
+
+    assert store.collection_name == "retry"
+    assert store.client is client
+    assert store.sparse_vector_name == inner.sparse_vector_name
+    # The wrapper's own attributes answer for themselves.
+    assert (store.inner, store.policy) == (inner, policy)
+
+
+@QDRANT_WARNING
+def test_an_attribute_the_inner_store_lacks_names_both_and_private_names_stay_the_wrappers(
+    driver: Any, qdrant: tuple[Any, Any], policy: RetryPolicy
+) -> None:
+    inner, _ = qdrant
+    store = driver.retrying_store(inner, policy=policy)
+
+    with pytest.raises(AttributeError) as raised:
+        store.no_such_setting  # noqa: B018
+    assert str(raised.value) == (
+        "'RetryingVectorStore' object has no attribute 'no_such_setting', nor has its "
+        "inner store (QdrantVectorStore)"
+    )
+    assert (raised.value.name, raised.value.obj) == ("no_such_setting", store)
+    assert inner._client is not None  # both frameworks' Qdrant stores keep one
+    with pytest.raises(AttributeError, match="'RetryingVectorStore' object has no attribute"):
+        store._client  # noqa: B018
+
+
+@QDRANT_WARNING
+def test_a_method_of_the_inner_store_the_wrapper_does_not_retry_is_not_handed_out(
+    driver: Any, qdrant: tuple[Any, Any], policy: RetryPolicy
+) -> None:
+    inner, _ = qdrant
+    name = driver.qdrant_unwrapped_method
+    assert callable(getattr(inner, name))
+    store = driver.retrying_store(inner, policy=policy)
+
+    with pytest.raises(
+        AttributeError, match=rf"would not be retried; \.inner\.{name}\(\.\.\.\) calls it"
+    ):
+        getattr(store, name)
+
+
+@QDRANT_WARNING
+def test_a_write_of_an_attribute_read_through_is_refused_and_the_inner_store_keeps_it(
+    driver: Any, qdrant: tuple[Any, Any], policy: RetryPolicy
+) -> None:
+    inner, _ = qdrant
+    store = driver.retrying_store(inner, policy=policy)
+
+    with pytest.raises(AttributeError, match=r"set collection_name on \.inner"):
+        store.collection_name = "other"
+
+    assert (inner.collection_name, store.collection_name) == ("retry", "retry")
+    # The wrapper's own attributes are its own to write, and stay on it.
+    replacement = RetryPolicy(attempts=1)
+    store.policy = replacement
+    assert store.policy is replacement
+    assert not hasattr(inner, "policy")

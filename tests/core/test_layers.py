@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from llm_resilience.layers import Layer, Probeable, WrapsOne, find_layer, layers_below, leaves
+import pytest
+
+from llm_resilience.layers import (
+    Layer,
+    Probeable,
+    WrapsOne,
+    find_layer,
+    layers_below,
+    leaves,
+    read_through,
+    refuse_shadowing_write,
+)
 
 
 class Provider:
@@ -106,3 +117,80 @@ def test_a_probeable_layer_finds_through_the_members_it_names() -> None:
 
     assert Chain().find_layer(str) == "member"
     assert Chain().find_layer(float) == 1.5
+
+
+class Store:
+    collection_name = "docs"
+
+    def __init__(self) -> None:
+        self.client = object()
+
+    def search(self) -> str:
+        return "unretried"
+
+    @classmethod
+    def build(cls) -> Store:
+        return cls()
+
+
+class Reading:
+    """A wrapper over one store that reads through it, refusing its methods."""
+
+    #: Declared, so the wrapper's own even before it is set.
+    policy: object
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.policy = "own"
+
+    @property
+    def broken(self) -> str:
+        raise AttributeError("broken")
+
+    def __getattr__(self, name: str) -> object:
+        return read_through(
+            self, name, self.__dict__.get("inner"), role="store", methods_refused="not retried"
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        refuse_shadowing_write(self, name, self.__dict__.get("inner"), role="store")
+        super().__setattr__(name, value)
+
+
+def test_reads_go_below_but_never_private_names_class_names_or_methods() -> None:
+    inner = Store()
+    layer = Reading(inner)
+
+    assert (layer.collection_name, layer.client) == ("docs", inner.client)
+    for name in ("_secret", "__wrapped__", "broken"):
+        with pytest.raises(AttributeError, match=f"'Reading' object has no attribute '{name}'"):
+            getattr(layer, name)
+    for method in ("search", "build"):
+        with pytest.raises(AttributeError, match=rf"method '{method}': not retried; \.inner"):
+            getattr(layer, method)
+    with pytest.raises(AttributeError, match=r"nor has its store \(Store\)"):
+        layer.missing  # noqa: B018
+
+
+def test_a_layer_not_yet_built_reads_nothing_below() -> None:
+    layer = Reading.__new__(Reading)
+
+    with pytest.raises(AttributeError, match="'Reading' object has no attribute 'inner'"):
+        layer.inner  # noqa: B018
+    with pytest.raises(AttributeError, match=r"no attribute 'collection_name'$"):
+        layer.collection_name  # noqa: B018
+
+
+def test_a_write_never_goes_below_and_one_that_would_hide_a_value_below_is_refused() -> None:
+    inner = Store()
+    inner.policy = "the store's"  # type: ignore[attr-defined]
+    layer = Reading(inner)  # its declared ``policy`` is its own to set
+
+    with pytest.raises(AttributeError, match=r"set client on \.inner instead"):
+        layer.client = None
+    layer.policy = "changed"
+    layer.note = "new"  # a name below lacks lands on the layer
+
+    assert (inner.client is not None, inner.policy) == (True, "the store's")  # type: ignore[attr-defined]
+    assert (layer.policy, layer.note) == ("changed", "new")
+    assert not hasattr(inner, "note")

@@ -37,11 +37,12 @@ from langchain_core.utils._merge import merge_dicts
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import AsyncStreamSettler, StreamSettler
 from llm_resilience.redact import redacted_fields
 
-__all__ = ["DelegatingChatModel"]
+__all__ = ["ChatModelKeywords", "DelegatingChatModel"]
 
 #: Binding keys that LangChain's public entry points pop for tracing before
 #: ``_generate``; a model's private entry points must not receive them.
@@ -62,6 +63,16 @@ STANDARD_PARAMS = (
 )
 
 FunctionT = TypeVar("FunctionT", bound=Callable[..., Any])
+
+
+class ChatModelKeywords(KnownKeywords):
+    """What every chat layer's constructor takes: its own options and fields, and
+    LangChain's `STANDARD_PARAMS`; anything else raises ``TypeError`` naming the
+    closest (pydantic would drop it without a word)."""
+
+    __slots__ = ()
+
+    accepted_keywords = STANDARD_PARAMS
 
 
 class _BoundCall:
@@ -360,7 +371,7 @@ def merged_usage_and_metadata(
     return usage, metadata
 
 
-class DelegatingChatModel(BaseChatModel, WrapsOne):
+class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
     """Base of the layers that wrap one chat model (``inner``).
 
     A call runs ``_begin`` (may refuse by raising), then the inner model's internals

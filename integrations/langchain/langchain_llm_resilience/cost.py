@@ -24,6 +24,7 @@ from langchain_llm_resilience._delegate import (
     signature_precomputed,
 )
 from llm_resilience.budget import BudgetGate, CostBudget, served_model
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne, leaves
 from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
 from llm_resilience.served import SERVED_BY_KEY
@@ -454,7 +455,7 @@ class CostTrackedChatModel(DelegatingChatModel):
         await call.aend_early(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
 
-class CostTrackedEmbeddings(Embeddings, WrapsOne):
+class CostTrackedEmbeddings(Embeddings, WrapsOne, KnownKeywords):
     """Embeddings gated by a spend budget; each call records its estimated tokens and cost.
 
     Examples:

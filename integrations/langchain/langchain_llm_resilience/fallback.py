@@ -34,6 +34,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import (
     TRACING_ONLY_KWARGS,
+    ChatModelKeywords,
     agenerate_inner,
     as_chunk,
     generate_inner,
@@ -74,7 +75,7 @@ from llm_resilience.usage import Usage, reported_usage
 __all__ = ["SERVED_BY_KEY", "STREAM_RESTART_EVENT", "FallbackChatModel"]
 
 
-class FallbackChatModel(BaseChatModel, Probeable):
+class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
     """A chat model that tries ``models`` in order, moving on when one fails transiently.
 
     Examples:
@@ -129,7 +130,9 @@ class FallbackChatModel(BaseChatModel, Probeable):
     overrides it per member.
 
     Raises ``ValueError``/``TypeError`` naming the option for fewer than 2 models, a
-    member that is not a ``BaseChatModel``, or a bad time limit or ``cooldown``.
+    member that is not a ``BaseChatModel``, a bad time limit or ``cooldown``, or a
+    keyword it does not take (naming the closest; LangChain's standard chat-model
+    parameters are taken and left to the members).
     """
 
     resilience_layer: ClassVar[bool] = True

@@ -16,13 +16,12 @@ from langchain_core.rate_limiters import BaseRateLimiter
 from pydantic import Field, PrivateAttr
 
 from langchain_llm_resilience._delegate import (
-    STANDARD_PARAMS,
     DelegatingChatModel,
     documented_output_cap,
     private_state,
     prompt_pairs,
 )
-from llm_resilience.checks import known_keywords
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
@@ -80,7 +79,6 @@ class RateLimitedChatModel(DelegatingChatModel):
     _caps: tuple[int | None, ...] = PrivateAttr(default=())
 
     def __init__(self, **data: Any) -> None:
-        known_keywords(type(self).__name__, data, [*type(self).model_fields, *STANDARD_PARAMS])
         limiter = limiter_for(
             requests_per_minute=data.get("requests_per_minute"),
             max_queued_requests=data.get("max_queued_requests"),
@@ -146,7 +144,7 @@ class RateLimitedChatModel(DelegatingChatModel):
         )
 
 
-class RateLimitedEmbeddings(Embeddings, WrapsOne):
+class RateLimitedEmbeddings(Embeddings, WrapsOne, KnownKeywords):
     """Embeddings that take one permit per call (per batch, not per text) from a limiter.
 
     Examples:

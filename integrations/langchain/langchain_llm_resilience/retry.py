@@ -21,13 +21,14 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
-from llm_resilience.layers import WrapsOne
+from llm_resilience.checks import KnownKeywords
+from llm_resilience.layers import WrapsOne, read_through, refuse_shadowing_write
 from llm_resilience.retry import RetryPolicy, policy_option, warn_of_multiplied_retries
 
 __all__ = ["RetryingEmbeddings", "RetryingVectorStore"]
 
 
-class RetryingEmbeddings(Embeddings, WrapsOne):
+class RetryingEmbeddings(Embeddings, WrapsOne, KnownKeywords):
     """Embeddings whose every call (sync and async) is retried under a [`RetryPolicy`][].
 
     Examples:
@@ -61,7 +62,7 @@ class RetryingEmbeddings(Embeddings, WrapsOne):
         return await self.policy.acall(self.inner.aembed_query, text)
 
 
-class RetryingVectorStore(VectorStore, WrapsOne):
+class RetryingVectorStore(VectorStore, WrapsOne, KnownKeywords):
     """A vector store whose every public call (sync and async) is retried under a policy.
 
     ```pycon
@@ -80,16 +81,39 @@ class RetryingVectorStore(VectorStore, WrapsOne):
     ``from_texts``/``from_documents`` cannot build a wrapper: which store to build is
     yours to say. Build the store, then wrap it:
     ``RetryingVectorStore(inner=InMemoryVectorStore.from_texts(texts, embedding))``.
+
+    The inner store's own attributes read through the wrapper (``store.collection_name``,
+    ``store.client``), so code written against the bare store keeps working; its other
+    methods do not (a call would not be retried: call them on ``store.inner``). Setting
+    one of those attributes on the wrapper raises ``AttributeError``: set it on
+    ``store.inner`` ([`read_through`][]).
     """
+
+    #: The wrapped vector store.
+    inner: VectorStore
+    #: The policy every call runs under.
+    policy: RetryPolicy
 
     def __init__(self, *, inner: VectorStore, policy: RetryPolicy | None = None) -> None:
         if not isinstance(inner, VectorStore):
             raise TypeError(f"inner must be a LangChain VectorStore; got {type(inner).__name__}")
-        #: The wrapped vector store.
         self.inner = inner
-        #: The policy every call runs under.
         self.policy = policy_option(policy)
         warn_of_multiplied_retries(inner, self.policy, wrapper=type(self).__name__)
+
+    def __getattr__(self, name: str) -> Any:
+        """Reads the wrapper cannot answer go to the inner store (not its methods)."""
+        return read_through(
+            self,
+            name,
+            self.__dict__.get("inner"),
+            role="inner store",
+            methods_refused="a call through it would not be retried",
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_shadowing_write(self, name, self.__dict__.get("inner"), role="inner store")
+        super().__setattr__(name, value)
 
     @property
     def embeddings(self) -> Embeddings | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llm_resilience.layers import read_through
+
 __all__ = ["read_from_primary"]
 
 
@@ -19,14 +21,10 @@ def read_from_primary(
     """The value of ``name`` read from ``members[0]``, for a chain's ``__getattr__``.
 
     ``missing`` is the ``AttributeError`` the chain's own lookup raised; it is raised
-    unchanged when the read is not the primary's to answer:
-
-    * a private or dunder name (``_x``, ``__x__``): the chain's own internals, pydantic's
-      private attributes, and the protocol probes of ``copy``, ``pickle`` and the
-      frameworks stay the chain's, present or absent;
-    * a name the chain's class defines (a property that failed must not be masked by the
-      primary's value);
-    * a chain not yet built (no members yet: during construction or unpickling).
+    unchanged when the read is not the primary's to answer: a private or dunder name, a
+    name the chain's class defines, or a chain not yet built (no members yet: during
+    construction or unpickling). The rule is every wrapper's:
+    [`llm_resilience.layers.read_through`][].
 
     Otherwise the primary answers, and if it has no such attribute either the
     ``AttributeError`` names the chain, the attribute and the primary's type.
@@ -45,15 +43,5 @@ def read_from_primary(
         ...
         AttributeError: 'Chain' object has no attribute 'foo', nor has its first member (Primary)
     """
-    if name.startswith("_") or hasattr(type(chain), name) or not members:
-        raise missing
-    primary = members[0]
-    try:
-        return getattr(primary, name)
-    except AttributeError as error:
-        raise AttributeError(
-            f"{type(chain).__name__!r} object has no attribute {name!r}, nor has its "
-            f"first member ({type(primary).__name__})",
-            name=name,
-            obj=chain,
-        ) from error
+    primary = members[0] if members else None
+    return read_through(chain, name, primary, missing, role="first member")

@@ -50,6 +50,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
 from llm_resilience.metering import AsyncStreamSettler, StreamSettler
 from llm_resilience.redact import redacted_fields
@@ -97,7 +98,7 @@ _INHERITED_EMBEDDING_FIELDS = (
 )
 
 
-class DelegatingLLM(FunctionCallingLLM, WrapsOne):
+class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
     """Base of the layers that wrap one LLM (``inner``).
 
     Each of the eight chat/completion methods (sync, async, streaming) runs
@@ -392,7 +393,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne):
         return self.inner
 
 
-class DelegatingEmbedding(BaseEmbedding, WrapsOne):
+class DelegatingEmbedding(BaseEmbedding, WrapsOne, KnownKeywords):
     """Base of the layers that wrap one embedding model (``inner``).
 
     ``_get_query_embedding``, ``_get_text_embedding`` and ``_get_text_embeddings`` (one

@@ -104,7 +104,8 @@ class CostTrackedLLM(DelegatingLLM):
     names, else its ``metadata.num_output``, else 4,096), at its own price.
 
     Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
-    non-text ``scope``, or an ``inner`` that is not an ``LLM``; calls raise
+    non-text ``scope``, an ``inner`` that is not an ``LLM``, or a keyword it does not
+    take (naming the closest); calls raise
     [`BudgetExceededError`][llm_resilience.BudgetExceededError] (``window``, ``limit``,
     ``spend``) once spend has reached a limit. Tools, structured output and metadata
     pass through to ``inner``.

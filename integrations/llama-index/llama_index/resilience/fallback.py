@@ -69,6 +69,7 @@ from llama_index.resilience._tool_request import TOOL_REQUEST_KEY, ToolRequest, 
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
 from llm_resilience.budget import served_model
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.fallback import (
     Cooldown,
     FallbackChain,
@@ -104,7 +105,7 @@ def _option(description: str, exclude: bool = False) -> Any:
     return Field(default=None, frozen=True, exclude=exclude, description=description)
 
 
-class FallbackLLM(FunctionCallingLLM, Probeable):
+class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
     """Try ``llms`` in order; move to the next one at once when one fails transiently.
 
     Example:
@@ -150,7 +151,8 @@ class FallbackLLM(FunctionCallingLLM, Probeable):
     (LlamaIndex's ``OpenAI`` defaults to ``max_retries=3``) are warned about once.
 
     Raises ``ValueError``/``TypeError`` naming the option: fewer than 2 ``llms``, a
-    member that is not an ``LLM``, a bad time limit, ``cooldown`` or ``classifier``.
+    member that is not an ``LLM``, a bad time limit, ``cooldown`` or ``classifier``, or
+    a keyword it does not take (naming the closest).
     """
 
     llms: tuple[LLM, ...] = Field(frozen=True, description="The LLMs, in the order they are tried.")

@@ -28,10 +28,8 @@ from llama_index.resilience._delegate import (
 )
 from llama_index.resilience._usage import StreamTally, num_output, prompt_pairs, reported_tokens
 
-from llm_resilience.checks import known_keywords
 from llm_resilience.metering import stack_output_caps
 from llm_resilience.ratelimit import (
-    LimiterOptions,
     RedisTokenBucketRateLimiter,
     TokenBucketRateLimiter,
     limiter_for,
@@ -46,9 +44,6 @@ __all__ = ["RateLimitedEmbedding", "RateLimitedLLM"]
 # The core limiters implement LlamaIndex's acquire/async_acquire signatures.
 BaseRateLimiter.register(TokenBucketRateLimiter)
 BaseRateLimiter.register(RedisTokenBucketRateLimiter)
-
-# The keywords named in each signature below, for the closest-keyword hint.
-_OPTIONS = tuple(LimiterOptions.__annotations__)
 
 
 class RateLimitedLLM(DelegatingLLM):
@@ -103,7 +98,6 @@ class RateLimitedLLM(DelegatingLLM):
         limiter: Any = None,
         **kwargs: Any,
     ) -> None:
-        known_keywords(type(self).__name__, kwargs, [*_OPTIONS, *type(self).model_fields])
         chosen = limiter_for(
             requests_per_minute=requests_per_minute,
             max_queued_requests=max_queued_requests,
@@ -186,7 +180,6 @@ class RateLimitedEmbedding(DelegatingEmbedding):
         limiter: Any = None,
         **kwargs: Any,
     ) -> None:
-        known_keywords(type(self).__name__, kwargs, [*_OPTIONS, *type(self).model_fields])
         chosen = limiter_for(
             requests_per_minute=requests_per_minute,
             max_queued_requests=max_queued_requests,

@@ -34,7 +34,8 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.resilience._delegate import DelegatingEmbedding, EmbeddingKind
 
-from llm_resilience.layers import WrapsOne
+from llm_resilience.checks import KnownKeywords
+from llm_resilience.layers import WrapsOne, read_through, refuse_shadowing_write
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy, policy_option, warn_of_multiplied_retries
 
@@ -89,7 +90,7 @@ class RetryingEmbedding(DelegatingEmbedding):
         return result
 
 
-class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
+class RetryingVectorStore(BasePydanticVectorStore, WrapsOne, KnownKeywords):
     """A vector store whose every call (sync and async) is retried under a policy.
 
     Example:
@@ -99,11 +100,18 @@ class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
     ```
 
     ``add``, ``delete``, ``query``, ``get_nodes``, ``delete_nodes``, ``clear``,
-    ``persist`` and their async forms go to the inner store's own method, once per try;
-    a generator of nodes is read once, before the first try. ``stores_text`` and
+    ``persist`` and their async forms go to the inner store's own method, once per try,
+    with every keyword given (``get_nodes(limit=10)`` of a ``QdrantVectorStore``); a
+    generator of nodes is read once, before the first try. ``stores_text`` and
     ``is_embedding_query`` are the inner store's, ``client`` is its client. A method the
     inner store does not have raises ``AttributeError`` when called, and one it
     does not implement raises its ``NotImplementedError``; neither is retried.
+
+    The inner store's own attributes read through the wrapper (``store.collection_name``,
+    ``store.sparse_vector_name``), so code written against the bare store keeps working;
+    its other methods do not (a call would not be retried: call them on ``store.inner``).
+    Setting one of those attributes on the wrapper raises ``AttributeError``: set it on
+    ``store.inner`` ([`read_through`][]).
     """
 
     inner: Any = Field(exclude=True, description="The wrapped vector store.")
@@ -133,6 +141,24 @@ class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
     @property
     def client(self) -> Any:
         return getattr(self.inner, "client", None)
+
+    def __getattr__(self, name: str) -> Any:
+        """Reads the wrapper cannot answer go to the inner store (not its methods)."""
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]  # pydantic's privates
+        except AttributeError as missing:
+            return read_through(
+                self,
+                name,
+                self.__dict__.get("inner"),
+                missing,
+                role="inner store",
+                methods_refused="a call through it would not be retried",
+            )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_shadowing_write(self, name, self.__dict__.get("inner"), role="inner store")
+        super().__setattr__(name, value)
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         # Looked up per call, so a method the inner store lacks raises AttributeError.
@@ -164,15 +190,25 @@ class RetryingVectorStore(BasePydanticVectorStore, WrapsOne):
         return result
 
     def get_nodes(
-        self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None
+        self,
+        node_ids: list[str] | None = None,
+        filters: MetadataFilters | None = None,
+        **kwargs: Any,
     ) -> list[BaseNode]:
-        result: list[BaseNode] = self._call("get_nodes", node_ids=node_ids, filters=filters)
+        result: list[BaseNode] = self._call(
+            "get_nodes", node_ids=node_ids, filters=filters, **kwargs
+        )
         return result
 
     async def aget_nodes(
-        self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None
+        self,
+        node_ids: list[str] | None = None,
+        filters: MetadataFilters | None = None,
+        **kwargs: Any,
     ) -> list[BaseNode]:
-        result: list[BaseNode] = await self._acall("aget_nodes", node_ids=node_ids, filters=filters)
+        result: list[BaseNode] = await self._acall(
+            "aget_nodes", node_ids=node_ids, filters=filters, **kwargs
+        )
         return result
 
     def delete_nodes(

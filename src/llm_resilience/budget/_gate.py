@@ -177,6 +177,8 @@ class BudgetGate:
         may_serve: Sequence[str | ServingModel] = (),
         prompt: Sequence[tuple[str, str]] | None = None,
         texts: Sequence[str] | None = None,
+        run_id: str | None = None,
+        thread_id: str | None = None,
     ) -> BudgetTicket:
         """Gate one call; raises ``BudgetExceededError`` if a limit refuses it.
 
@@ -194,7 +196,11 @@ class BudgetGate:
         [`count_tokens`][]), in default mode it counts nothing.
         ``estimated_input_tokens`` is for a caller that counted itself; giving it with
         ``prompt`` or ``texts`` raises ``ValueError``.
+
+        ``run_id`` and ``thread_id`` name the agent run and conversation thread the call
+        belongs to (checked like a scope); every entry the ticket records carries them.
         """
+        run = _run_tags(run_id, thread_id)
         now, scope, limits, amount = self._prepare(
             surface,
             scope,
@@ -223,7 +229,7 @@ class BudgetGate:
                     self._ungated(exc, surface, limits)
                 else:
                     _check_spends(limits, spends)
-                return BudgetTicket(self, surface, scope, model, reservation)
+                return BudgetTicket(self, surface, scope, model, reservation, run)
             for window, spend_scope, limit in limits.triples:
                 try:
                     spend = self.ledger.spend(window, scope=spend_scope, now=now)
@@ -232,7 +238,7 @@ class BudgetGate:
                     break
                 if spend >= limit:
                     raise BudgetExceededError(window, limit, spend, spend_scope)
-        return BudgetTicket(self, surface, scope, model, reservation)
+        return BudgetTicket(self, surface, scope, model, reservation, run)
 
     async def abegin(
         self,
@@ -245,8 +251,11 @@ class BudgetGate:
         may_serve: Sequence[str | ServingModel] = (),
         prompt: Sequence[tuple[str, str]] | None = None,
         texts: Sequence[str] | None = None,
+        run_id: str | None = None,
+        thread_id: str | None = None,
     ) -> BudgetTicket:
         """Async [`begin`][], through the ledger's async methods."""
+        run = _run_tags(run_id, thread_id)
         now, scope, limits, amount = self._prepare(
             surface,
             scope,
@@ -275,7 +284,7 @@ class BudgetGate:
                     self._ungated(exc, surface, limits)
                 else:
                     _check_spends(limits, spends)
-                return BudgetTicket(self, surface, scope, model, reservation)
+                return BudgetTicket(self, surface, scope, model, reservation, run)
             for window, spend_scope, limit in limits.triples:
                 try:
                     spend = await self.ledger.aspend(window, scope=spend_scope, now=now)
@@ -284,7 +293,7 @@ class BudgetGate:
                     break
                 if spend >= limit:
                     raise BudgetExceededError(window, limit, spend, spend_scope)
-        return BudgetTicket(self, surface, scope, model, reservation)
+        return BudgetTicket(self, surface, scope, model, reservation, run)
 
     async def _areserve(
         self, amount: Decimal, limits: CheckedLimits, scope: str | None, now: datetime
@@ -392,7 +401,16 @@ class BudgetTicket:
     caller is cancelled meanwhile.
     """
 
-    __slots__ = ("_done", "_gate", "model", "reservation", "scope", "surface")
+    __slots__ = (
+        "_done",
+        "_gate",
+        "model",
+        "reservation",
+        "run_id",
+        "scope",
+        "surface",
+        "thread_id",
+    )
 
     def __init__(
         self,
@@ -401,6 +419,7 @@ class BudgetTicket:
         scope: str | None,
         model: str | None,
         reservation: Reservation | None,
+        run: tuple[str | None, str | None] = (None, None),
     ) -> None:
         self._gate = gate
         #: ``"chat"`` or ``"embedding"``.
@@ -411,6 +430,8 @@ class BudgetTicket:
         self.model = model
         #: The strict-mode hold, or None (default mode, or an unreadable ledger).
         self.reservation = reservation
+        #: The agent run and the thread the call belongs to (None: none named).
+        self.run_id, self.thread_id = run
         self._done = False
 
     def __repr__(self) -> str:
@@ -532,6 +553,8 @@ class BudgetTicket:
             cache_write_tokens=usage.cache_write_tokens or 0,
             cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
             reasoning_tokens=usage.reasoning_tokens or 0,
+            run_id=self.run_id,
+            thread_id=self.thread_id,
         )
 
     def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
@@ -560,6 +583,8 @@ class BudgetTicket:
             cache_write_tokens=usage.cache_write_tokens or 0,
             cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
             reasoning_tokens=usage.reasoning_tokens or 0,
+            run_id=self.run_id,
+            thread_id=self.thread_id,
         )
 
 
@@ -579,6 +604,13 @@ def _check_shape(
             "give estimated_input_tokens or the call's prompt/texts, not both: "
             "the gate counts the prompt itself"
         )
+
+
+def _run_tags(run_id: object, thread_id: object) -> tuple[str | None, str | None]:
+    """A call's ``run_id`` and ``thread_id``, checked like a scope."""
+    if run_id is None and thread_id is None:
+        return (None, None)
+    return checks.scope("run_id", run_id), checks.scope("thread_id", thread_id)
 
 
 def _check_surface(surface: object) -> None:

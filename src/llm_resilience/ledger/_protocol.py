@@ -140,6 +140,10 @@ class LedgerEntry:
     cache_write_1h_tokens: int = field(default=0, kw_only=True)
     #: Of ``output_tokens``, those spent reasoning.
     reasoning_tokens: int = field(default=0, kw_only=True)
+    #: The agent run the call belonged to (an id given by the framework), or None.
+    run_id: str | None = field(default=None, kw_only=True)
+    #: The conversation thread the call belonged to (LangGraph's ``thread_id``), or None.
+    thread_id: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timestamp", _utc("timestamp", self.timestamp))
@@ -155,6 +159,8 @@ class LedgerEntry:
             _optional_text(option, getattr(self, option))
         check_scope(self.scope)
         checks.scope("entry_id", _optional_text("entry_id", self.entry_id))
+        checks.scope("run_id", self.run_id)
+        checks.scope("thread_id", self.thread_id)
 
 
 def checked_entry(
@@ -171,16 +177,19 @@ def checked_entry(
     cache_write_tokens: int = 0,
     cache_write_1h_tokens: int = 0,
     reasoning_tokens: int = 0,
+    run_id: str | None = None,
+    thread_id: str | None = None,
 ) -> LedgerEntry:
     """A call's entry from values its budget gate already checked, built unchecked.
 
     The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
     the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
     validated prices and counts (so within [`cost_in_range`][llm_resilience.checks.cost_in_range])
-    and ``scope`` checked when the call was admitted; the cache and reasoning counts are
-    the same ``Usage``'s (None there is 0 here). Only ``model`` and ``estimated``,
-    which a caller of ``BudgetTicket.finish`` passes, are checked here. The result equals
-    ``LedgerEntry(...)`` of the same values (a core test holds the two to that).
+    and ``scope``, ``run_id`` and ``thread_id`` checked when the call was admitted; the
+    cache and reasoning counts are the same ``Usage``'s (None there is 0 here). Only
+    ``model`` and ``estimated``, which a caller of ``BudgetTicket.finish`` passes, are
+    checked here. The result equals ``LedgerEntry(...)`` of the same values (a core test
+    holds the two to that).
     """
     _optional_text("model", model)
     if not isinstance(estimated, bool):
@@ -202,6 +211,8 @@ def checked_entry(
     assign(entry, "cache_write_tokens", cache_write_tokens)
     assign(entry, "cache_write_1h_tokens", cache_write_1h_tokens)
     assign(entry, "reasoning_tokens", reasoning_tokens)
+    assign(entry, "run_id", run_id)
+    assign(entry, "thread_id", thread_id)
     return entry
 
 

@@ -737,6 +737,8 @@ def _as_stored(**fields: Any) -> LedgerEntry:
     older release, before today's bounds (a longer scope, more decimal places), is read
     back rather than refused, and reading a million rows skips a million checks."""
     entry = object.__new__(LedgerEntry)
+    fields.setdefault("run_id", None)
+    fields.setdefault("thread_id", None)
     for name, value in fields.items():
         object.__setattr__(entry, name, value)
     return entry

@@ -276,7 +276,7 @@ class RunRecorder(BaseCallbackHandler):
             self._open[run_id] = _Open(attempt, started[0], started[1], node, root)
 
     def on_llm_new_token(
-        self, token: str, *, chunk: Any = None, run_id: UUID, **kwargs: Any
+        self, token: Any, *, chunk: Any = None, run_id: UUID, **kwargs: Any
     ) -> None:
         opened = self._open.get(run_id)
         if opened is not None and isinstance(chunk, ChatGenerationChunk):
@@ -288,8 +288,8 @@ class RunRecorder(BaseCallbackHandler):
         if opened is None:
             return
         try:
-            generation = response.generations[0][0]
-            message = generation.message  # type: ignore[attr-defined]
+            generation: Any = response.generations[0][0]
+            message = generation.message
             usage = answer_usage(message, opened.prompt, prompted=bool(opened.messages))
             opened.attempt.finish(usage, model=opened.served(message.response_metadata))
         except Exception:

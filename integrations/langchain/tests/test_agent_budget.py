@@ -110,13 +110,15 @@ def test_a_strict_run_stops_at_its_budget_and_never_spends_past_it(invoke: Invok
     result = invoke(agent, _ask())
 
     final = result["messages"][-1]
-    assert isinstance(final, AIMessage) and not final.tool_calls
+    assert isinstance(final, AIMessage)
+    assert not final.tool_calls
     assert "budget is spent" in final.text
     entries = ledger.entries()
     assert _total(ledger) <= Decimal("0.2")
     # Every call the provider answered is in the ledger, once; the refused one never ran.
     assert len(entries) == model.calls >= 3
-    assert len({entry.run_id for entry in entries}) == 1 and entries[0].run_id is not None
+    assert len({entry.run_id for entry in entries}) == 1
+    assert entries[0].run_id is not None
 
 
 def test_a_default_run_passes_its_budget_by_at_most_the_call_in_flight(invoke: Invoke) -> None:
@@ -283,7 +285,8 @@ def test_a_tool_that_calls_a_chat_model_is_charged_to_the_run(invoke: Invoke) ->
 
     entries = ledger.entries()
     assert [entry.model for entry in entries].count("helper-model") == 1
-    assert len(entries) == 3 and len({entry.run_id for entry in entries}) == 1
+    assert len(entries) == 3
+    assert len({entry.run_id for entry in entries}) == 1
 
 
 def test_a_summarization_middlewares_call_is_charged_to_the_run(invoke: Invoke) -> None:
@@ -408,7 +411,8 @@ def test_below_the_threshold_the_run_downgrades_and_says_so_in_the_stream(
         "cheap",
         "below_threshold",
     )
-    assert Decimal(event["estimate"]) > 0 and Decimal(event["remaining"]) < Decimal("0.99")
+    assert Decimal(event["estimate"]) > 0
+    assert Decimal(event["remaining"]) < Decimal("0.99")
     # The first call at the dear model spent enough to pass the threshold; then cheap.
     assert [entry.model for entry in ledger.entries()] == ["dear", "cheap"]
 
@@ -568,8 +572,10 @@ def test_a_real_clients_run_stops_at_its_strict_budget_with_reported_usage(
 
     assert "budget is spent" in result["messages"][-1].text
     entries = ledger.entries()
-    assert len(entries) == 1 and not entries[0].estimated
-    assert entries[0].thread_id == "t-real" and entries[0].run_id is not None
+    assert len(entries) == 1
+    assert not entries[0].estimated
+    assert entries[0].thread_id == "t-real"
+    assert entries[0].run_id is not None
     assert len(server.requests) == before + 1  # the refused turn was never sent
 
 
@@ -591,8 +597,10 @@ def test_a_real_clients_stream_cut_after_tokens_charges_what_it_delivered(
     )
     server.script(Fault.drop_mid_stream(after_chunks=3))
 
-    with pytest.raises(Exception):  # noqa: B017, PT011 (the SDK's own error)
+    with pytest.raises(Exception):  # noqa: B017 (the SDK's own error)
         stream(agent, _ask("Tell me something."), stream_mode="messages")
 
     entries = ledger.entries()
-    assert len(entries) == 1 and entries[0].estimated and entries[0].cost > 0
+    assert len(entries) == 1
+    assert entries[0].estimated
+    assert entries[0].cost > 0

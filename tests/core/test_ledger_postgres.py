@@ -38,6 +38,7 @@ COLUMNS = [
     "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
     "pages", "model", "estimated", "surface", "scope", "entry_id",
     "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens",
+    "run_id", "thread_id",
 ]  # fmt: skip
 
 

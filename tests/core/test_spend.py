@@ -287,7 +287,8 @@ def test_remaining_is_each_windows_limit_minus_spend_and_never_below_zero(ledger
 
 def test_a_grouping_outside_the_choices_is_refused_naming_by_and_them(ledger: Any) -> None:
     with pytest.raises(
-        ValueError, match=r"by must be one of 'day', 'month', .*'scope'; got 'week'"
+        ValueError,
+        match=r"by must be one of 'day', 'month', .*'scope', 'run', 'thread'; got 'week'",
     ):
         spend_report(ledger, by="week")
 

@@ -22,6 +22,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import interrupt
 
 from langchain_llm_resilience import DOWNGRADE_EVENT, BudgetMiddleware, FallbackChatModel
 from langchain_llm_resilience.testing import (
@@ -604,3 +605,28 @@ def test_a_real_clients_stream_cut_after_tokens_charges_what_it_delivered(
     assert len(entries) == 1
     assert entries[0].estimated
     assert entries[0].cost > 0
+
+
+class InterruptingModel(ScriptedChatModel):
+    """Asks a human (LangGraph's ``interrupt``) before answering."""
+
+    def _answer(self, messages: list[BaseMessage], stop: list[str] | None, **kwargs: Any) -> Any:
+        interrupt("approve the spend?")
+        return super()._answer(messages, stop, **kwargs)
+
+
+def test_an_interrupt_in_the_model_call_passes_through_and_records_nothing(invoke: Invoke) -> None:
+    ledger = InMemoryCostLedger()
+    middleware = BudgetMiddleware(_budget(strict=True), ledger, limit=5)
+    agent = create_agent(
+        InterruptingModel(model="asking", max_tokens=20),
+        tools=[weather],
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+    )
+
+    result = invoke(agent, _ask(), {"configurable": {"thread_id": "t-interrupt"}})
+
+    assert [each.value for each in result["__interrupt__"]] == ["approve the spend?"]
+    assert not any("budget is spent" in m.text for m in result["messages"])
+    assert ledger.entries() == []

@@ -33,7 +33,7 @@ from langchain_llm_resilience.middleware_recorder import model_node, recorder
 from llm_resilience import checks
 from llm_resilience.budget import CostBudget
 from llm_resilience.errors import BudgetExceededError
-from llm_resilience.runs import Choice, Per, RunBudget, RunSpend
+from llm_resilience.runs import Per, RunBudget, RunSpend
 from llm_resilience.usage import model_output_cap, output_cap
 
 __all__ = ["DOWNGRADE_EVENT", "BudgetMiddleware"]
@@ -233,7 +233,7 @@ class BudgetMiddleware(checks.KnownKeywords, AgentMiddleware[AgentState[Any], An
             )
             if choice.downgraded:
                 request = request.override(model=self.downgrade_to)
-                request.runtime.stream_writer(_event(choice, model))
+                request.runtime.stream_writer(choice.payload())
         if self.show_remaining:
             left = _least(spend.remaining(), window)
             if left is not None:
@@ -319,10 +319,6 @@ def _cap(request: ModelRequest[Any]) -> int | None:
 def _least(*amounts: Decimal | None) -> Decimal | None:
     present = [amount for amount in amounts if amount is not None]
     return min(present) if present else None
-
-
-def _event(choice: Choice, asked: BaseChatModel) -> dict[str, object]:
-    return {**choice.payload(), "asked_model": _model_name(asked)}
 
 
 def _with_line(request: ModelRequest[Any], left: Decimal) -> SystemMessage:

@@ -15,6 +15,8 @@ from langchain_llm_resilience.fallback import (
     STREAM_RESTART_EVENT,
     FallbackChatModel,
 )
+from langchain_llm_resilience.middleware_fallback import FallbackMiddleware
+from langchain_llm_resilience.middleware_ratelimit import RateLimitMiddleware
 from langchain_llm_resilience.ratelimit import RateLimitedChatModel, RateLimitedEmbeddings
 from langchain_llm_resilience.retry import RetryingEmbeddings, RetryingVectorStore
 
@@ -23,6 +25,8 @@ __all__ = [
     "CostTrackedChatModel",
     "CostTrackedEmbeddings",
     "FallbackChatModel",
+    "FallbackMiddleware",
+    "RateLimitMiddleware",
     "RateLimitedChatModel",
     "RateLimitedEmbeddings",
     "ResilienceBuilder",

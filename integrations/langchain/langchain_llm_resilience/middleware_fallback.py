@@ -311,8 +311,9 @@ class _Call:
     def __init__(self, middleware: FallbackMiddleware, request: ModelRequest[Any]) -> None:
         self._middleware = middleware
         self._request = request
-        state = request.state if isinstance(request.state, dict) else {}
-        self._run: str = state.get(RUN_KEY) or uuid.uuid4().hex
+        state: Any = request.state
+        run = state.get(RUN_KEY) if isinstance(state, dict) else None
+        self._run: str = run if isinstance(run, str) else uuid.uuid4().hex
         runtime = request.runtime
         self._write: Callable[[Any], None] | None = getattr(runtime, "stream_writer", None)
         self._current: _Attempt | None = None
@@ -470,7 +471,11 @@ class _Call:
             return
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Any] = asyncio.Queue()
-        probe = self._probe(attempt, lambda: loop.call_soon_threadsafe(inbox.put_nowait, _TOKEN))
+
+        def arrived() -> None:
+            loop.call_soon_threadsafe(inbox.put_nowait, _TOKEN)
+
+        probe = self._probe(attempt, arrived)
         context = contextvars.copy_context()
         context.run(_PROBE.set, probe)
         task = asyncio.create_task(_awaited(handler(request)), context=context)
@@ -587,10 +592,16 @@ class _AttemptProbe(BaseCallbackHandler):
             self._run = run_id
             self._started(f"lc_run--{run_id}")
 
-    def on_llm_new_token(self, token: str, *, run_id: UUID, **kwargs: Any) -> None:
+    def on_llm_new_token(
+        self,
+        token: str | list[str | dict[str, Any]],
+        *,
+        chunk: Any = None,
+        run_id: UUID,
+        **kwargs: Any,
+    ) -> None:
         if run_id != self._run:
             return
-        chunk = kwargs.get("chunk")
         message = getattr(chunk, "message", None)
         self._token(getattr(message, "id", None))
 

@@ -84,7 +84,7 @@ class RateLimitMiddleware(AgentMiddleware[Any, Any, Any], KnownKeywords):
         message = _answer(response)
         if not weight or message is None:
             return
-        usage = message.usage_metadata or {}
+        usage: dict[str, Any] = dict(message.usage_metadata or {})
         metadata = message.response_metadata
         reported_in, reported_out, _ = with_billed_apart(
             usage.get("input_tokens"),

@@ -86,7 +86,7 @@ class AttemptEvent:
             raise ValueError(f"attempt must be an int >= 1; got {self.attempt!r}")
 
     def payload(self) -> dict[str, Any]:
-        """The event as a JSON-safe dict, ``"type"`` being [`ATTEMPT_EVENT_TYPE`][]
+        """The event as a JSON-safe dict whose ``"type"`` is ``"llm_resilience.attempt"``
         (money as a string, exact)."""
         return {
             "type": ATTEMPT_EVENT_TYPE,

@@ -21,7 +21,7 @@ from llm_resilience.runs._attempts import (
     superseded_reason,
     timed_out_by,
 )
-from llm_resilience.runs._budget import RunBudget, astored_thread_spend, stored_thread_spend
+from llm_resilience.runs._budget import RunBudget
 from llm_resilience.runs._spend import Choice, Prompt, RunAttempt, RunSpend
 from llm_resilience.runs._tree import RunTree
 
@@ -37,8 +37,6 @@ __all__ = [
     "RunBudget",
     "RunSpend",
     "RunTree",
-    "astored_thread_spend",
-    "stored_thread_spend",
     "superseded_reason",
     "timed_out_by",
 ]

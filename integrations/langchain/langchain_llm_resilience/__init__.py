@@ -16,6 +16,8 @@ from langchain_llm_resilience.fallback import (
     FallbackChatModel,
 )
 from langchain_llm_resilience.middleware_budget import DOWNGRADE_EVENT, BudgetMiddleware
+from langchain_llm_resilience.middleware_fallback import FallbackMiddleware
+from langchain_llm_resilience.middleware_ratelimit import RateLimitMiddleware
 from langchain_llm_resilience.ratelimit import RateLimitedChatModel, RateLimitedEmbeddings
 from langchain_llm_resilience.retry import RetryingEmbeddings, RetryingVectorStore
 
@@ -26,6 +28,8 @@ __all__ = [
     "CostTrackedEmbeddings",
     "DOWNGRADE_EVENT",
     "FallbackChatModel",
+    "FallbackMiddleware",
+    "RateLimitMiddleware",
     "RateLimitedChatModel",
     "RateLimitedEmbeddings",
     "ResilienceBuilder",

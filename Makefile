@@ -45,12 +45,15 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
 # The three distributions (each sdist, then its wheel built from the sdist) in build/dist,
-# checked as PyPI will: long description renders, metadata complete.
+# checked as PyPI will: long description renders, metadata complete. The three build at
+# once (each in its own isolated environment); any one failing fails the target.
 dist: $(STAMP)
 	rm -rf build/dist
-	$(BIN)/python -m build --quiet --outdir build/dist .
-	$(BIN)/python -m build --quiet --outdir build/dist integrations/langchain
-	$(BIN)/python -m build --quiet --outdir build/dist integrations/llama-index
+	$(BIN)/python -m build --quiet --outdir build/dist . & core=$$!; \
+	$(BIN)/python -m build --quiet --outdir build/dist integrations/langchain & langchain=$$!; \
+	$(BIN)/python -m build --quiet --outdir build/dist integrations/llama-index & llama=$$!; \
+	failed=0; for pid in $$core $$langchain $$llama; do wait $$pid || failed=1; done; \
+	exit $$failed
 	$(BIN)/twine check --strict build/dist/*
 
 bench: $(STAMP)

@@ -34,20 +34,26 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(UNIT_ENV) $(BIN)/python -m pytest -q
 
-test: lint typecheck unit docs dist
+# The docs build strict before the suite, and tests/test_docs_site.py reads that site
+# instead of building its own (it builds one when run any other way).
+test: UNIT_ENV = LLM_RESILIENCE_DOCS_SITE=build/site
+test: lint typecheck docs unit dist
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
 # The three distributions (each sdist, then its wheel built from the sdist) in build/dist,
-# checked as PyPI will: long description renders, metadata complete.
+# checked as PyPI will: long description renders, metadata complete. The three build at
+# once (each in its own isolated environment); any one failing fails the target.
 dist: $(STAMP)
 	rm -rf build/dist
-	$(BIN)/python -m build --quiet --outdir build/dist .
-	$(BIN)/python -m build --quiet --outdir build/dist integrations/langchain
-	$(BIN)/python -m build --quiet --outdir build/dist integrations/llama-index
+	$(BIN)/python -m build --quiet --outdir build/dist . & core=$$!; \
+	$(BIN)/python -m build --quiet --outdir build/dist integrations/langchain & langchain=$$!; \
+	$(BIN)/python -m build --quiet --outdir build/dist integrations/llama-index & llama=$$!; \
+	failed=0; for pid in $$core $$langchain $$llama; do wait $$pid || failed=1; done; \
+	exit $$failed
 	$(BIN)/twine check --strict build/dist/*
 
 bench: $(STAMP)

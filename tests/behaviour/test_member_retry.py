@@ -1,8 +1,9 @@
 """``member_retry=`` through each framework's real ``OpenAI`` client against local fault
 servers.
 
-A 429 with ``Retry-After: 1`` is waited out on the same member, which then answers (the
-answer never comes sooner than the header asked); a persistent 503 is retried on the
+A 429 with ``Retry-After: 0.3`` is waited out on the same member, which then answers (the
+answer never comes sooner than the header asked, with a policy that would not wait by
+itself); a persistent 503 is retried on the
 same member, then the next member answers.
 """
 
@@ -43,11 +44,13 @@ async def test_a_429_with_retry_after_is_waited_out_and_the_same_member_answers(
     driver: Any, mode: Mode, servers: Servers
 ) -> None:
     primary, secondary = servers
-    primary.script(Fault.status(429, retry_after=1))
-    model = chain(driver, servers, member_retry=RetryPolicy(attempts=2, max_delay=5, jitter=0))
+    # base_delay=0: only the header can make the retry wait.
+    primary.script(Fault.status(429, retry_after=0.3))
+    policy = RetryPolicy(attempts=2, base_delay=0, max_delay=5, jitter=0)
+    model = chain(driver, servers, member_retry=policy)
     started = time.monotonic()
     assert (await driver.run(model, mode)).text == PRIMARY_REPLY
-    assert time.monotonic() - started >= 1.0
+    assert time.monotonic() - started >= 0.3
     assert [request.fault.kind for request in primary.requests] == ["status", "ok"]
     assert secondary.requests == []
 

@@ -1,6 +1,6 @@
 """A seeded chaos run through the whole LangChain stack: every call ends well or says why.
 
-2,000 calls at concurrency 50, mixing ``invoke``, ``ainvoke``, ``stream`` and ``astream``
+500 calls at concurrency 50, mixing ``invoke``, ``ainvoke``, ``stream`` and ``astream``
 (the sync ones on threads), go through
 ``CostTrackedChatModel(RateLimitedChatModel(FallbackChatModel([openai, anthropic, openai])))``
 with real ``ChatOpenAI``/``ChatAnthropic`` clients over HTTP to three local
@@ -45,7 +45,7 @@ from llm_resilience.ledger import SqlCostLedger
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 SEED = 20261201
-CALLS = 2_000
+CALLS = 500
 CONCURRENCY = 50
 # A stream's per-client timeout spans the whole attempt, the consumer's time included, and
 # 50 callers on 2 cores stretch healthy attempts past a second. A timeout that fires after
@@ -62,8 +62,11 @@ REPLIES = (
 )
 # One unit per token, in and out: a call's cost is its prompt's words plus its reply's chunks.
 PRICE_PER_MTOK = 1_000_000
-# Reached at roughly the 1,650th call of the 2,000 (calls are issued smallest prompt first).
-LIMIT = Decimal(1_400_000)
+# Reached at roughly the 420th call of the 500 (calls are issued smallest prompt first).
+# With this seed every server's script still holds each fault before that call: the first
+# server hangs on its 181st request, the second on its 92nd (asserted below: the faults
+# did happen, on every member).
+LIMIT = Decimal(87_500)
 
 # What a call may raise, and nothing else (docs/fallback.md, "The order of events"): a
 # chain whose every member failed raises the last member's own error (the last member is
@@ -149,7 +152,7 @@ def _complete(text: str, served: object) -> bool:
     return isinstance(served, int) and served < 3 and text.endswith(REPLIES[served])
 
 
-async def test_two_thousand_chaotic_calls_end_complete_or_documented_record_once_and_leak_nothing(
+async def test_five_hundred_chaotic_calls_end_complete_or_documented_record_once_and_leak_nothing(
     tmp_path: Path,
 ) -> None:
     rng = random.Random(SEED)

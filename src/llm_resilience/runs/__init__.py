@@ -1,0 +1,28 @@
+"""Agent runs: what one run (or thread) may spend, and the gate each of its attempts passes.
+
+The framework-free core of the agent layers (LangChain middleware, LlamaIndex agents):
+[`RunBudget`][] opens a run's [`RunSpend`][]; every model attempt of the run (retries,
+fallbacks, and side calls a tool, a subagent or another middleware makes) passes
+[`RunSpend.begin`][] and is recorded once by [`RunAttempt.finish`][], its ledger entry
+naming the run and thread. [`RunTree`][] tells which run a side call belongs to.
+One job per module: ``_account`` (a run's money in process), ``_spend`` (the attempt
+gate, the downgrade choice), ``_budget`` (opening runs), ``_tree`` (runs' roots).
+"""
+
+from llm_resilience.runs._account import Account, Per
+from llm_resilience.runs._budget import RunBudget, astored_thread_spend, stored_thread_spend
+from llm_resilience.runs._spend import Choice, Prompt, RunAttempt, RunSpend
+from llm_resilience.runs._tree import RunTree
+
+__all__ = [
+    "Account",
+    "Choice",
+    "Per",
+    "Prompt",
+    "RunAttempt",
+    "RunBudget",
+    "RunSpend",
+    "RunTree",
+    "astored_thread_spend",
+    "stored_thread_spend",
+]

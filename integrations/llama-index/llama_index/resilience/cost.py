@@ -81,6 +81,9 @@ class MeteredLLM(DelegatingLLM):
 
     _meter: Meter = PrivateAttr()
 
+    def __init__(self, *, inner: LLM, **kwargs: Any) -> None:
+        super().__init__(inner=inner, **kwargs)
+
     @classmethod
     def class_name(cls) -> str:
         return "MeteredLLM"

@@ -26,6 +26,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.resilience import (
     FallbackLLM,
+    RateLimitedLLM,
     RunBudgetDowngradeEvent,
     RunBudgetLLM,
     RunBudgetSpentEvent,
@@ -34,7 +35,12 @@ from llama_index.resilience import (
 from llama_index.resilience.agents import RUN_ID_TAG
 from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
 
-from llm_resilience import BudgetExceededError, CostBudget, ModelPrice
+from llm_resilience import (
+    BudgetExceededError,
+    CostBudget,
+    ModelPrice,
+    RequestExceedsCapacityError,
+)
 from llm_resilience.budget import ServingModel
 from llm_resilience.ledger import InMemoryCostLedger
 from llm_resilience.runs import RunBudget
@@ -281,6 +287,26 @@ async def test_a_failover_mid_run_is_charged_to_the_run_at_the_model_that_served
     assert str(await handler) == TOOL_ANSWER
     assert entries_of(ledger) == [(handler.run_id, None, "big"), (handler.run_id, None, "small")]
     assert (primary.calls, secondary.calls) == (2, 1)
+
+
+async def test_a_limiter_refusal_under_the_run_budget_raises_and_releases_the_hold() -> None:
+    ledger = InMemoryCostLedger()
+    runs = RunBudget(budget(), ledger, limit=1000)
+    model = fake()
+    # A tokens-per-minute budget smaller than one request's weight refuses it at once.
+    limited = RateLimitedLLM(inner=model, tokens_per_minute=5)
+    handler = FunctionAgent(tools=[weather], llm=RunBudgetLLM(inner=limited, budget=runs)).run(
+        QUESTION
+    )
+
+    with pytest.raises(RequestExceedsCapacityError):
+        await handler
+
+    assert model.calls == 0
+    assert ledger.entries() == []
+    spend = runs.get(handler.run_id)
+    assert spend is not None
+    assert (spend.spent, spend.held) == (0, 0)
 
 
 async def test_a_downgrade_below_the_threshold_goes_to_the_cheaper_llm_with_its_estimate(

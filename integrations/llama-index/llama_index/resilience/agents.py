@@ -64,6 +64,7 @@ from llm_resilience.ledger import CostLedger
 from llm_resilience.metering import Meter
 from llm_resilience.runs import Choice, Per, RunAttempt, RunBudget, RunSpend
 from llm_resilience.runs.ending import spent_message
+from llm_resilience.runs.hedges import charge_hedges
 from llm_resilience.usage import Usage, output_cap
 
 if TYPE_CHECKING:
@@ -357,6 +358,22 @@ class RunBudgetLLM(MeteredLLM):
 
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _RunCall:
         run, thread, scope, one_off = self._run_of()
+        try:
+            return self._admit(run, thread, scope, one_off, kind, request, kwargs)
+        except _Refused:
+            self._forget(run, one_off)
+            raise
+
+    def _admit(
+        self,
+        run: str,
+        thread: str | None,
+        scope: str | None,
+        one_off: bool,
+        kind: CallKind,
+        request: Request,
+        kwargs: dict[str, Any],
+    ) -> _RunCall:
         budget: RunBudget = self.runs
         spend = budget.open(run, thread_id=thread, scope=scope)
         prompt, cap, tools = _request_of(request, kwargs, self._downgrade_meter is not None)
@@ -378,7 +395,6 @@ class RunBudgetLLM(MeteredLLM):
                     may_serve=meter.may_serve,
                 )
             except BudgetExceededError as again:
-                self._forget(run, one_off)
                 raise _Refused(again, spend) from None
         return self._call_of(
             attempt, meter, prompt, choice, kind, request, kwargs, tools, run, one_off, False
@@ -386,6 +402,22 @@ class RunBudgetLLM(MeteredLLM):
 
     async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _RunCall:
         run, thread, scope, one_off = self._run_of()
+        try:
+            return await self._aadmit(run, thread, scope, one_off, kind, request, kwargs)
+        except _Refused:
+            self._forget(run, one_off)
+            raise
+
+    async def _aadmit(
+        self,
+        run: str,
+        thread: str | None,
+        scope: str | None,
+        one_off: bool,
+        kind: CallKind,
+        request: Request,
+        kwargs: dict[str, Any],
+    ) -> _RunCall:
         budget: RunBudget = self.runs
         spend = await budget.aopen(run, thread_id=thread, scope=scope)
         prompt, cap, tools = _request_of(request, kwargs, self._downgrade_meter is not None)
@@ -407,7 +439,6 @@ class RunBudgetLLM(MeteredLLM):
                     may_serve=meter.may_serve,
                 )
             except BudgetExceededError as again:
-                self._forget(run, one_off)
                 raise _Refused(again, spend) from None
         return self._call_of(
             attempt, meter, prompt, choice, kind, request, kwargs, tools, run, one_off, True
@@ -502,6 +533,8 @@ class RunBudgetLLM(MeteredLLM):
         is_async: bool,
     ) -> _RunCall:
         downgraded = choice is not None and choice.downgraded
+        # A hedged chain below reports its losing attempts to this run.
+        charge_hedges(attempt)
         return _RunCall(
             _Attempt(attempt, meter, prompt),
             kind=kind,

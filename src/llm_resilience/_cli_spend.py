@@ -43,13 +43,19 @@ EXIT_DATABASE = 1
 EXIT_USAGE = 2
 FORMATS = ("table", "csv", "json")
 _COLUMNS = ("cost", "calls", "input_tokens", "output_tokens", "estimated_calls")
-_UNKNOWN = {"scope": "(unscoped)"}
+_UNKNOWN = {"scope": "(unscoped)", "run": "(no run)", "thread": "(no thread)"}
 
-HELP = "report spend from a ledger database, by day, month, model, kind, surface or scope"
+HELP = (
+    "report spend from a ledger database, by day, month, model, kind, surface, scope, "
+    "agent run or thread"
+)
 EPILOG = """\
 Dates are UTC: YYYY-MM-DD, or an ISO 8601 time (without an offset it is UTC).
 --since is inclusive; --until is exclusive, except that a bare date includes that day
 (--since 2026-11-01 --until 2026-11-30 is all of November).
+--by run (or thread) sums each agent run's (conversation thread's) entries; --run R and
+--thread T keep one run's or thread's entries (--by model --run R: what run R spent on
+each model; --by run --thread T: what each run of thread T cost).
 Money is exact: csv and json carry it as decimal text. The database is only read:
 a missing SQLite file is not created.
 
@@ -108,15 +114,30 @@ def _until(text: str) -> datetime | None:
     return _moment(text, end_of_day=True)
 
 
-def _scope(text: str) -> str:
+def _identifier(option: str, text: str) -> str:
+    """A --scope, --run or --thread value: text a ledger can hold (as a scope)."""
     if not text:
-        raise argparse.ArgumentTypeError("expected a scope; leave --scope out for every scope")
+        raise argparse.ArgumentTypeError(
+            f"expected a {option}; leave --{option} out for every {option}"
+        )
     try:
-        checked = checks.scope("scope", text)
+        checked = checks.scope(option, text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     assert checked is not None
     return checked
+
+
+def _scope(text: str) -> str:
+    return _identifier("scope", text)
+
+
+def _run(text: str) -> str:
+    return _identifier("run", text)
+
+
+def _thread(text: str) -> str:
+    return _identifier("thread", text)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +155,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", type=_until, metavar="DATE", help="last UTC date, or end time")
     parser.add_argument(
         "--scope", type=_scope, metavar="S", help="only this budget scope (default: all)"
+    )
+    parser.add_argument(
+        "--run",
+        type=_run,
+        dest="run_id",  # ``run`` is the command's own entry point (cli.py)
+        metavar="R",
+        help="only this agent run's entries (default: all)",
+    )
+    parser.add_argument(
+        "--thread",
+        type=_thread,
+        dest="thread_id",
+        metavar="T",
+        help="only this thread's entries (default: all)",
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="default: table")
 
@@ -221,6 +256,8 @@ def _report(url: str, arguments: argparse.Namespace) -> SpendReport:
             since=arguments.since,
             until=arguments.until,
             scope=arguments.scope,
+            run=arguments.run_id,
+            thread=arguments.thread_id,
         )
     finally:
         ledger.close()
@@ -262,6 +299,8 @@ def _write_json(report: SpendReport, out: IO[str]) -> None:
         "since": None if report.since is None else report.since.isoformat(),
         "until": None if report.until is None else report.until.isoformat(),
         "scope": report.scope,
+        "run": report.run,
+        "thread": report.thread,
         "rows": [_row_fields(row) for row in report.rows],
         "total": _row_fields(report.total),
     }
@@ -282,7 +321,7 @@ def _inert(text: str) -> str:
 def _write_csv(report: SpendReport, out: IO[str]) -> None:
     """One line per row, headed by the grouping's name; no total line (sum the rows).
 
-    The key is stored text (a model, scope, ...), so it is made inert (`_inert`);
+    The key is stored text (a model, scope, run id, ...), so it is made inert (`_inert`);
     the numbers are ours and written as they are."""
     # Rows end in "\n"; each is formatted with "\r\n" first, because the csv module only
     # quotes a field that holds a character of its terminator: a bare CR must be quoted
@@ -331,6 +370,10 @@ def _title(report: SpendReport) -> str:
         parts.append(f"until {report.until:%Y-%m-%d %H:%M} UTC")
     if report.scope is not None:
         parts.append(f"scope {_shown(report.scope)}")
+    if report.run is not None:
+        parts.append(f"run {_shown(report.run)}")
+    if report.thread is not None:
+        parts.append(f"thread {_shown(report.thread)}")
     return ", ".join(parts)
 
 

@@ -41,6 +41,8 @@ ENTRY_COLUMNS: dict[str, str] = {
     "kind": "string",
     "model": "string",
     "scope": "string",
+    "run_id": "string",
+    "thread_id": "string",
     "surface": "string",
     "input_tokens": "int64",
     "output_tokens": "int64",
@@ -83,7 +85,9 @@ def to_dataframe(source: Iterable[LedgerEntry] | SpendReport | CostLedger) -> pd
     """A DataFrame of ledger entries (one row each) or of a spend report (one row per row).
 
     ``from llm_resilience import to_dataframe``. Pass a ledger itself for all of its
-    entries, or ``ledger.entries(since, until, scope=..., model=..., kind=...)`` for some.
+    entries, or ``ledger.entries(since, until, scope=..., model=..., kind=..., run=...,
+    thread=...)`` for some (``run_id`` and ``thread_id`` are columns: group an agent's
+    spend by run with ``df.groupby("run_id")``).
 
     Examples:
         >>> from datetime import UTC, datetime
@@ -128,6 +132,8 @@ def to_dataframe(source: Iterable[LedgerEntry] | SpendReport | CostLedger) -> pd
         "kind": [entry.kind for entry in entries],
         "model": [entry.model for entry in entries],
         "scope": [entry.scope for entry in entries],
+        "run_id": [entry.run_id for entry in entries],
+        "thread_id": [entry.thread_id for entry in entries],
         "surface": [entry.surface for entry in entries],
         "input_tokens": [entry.input_tokens for entry in entries],
         "output_tokens": [entry.output_tokens for entry in entries],

@@ -1,5 +1,5 @@
 """Spend reports: what a ledger's entries cost, summed per day, month, model, kind,
-surface or scope, with what a budget has left.
+surface, scope, agent run or thread, with what a budget has left.
 
 Examples:
     >>> from datetime import UTC, datetime
@@ -71,6 +71,8 @@ def spend_report(
     until: datetime | None = None,
     *,
     scope: str | None = None,
+    run: str | None = None,
+    thread: str | None = None,
     budget: CostBudget | None = None,
     now: datetime | None = None,
 ) -> SpendReport:
@@ -81,22 +83,25 @@ def spend_report(
         >>> spend_report(InMemoryCostLedger(), by="month").rows
         ()
 
-    ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"`` or
-    ``"scope"`` (anything else: ``ValueError`` naming ``by`` and these). ``since`` and
-    ``until`` are timezone-aware (naive: ``ValueError``). ``scope`` limits the report to
-    one scope's entries (None: all). With a [`CostBudget`][],
+    ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"``,
+    ``"scope"``, ``"run"`` or ``"thread"`` (the agent run and conversation thread the
+    entries name, `LedgerEntry.run_id` and ``thread_id``; anything else: ``ValueError``
+    naming ``by`` and these). ``since`` and ``until`` are timezone-aware (naive:
+    ``ValueError``). ``scope``, ``run`` and ``thread`` limit the report to one scope's,
+    run's or thread's entries (None: all): ``spend_report(ledger, by="run",
+    thread="thread-42")`` is what each run of a conversation cost. With a [`CostBudget`][],
     `SpendReport.remaining` says what is left of the day and month holding ``now``
     (default: the current UTC time), read with the ledger's ``spend`` (holds included),
     against the same limits the gate applies to a call of ``scope``.
 
-    Without a budget it is what our ledgers' own ``report(by, since, until, scope=)``
-    gives. A ledger with a ``_spend_rows(by, since, until, scope)`` method (both of ours)
-    sums where its data is; any other is read through ``entries(since, until)`` and summed.
+    Without a budget it is what our ledgers' own ``report(by, since, until, scope=,
+    run=, thread=)`` gives. A ledger with a ``_spend_rows`` method (both of ours) sums
+    where its data is; any other is read through ``entries(since, until)`` and summed.
     """
     if budget is not None and not isinstance(budget, CostBudget):
         raise TypeError(f"budget must be a CostBudget or None, got {type(budget).__name__}")
     moment = check_now(now)
-    report = grouped_report(ledger, by, since, until, scope=scope)
+    report = grouped_report(ledger, by, since, until, scope=scope, run=run, thread=thread)
     if budget is None:
         return report
     return dataclasses.replace(report, remaining=_remaining(ledger, budget, report.scope, moment))

@@ -422,3 +422,103 @@ def test_the_installed_console_script_writes_the_report(ledger_file: Path) -> No
         "2026-11-29,0.3,2,201,10,1",
         "2026-11-30,12345678901234567890.300000000000000000000001,3,309,90,1",
     ]
+
+
+# -- agent runs and threads ---------------------------------------------------------------
+
+
+@pytest.fixture
+def runs_ledger_file(tmp_path: Path) -> Path:
+    """Two runs of thread t-1, one run (named like a formula) of t-2, and a call outside."""
+    path = tmp_path / "runs.db"
+    ledger = SqlCostLedger(f"sqlite:///{path}")
+    for index, (cost, run, thread) in enumerate(
+        [
+            ("0.1", "run-1", "t-1"),
+            ("0.2", "run-1", "t-1"),
+            ("0.000000000000000000000001", "run-2", "t-1"),
+            ("7", '=HYPERLINK("x")', "t-2"),
+            ("0.5", None, None),
+        ]
+    ):
+        ledger.record(
+            LedgerEntry(
+                T0 + timedelta(minutes=index),
+                "chat",
+                cost=Decimal(cost),
+                model="gpt-4o" if index < 2 else "claude",
+                run_id=run,
+                thread_id=thread,
+            )
+        )
+    ledger.close()
+    return path
+
+
+def test_by_run_sums_each_agent_run_and_names_calls_outside_any(
+    runs_ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = ["spend", "--db", f"sqlite:///{runs_ledger_file}"]
+    code, out, _ = _run([*db, "--by", "run", "--format", "json"], capsys)
+    assert code == 0
+    document = json.loads(out)
+    assert document["by"] == "run"
+    assert [(row["key"], Decimal(row["cost"]), row["calls"]) for row in document["rows"]] == [
+        ('=HYPERLINK("x")', Decimal(7), 1),
+        (None, Decimal("0.5"), 1),
+        ("run-1", Decimal("0.3"), 2),
+        ("run-2", Decimal("0.000000000000000000000001"), 1),
+    ]
+    code, out, _ = _run([*db, "--by", "run"], capsys)
+    assert code == 0
+    assert "(no run)" in out
+    assert "Spend by run" in out
+    assert "7.800000000000000000000001" in out  # the total, every digit
+
+
+def test_run_and_thread_options_keep_one_runs_or_threads_entries(
+    runs_ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = ["spend", "--db", f"sqlite:///{runs_ledger_file}", "--format", "json"]
+    code, out, _ = _run([*db, "--by", "model", "--run", "run-1"], capsys)
+    assert code == 0
+    document = json.loads(out)
+    assert (document["run"], document["thread"]) == ("run-1", None)
+    assert [(row["key"], row["cost"]) for row in document["rows"]] == [("gpt-4o", "0.3")]
+    code, out, _ = _run([*db, "--by", "run", "--thread", "t-1"], capsys)
+    assert code == 0
+    document = json.loads(out)
+    assert [row["key"] for row in document["rows"]] == ["run-1", "run-2"]
+    assert document["total"]["cost"] == "0.300000000000000000000001"
+    code, out, _ = _run(
+        ["spend", "--db", f"sqlite:///{runs_ledger_file}", "--thread", "t-2"], capsys
+    )
+    assert code == 0
+    assert "thread t-2" in out  # the table's title says the filter
+
+
+def test_csv_by_run_or_thread_makes_an_id_that_starts_like_a_formula_inert(
+    runs_ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = ["spend", "--db", f"sqlite:///{runs_ledger_file}", "--format", "csv"]
+    code, out, _ = _run([*db, "--by", "run"], capsys)
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert {row["run"] for row in rows} == {'\'=HYPERLINK("x")', "", "run-1", "run-2"}
+    code, out, _ = _run([*db, "--by", "thread", "--run", '=HYPERLINK("x")'], capsys)
+    assert code == 0
+    assert [(row["thread"], row["cost"]) for row in csv.DictReader(io.StringIO(out))] == [
+        ("t-2", "7")
+    ]
+
+
+@pytest.mark.parametrize("option", ["--run", "--thread"])
+def test_an_empty_or_unstorable_run_or_thread_is_a_usage_error(
+    option: str, runs_ledger_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = ["spend", "--db", f"sqlite:///{runs_ledger_file}"]
+    for value in ("", "x" * 257):
+        with pytest.raises(SystemExit) as exited:
+            main([*db, option, value])
+        assert exited.value.code == 2
+        assert option in capsys.readouterr().err

@@ -175,3 +175,26 @@ def test_importing_the_package_loads_neither_pandas_nor_matplotlib() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_run_and_thread_of_each_entry_are_columns_to_group_by(tmp_path: Path) -> None:
+    ledger = SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}")
+    for cost, run, thread in [
+        ("0.1", "run-1", "t-1"),
+        ("0.2", "run-1", "t-1"),
+        ("0.4", None, None),
+    ]:
+        ledger.record(LedgerEntry(START, "chat", cost=Decimal(cost), run_id=run, thread_id=thread))
+    df = to_dataframe(ledger)
+    ledger.close()
+    assert isinstance(df["run_id"].dtype, pd.StringDtype)
+    assert df["run_id"].tolist()[:2] == ["run-1", "run-1"]
+    assert df["thread_id"].isna().tolist() == [
+        False,
+        False,
+        True,
+    ]
+    by_run = df.groupby("run_id")["cost"].agg(lambda costs: exact_sum(costs))
+    assert by_run.to_dict() == {"run-1": Decimal("0.3")}
+    report = to_dataframe(spend_report(InMemoryCostLedger(), by="run"))
+    assert report.attrs["by"] == "run"

@@ -319,3 +319,51 @@ def test_importing_the_ledger_package_does_not_import_sqlalchemy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# -- agent runs and threads ---------------------------------------------------------------
+
+
+def _run_entry(cost: str, run: str | None, thread: str | None = None) -> LedgerEntry:
+    return LedgerEntry(NOW, "chat", cost=Decimal(cost), run_id=run, thread_id=thread)
+
+
+def test_entries_keep_their_run_and_thread_and_filter_by_them() -> None:
+    ledger = InMemoryCostLedger()
+    first, second = _run_entry("0.1", "run-1", "t-1"), _run_entry("0.2", "run-2", "t-1")
+    ledger.record(first)
+    ledger.settle(ledger.reserve(Decimal(1), limits={}, scope=None, now=NOW), second)
+    ledger.record(_run_entry("0.4", None))
+    assert ledger.entries(run="run-2") == [second]
+    assert ledger.entries(thread="t-1") == [first, second]
+    assert (ledger.entries()[0].run_id, ledger.entries()[-1].run_id) == ("run-1", None)
+    assert ledger.run_spend(run="run-1") == Decimal("0.1")
+    assert ledger.run_spend(thread="t-1") == Decimal("0.3")
+
+
+def test_run_spend_counts_entries_max_entries_no_longer_lists() -> None:
+    ledger = InMemoryCostLedger(max_entries=2)
+    for cost in ("0.1", "0.2", "0.3", "0.4"):
+        ledger.record(_run_entry(cost, "run-1", "t-1"))
+    assert len(ledger.entries(run="run-1")) == 2
+    assert ledger.run_spend(run="run-1") == ledger.run_spend(thread="t-1") == Decimal("1.0")
+
+
+def test_only_the_runs_and_threads_recorded_to_most_recently_are_remembered() -> None:
+    ledger = InMemoryCostLedger(max_entries=2)  # remembers 2 x 2 runs and threads
+    ledger.record(_run_entry("1", "old-run"))
+    for index in range(4):
+        ledger.record(_run_entry("0.5", f"run-{index}"))
+    ledger.record(_run_entry("0.5", "run-3"))
+    assert ledger.run_spend(run="old-run") == Decimal(0)  # forgotten, as its entries are
+    assert ledger.run_spend(run="run-3") == Decimal("1.0")
+    assert ledger.run_spend(run="run-0") == Decimal("0.5")  # still among the latest four
+
+
+async def test_async_run_spend_and_entries_match_the_sync_ones() -> None:
+    ledger = InMemoryCostLedger()
+    await ledger.arecord(_run_entry("0.25", "run-1", "t-1"))
+    await ledger.arecord(_run_entry("0.5", "run-2", "t-1"))
+    assert await ledger.arun_spend(thread="t-1") == Decimal("0.75")
+    assert await ledger.aentries(run="run-2") == ledger.entries(run="run-2")
+    assert [e async for e in ledger.aiter_entries(thread="t-1")] == ledger.entries()

@@ -38,6 +38,7 @@ COLUMNS = [
     "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
     "pages", "model", "estimated", "surface", "scope", "entry_id",
     "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens",
+    "run_id", "thread_id",
 ]  # fmt: skip
 
 
@@ -111,8 +112,17 @@ def test_a_first_release_table_is_migrated_by_eight_concurrent_openers(postgres_
             ]
             assert ledger.spend("day", now=NOW) == Decimal("0.3")
             assert ledger.spend("month", now=NOW) == Decimal("1.3")  # built once, not 8 times
+            assert all((e.run_id, e.thread_id) == (None, None) for e in ledger.entries())
+            ledger.record(LedgerEntry(NOW, "chat", cost=Decimal("0.5"), run_id="r", thread_id="t"))
+            assert ledger.run_spend(run="r") == ledger.run_spend(thread="t") == Decimal("0.5")
         finally:
             ledger.close()
+        with engine.connect() as connection:
+            indexes = connection.exec_driver_sql(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                "AND tablename = 'cost_ledger'"
+            ).scalars()
+            assert {"ix_cost_ledger_run_id", "ix_cost_ledger_thread_id"} <= set(indexes)
 
 
 def test_timestamps_are_utc_whatever_the_session_time_zone(postgres_url: str) -> None:

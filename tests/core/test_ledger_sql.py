@@ -33,6 +33,7 @@ COLUMNS = [
     "id", "timestamp", "kind", "input_tokens", "output_tokens", "cost",
     "pages", "model", "estimated", "surface", "scope", "entry_id",
     "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens",
+    "run_id", "thread_id",
 ]  # fmt: skip
 # The first release's table, as it created it.
 OLD_SCHEMA = (
@@ -354,6 +355,13 @@ def old_sqlite_ledger(path: Path, extra_rows: int = 0) -> Decimal:
     return Decimal("8.3") + Decimal("0.001") * extra_rows
 
 
+def indexes_of(path: Path) -> set[str]:
+    with sqlite3.connect(path) as connection:
+        names = {row[1] for row in connection.execute("PRAGMA index_list(cost_ledger)")}
+    connection.close()
+    return names
+
+
 def columns_of(path: Path) -> list[str]:
     with sqlite3.connect(path) as connection:
         names = [row[1] for row in connection.execute("PRAGMA table_info(cost_ledger)")]
@@ -380,6 +388,8 @@ def test_a_first_release_sqlite_table_is_migrated_in_place_keeping_every_row(
         assert all(
             (e.pages, e.model, e.estimated, e.scope) == (0, None, False, None) for e in stored
         )
+        assert all((e.run_id, e.thread_id) == (None, None) for e in stored)
+        assert {"ix_cost_ledger_run_id", "ix_cost_ledger_thread_id"} <= indexes_of(path)
         # Totals were built from the old rows: exactly, and once.
         assert ledger.spend("day", now=NOW) == Decimal("0.3")
         assert ledger.spend("day", now=NOW - timedelta(days=1)) == Decimal(7)
@@ -605,3 +615,128 @@ def test_only_sqlite_and_postgresql_urls_are_accepted_and_options_are_checked() 
         SqlCostLedger("sqlite://", reservation_ttl=timedelta(seconds=-1))
     with pytest.raises(ValueError, match="connect_timeout"):
         SqlCostLedger("sqlite://", connect_timeout=0)
+
+
+# -- agent runs and threads ---------------------------------------------------------------
+
+
+def run_entry(cost: str, run: str | None, thread: str | None = None) -> LedgerEntry:
+    return LedgerEntry(
+        NOW, "chat", input_tokens=10, output_tokens=5, cost=Decimal(cost),
+        model="gpt-4o", run_id=run, thread_id=thread,
+    )  # fmt: skip
+
+
+def test_run_and_thread_ids_survive_record_settle_and_a_batch(url: str) -> None:
+    ledger = SqlCostLedger(url)
+    behind = SqlCostLedger(url, write_behind=60)  # its queue goes in as one batch
+    try:
+        ledger.record(run_entry("0.1", "run-1", "t-1"))
+        hold = ledger.reserve(Decimal(1), limits={}, scope=None, now=NOW)
+        ledger.settle(hold, run_entry("0.2", "run-1", "t-1"))
+        ledger.record(run_entry("0.4", None, "t-1"))
+        for cost in ("0.01", "0.02", "0.03"):
+            behind.record(run_entry(cost, "run-2", "t-1"))
+        behind.close()  # stores the queue: SQLite's multi-row INSERT, PostgreSQL's unnest
+        assert [(e.cost, e.run_id, e.thread_id) for e in ledger.entries()] == [
+            (Decimal("0.1"), "run-1", "t-1"),
+            (Decimal("0.2"), "run-1", "t-1"),
+            (Decimal("0.4"), None, "t-1"),
+            (Decimal("0.01"), "run-2", "t-1"),
+            (Decimal("0.02"), "run-2", "t-1"),
+            (Decimal("0.03"), "run-2", "t-1"),
+        ]
+        assert ledger.run_spend(run="run-1") == Decimal("0.3")
+        assert ledger.run_spend(run="run-2") == Decimal("0.06")
+        assert ledger.run_spend(thread="t-1") == Decimal("0.76")
+    finally:
+        behind.close()
+        ledger.close()
+
+
+async def test_async_record_and_settle_store_run_and_thread_ids(url: str) -> None:
+    ledger = SqlCostLedger(url)
+    try:
+        await ledger.arecord(run_entry("0.5", "run-a", "t-a"))
+        hold = await ledger.areserve(Decimal(1), limits={}, scope=None, now=NOW)
+        await ledger.asettle(hold, run_entry("0.25", "run-a", None))
+        stored = await ledger.aentries(run="run-a")
+        assert [(e.cost, e.thread_id) for e in stored] == [
+            (Decimal("0.5"), "t-a"),
+            (Decimal("0.25"), None),
+        ]
+        assert await ledger.arun_spend(run="run-a") == Decimal("0.75")
+        assert await ledger.arun_spend(thread="t-a") == Decimal("0.5")
+    finally:
+        await ledger.aclose()
+
+
+def test_run_spend_sums_exactly_past_the_default_context_and_float_digits(url: str) -> None:
+    ledger = SqlCostLedger(url)
+    tiny, large = "0.000000000000000000000001", "12345678901234567890.1"
+    try:
+        for cost in (tiny, large, tiny, "0.1", "0.2"):
+            ledger.record(run_entry(cost, "run-x"))
+        ledger.record(run_entry("7", "run-y"))
+        assert ledger.run_spend(run="run-x") == Decimal(
+            "12345678901234567890.400000000000000000000002"
+        )
+    finally:
+        ledger.close()
+
+
+def test_a_runs_spend_is_read_through_its_index_not_a_scan(url: str) -> None:
+    ledger = SqlCostLedger(url)
+    ledger.record(run_entry("0.1", "run-1", "t-1"))
+    ledger.close()
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            for column in ("run_id", "thread_id"):
+                if url.startswith("sqlite"):
+                    plan = connection.exec_driver_sql(
+                        f"EXPLAIN QUERY PLAN SELECT cost FROM cost_ledger WHERE {column} = ?",
+                        ("x",),
+                    ).all()
+                    assert f"USING INDEX ix_cost_ledger_{column}" in str(plan)
+                else:  # a table this small is scanned unless scans are ruled out
+                    connection.exec_driver_sql("SET enable_seqscan = off")
+                    plan = connection.exec_driver_sql(
+                        f"EXPLAIN SELECT cost FROM cost_ledger WHERE {column} = %(v)s", {"v": "x"}
+                    ).all()
+                    assert f"ix_cost_ledger_{column}" in str(plan)
+    finally:
+        engine.dispose()
+
+
+def test_a_previous_release_table_gains_run_and_thread_in_place_keeping_every_row(
+    url: str,
+) -> None:
+    ledger = SqlCostLedger(url)
+    ledger.record(run_entry("0.1", None))
+    ledger.record(run_entry("0.2", None))
+    ledger.close()
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    with engine.begin() as connection:  # back to the shape the previous release wrote
+        for column in ("run_id", "thread_id"):
+            connection.exec_driver_sql(f"DROP INDEX ix_cost_ledger_{column}")
+            connection.exec_driver_sql(f"ALTER TABLE cost_ledger DROP COLUMN {column}")
+    engine.dispose()
+    reopened = SqlCostLedger(url)
+    try:
+        stored = reopened.entries()
+        assert [(e.cost, e.run_id, e.thread_id) for e in stored] == [
+            (Decimal("0.1"), None, None),
+            (Decimal("0.2"), None, None),
+        ]
+        assert reopened.spend("day", now=NOW) == Decimal("0.3")  # totals untouched
+        reopened.record(run_entry("0.4", "run-1", "t-1"))
+        assert reopened.run_spend(run="run-1") == Decimal("0.4")
+        assert reopened.entries(thread="t-1")[0].cost == Decimal("0.4")
+        assert reopened.spend("day", now=NOW) == Decimal("0.7")
+    finally:
+        reopened.close()

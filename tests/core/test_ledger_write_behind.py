@@ -533,3 +533,44 @@ def test_a_gate_read_with_bad_windows_is_refused_every_time_not_remembered(
         assert behind.spends([("day", None)]) == (Decimal(0),)
     finally:
         behind.close()
+
+
+# -- agent runs and threads ---------------------------------------------------------------
+
+
+def run_entry(cost: str, run: str, thread: str | None = None) -> LedgerEntry:
+    return LedgerEntry(datetime.now(UTC), "chat", cost=Decimal(cost), run_id=run, thread_id=thread)
+
+
+def test_a_runs_queued_entries_count_in_its_run_spend_at_once(path: Path) -> None:
+    other = SqlCostLedger(f"sqlite:///{path}")
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=60)  # nothing stored till close
+    try:
+        other.record(run_entry("0.5", "run-1", "t-1"))
+        behind.record(run_entry("0.25", "run-1", "t-1"))
+        behind.record(run_entry("0.125", "run-2", "t-1"))
+        assert behind.pending == 2
+        assert behind.run_spend(run="run-1") == Decimal("0.75")  # stored + queued
+        assert behind.run_spend(thread="t-1") == Decimal("0.875")
+        assert behind.pending == 2  # the read left storing the queue to the writer
+        assert other.run_spend(run="run-1") == Decimal("0.5")  # not stored yet
+        behind.close()
+        assert other.run_spend(run="run-1") == behind.run_spend(run="run-1") == Decimal("0.75")
+        assert [e.run_id for e in other.entries(thread="t-1")] == ["run-1", "run-1", "run-2"]
+    finally:
+        behind.close()
+        other.close()
+
+
+async def test_a_runs_queued_entries_count_in_its_async_run_spend_at_once(path: Path) -> None:
+    behind = SqlCostLedger(f"sqlite:///{path}", write_behind=60)
+    try:
+        await behind.arecord(run_entry("0.3", "run-1"))
+        await behind.arecord(run_entry("0.1", "run-1"))
+        assert await behind.arun_spend(run="run-1") == Decimal("0.4")
+        assert behind.pending == 2
+    finally:
+        await behind.aclose()
+    reopened = SqlCostLedger(f"sqlite:///{path}")
+    assert await reopened.arun_spend(run="run-1") == Decimal("0.4")
+    reopened.close()

@@ -227,4 +227,10 @@ def test_sqlite_entries_name_the_run_and_thread(tmp_path) -> None:
     runs = RunBudget(CostBudget(**NO_WINDOW), ledger, limit="100")  # type: ignore[arg-type]
     runs.open("run-1", thread_id="t").begin(model="m").finish(Usage(1, 1, False))
     ledger.close()
-    assert len(SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}").entries()) == 1
+    reopened = SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}")
+    assert [(e.run_id, e.thread_id) for e in reopened.entries()] == [("run-1", "t")]
+    # A fresh process resuming the thread starts from what the file holds for it.
+    thread = RunBudget(CostBudget(**NO_WINDOW), reopened, per="thread", limit="100")  # type: ignore[arg-type]
+    assert thread.open("run-2", thread_id="t").spent == Decimal(2)
+    assert asyncio.run(thread.aopen("run-3", thread_id="t")).spent == Decimal(2)
+    reopened.close()

@@ -6,6 +6,7 @@ of the ``test`` database, dropped afterwards); their reports must agree to the l
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import uuid
@@ -19,7 +20,14 @@ from typing import Any
 import pytest
 
 from llm_resilience import CostBudget
-from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
+from llm_resilience.ledger import (
+    InMemoryCostLedger,
+    LedgerEntry,
+    SqlCostLedger,
+    astored_run_spend,
+    stored_run_spend,
+)
+from llm_resilience.money import exact_sum
 from llm_resilience.spend import GROUPINGS, SpendRow, spend_report
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -54,7 +62,26 @@ def _entries() -> list[LedgerEntry]:
     ]
 
 
-ENTRIES = _entries()
+# The agent run and thread of each of ``_entries()``: two runs of one thread, a run of
+# another, and calls outside any agent (None).
+RUNS = ["run-1", "run-1", "run-1", "run-2", None, "run-2", "run-3", None]
+THREADS = ["t-1", "t-1", "t-1", "t-1", None, "t-1", "t-2", None]
+
+
+def _with_runs(entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    return [
+        dataclasses.replace(entry, run_id=run, thread_id=thread, entry_id=entry.entry_id)
+        for entry, run, thread in zip(entries, RUNS, THREADS, strict=True)
+    ]
+
+
+ENTRIES = _with_runs(_entries())
+
+
+def _cost_of(**field: str) -> Decimal:
+    """The exact cost of the ``ENTRIES`` whose ``run_id``/``thread_id`` is as given."""
+    ((name, value),) = field.items()
+    return exact_sum(e.cost for e in ENTRIES if getattr(e, name) == value)
 
 
 @contextmanager
@@ -287,7 +314,8 @@ def test_remaining_is_each_windows_limit_minus_spend_and_never_below_zero(ledger
 
 def test_a_grouping_outside_the_choices_is_refused_naming_by_and_them(ledger: Any) -> None:
     with pytest.raises(
-        ValueError, match=r"by must be one of 'day', 'month', .*'scope'; got 'week'"
+        ValueError,
+        match=r"by must be one of 'day', 'month', .*'scope', 'run', 'thread'; got 'week'",
     ):
         spend_report(ledger, by="week")
 
@@ -366,3 +394,110 @@ def test_a_migrated_first_release_sqlite_table_reports_its_numeric_costs_exactly
     ]
     assert report.total.cost == Decimal("3.35")
     ledger.close()
+
+
+# -- agent runs and threads ---------------------------------------------------------------
+
+
+def test_report_by_run_and_by_thread_sums_each_ones_entries_exactly(ledger: Any) -> None:
+    by_run = {row.key: (row.cost, row.calls) for row in spend_report(ledger, by="run").rows}
+    assert by_run == {
+        "run-1": (Decimal("0.300000000000000000000001"), 3),
+        "run-2": (Decimal("12345678901234567891.1234567890000000001"), 2),
+        "run-3": (Decimal("0.0"), 1),
+        None: (Decimal("1.0"), 2),
+    }
+    by_thread = {row.key: row.calls for row in ledger.report(by="thread").rows}
+    assert by_thread == {"t-1": 5, "t-2": 1, None: 2}
+
+
+def test_run_and_thread_filters_narrow_a_report_and_are_reported(ledger: Any) -> None:
+    runs_of_thread = spend_report(ledger, by="run", thread="t-1")
+    assert [row.key for row in runs_of_thread.rows] == ["run-2", "run-1"]  # by cost
+    assert (runs_of_thread.thread, runs_of_thread.run) == ("t-1", None)
+    one_run = ledger.report(by="model", run="run-1")
+    assert {row.key: row.calls for row in one_run.rows} == {"gpt-4o": 2, "emb-3": 1}
+    assert one_run.run == "run-1"
+    assert one_run.total.cost == _cost_of(run_id="run-1")
+    assert spend_report(ledger, by="day", run="run-9").rows == ()
+
+
+def test_entries_filter_by_run_and_thread_on_every_ledger(ledger: Any) -> None:
+    assert ledger.entries(run="run-2") == [e for e in ENTRIES if e.run_id == "run-2"]
+    assert ledger.entries(thread="t-2") == [e for e in ENTRIES if e.thread_id == "t-2"]
+    assert ledger.entries(run="run-1", thread="t-2") == []
+    assert [e.run_id for e in ledger.iter_entries(thread="t-1", page_size=2)] == [
+        "run-1", "run-1", "run-1", "run-2", "run-2",
+    ]  # fmt: skip
+    with pytest.raises(TypeError, match="run must be text or None"):
+        ledger.entries(run=7)
+
+
+async def test_aentries_and_aiter_entries_filter_by_run_and_thread(ledger: Any) -> None:
+    assert await ledger.aentries(run="run-3") == [e for e in ENTRIES if e.run_id == "run-3"]
+    streamed = [e async for e in ledger.aiter_entries(thread="t-1", page_size=3)]
+    assert streamed == [e for e in ENTRIES if e.thread_id == "t-1"]
+
+
+def test_run_spend_is_the_exact_stored_cost_of_a_run_or_a_thread(ledger: Any) -> None:
+    assert ledger.run_spend(run="run-2") == Decimal("12345678901234567891.1234567890000000001")
+    assert ledger.run_spend(run="run-1") == Decimal("0.300000000000000000000001")
+    assert ledger.run_spend(thread="t-1") == _cost_of(thread_id="t-1")
+    assert ledger.run_spend(run="run-9") == Decimal(0)
+    assert stored_run_spend(ledger, thread="t-2") == _cost_of(thread_id="t-2")
+
+
+async def test_arun_spend_answers_like_run_spend(ledger: Any) -> None:
+    assert await ledger.arun_spend(run="run-2") == ledger.run_spend(run="run-2")
+    assert await ledger.arun_spend(thread="t-1") == _cost_of(thread_id="t-1")
+    assert await astored_run_spend(ledger, run="run-1") == _cost_of(run_id="run-1")
+
+
+@pytest.mark.parametrize("given", [{}, {"run": "run-1", "thread": "t-1"}])
+async def test_run_spend_takes_exactly_one_of_run_and_thread(
+    ledger: Any, given: dict[str, str]
+) -> None:
+    with pytest.raises(TypeError, match="exactly one of run= and thread="):
+        ledger.run_spend(**given)
+    with pytest.raises(TypeError, match="exactly one of run= and thread="):
+        await ledger.arun_spend(**given)
+    with pytest.raises(TypeError, match="exactly one of run= and thread="):
+        stored_run_spend(ledger, **given)
+
+
+def test_run_spend_refuses_an_id_no_ledger_can_hold(ledger: Any) -> None:
+    with pytest.raises(ValueError, match="thread"):
+        ledger.run_spend(thread="x" * 257)
+
+
+class _ListLedger:
+    """A third-party ledger that answers only ``entries(since, until)``."""
+
+    def entries(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[LedgerEntry]:
+        return list(ENTRIES)
+
+
+def test_a_ledger_without_run_spend_is_read_through_its_entries() -> None:
+    assert stored_run_spend(_ListLedger(), run="run-2") == _cost_of(run_id="run-2")
+    assert stored_run_spend(_ListLedger(), thread="t-9") == Decimal(0)
+    report = spend_report(_ListLedger(), by="run", thread="t-1")
+    assert report.rows == _reference("run", thread="t-1").rows
+
+
+async def test_astored_run_spend_reads_entries_off_the_event_loop_without_run_spend() -> None:
+    import threading
+
+    readers: list[threading.Thread] = []
+
+    class Watched(_ListLedger):
+        def entries(
+            self, since: datetime | None = None, until: datetime | None = None
+        ) -> list[LedgerEntry]:
+            readers.append(threading.current_thread())
+            return super().entries(since, until)
+
+    assert await astored_run_spend(Watched(), thread="t-1") == _cost_of(thread_id="t-1")
+    assert readers
+    assert readers[0] is not threading.main_thread()

@@ -7,7 +7,9 @@
   ``operation_timeout`` ([`LedgerTimeoutError`][] past it), and writes the database
   does not take wait in memory until it does.
 
-Any object with the `CostLedger` methods can replace both.
+Any object with the `CostLedger` methods can replace both. `stored_run_spend` (and
+`astored_run_spend`) reads what one agent run or thread cost from any ledger: through its
+``run_spend`` when it has one (both of ours), else by summing its entries.
 
 Examples:
     >>> from datetime import UTC, datetime
@@ -34,6 +36,8 @@ from llm_resilience.ledger._protocol import (
     LedgerEntry,
     Reservation,
     Window,
+    astored_run_spend,
+    stored_run_spend,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +52,8 @@ __all__ = [
     "Reservation",
     "SqlCostLedger",
     "Window",
+    "astored_run_spend",
+    "stored_run_spend",
 ]
 
 

@@ -26,6 +26,7 @@ from llm_resilience.money import exact_sum
 
 __all__ = [
     "GROUPINGS",
+    "GROUP_FIELDS",
     "Grouping",
     "SpendReport",
     "SpendRow",
@@ -35,9 +36,18 @@ __all__ = [
     "grouped_report",
 ]
 
-Grouping = Literal["day", "month", "model", "kind", "surface", "scope"]
+Grouping = Literal["day", "month", "model", "kind", "surface", "scope", "run", "thread"]
 #: Every grouping a report accepts, in the order the docs list them.
 GROUPINGS: tuple[Grouping, ...] = get_args(Grouping)
+#: The entry field each grouping other than a time reads (run and thread: their ids).
+GROUP_FIELDS: dict[str, str] = {
+    "model": "model",
+    "kind": "kind",
+    "surface": "surface",
+    "scope": "scope",
+    "run": "run_id",
+    "thread": "thread_id",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +61,9 @@ class SpendRow:
         0.25
     """
 
-    #: The group: ``'2026-11-29'`` (day), ``'2026-11'`` (month), a model, kind, surface or
-    #: scope; None for entries without one (unknown model, unscoped) and for a total.
+    #: The group: ``'2026-11-29'`` (day), ``'2026-11'`` (month), a model, kind, surface,
+    #: scope, run id or thread id; None for entries without one (unknown model, unscoped,
+    #: outside any agent run) and for a total.
     key: str | None
     #: Exact money of the group's entries.
     cost: Decimal
@@ -99,6 +110,10 @@ class SpendReport:
     #: (``"day"``) and this month (``"month"``) for the scope, ``limit - spend`` but not
     #: below 0; a window without a limit is absent.
     remaining: Mapping[str, Decimal] = field(default_factory=dict)
+    #: The agent run reported on (its entries' ``run_id``); None: every entry.
+    run: str | None = None
+    #: The conversation thread reported on (``thread_id``); None: every entry.
+    thread: str | None = None
 
 
 #: The sums of no entries.
@@ -117,8 +132,8 @@ def check_grouping(by: object) -> Grouping:
 
 
 def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
-    """The group ``entry`` falls in: its UTC day or month, or its model, kind, surface or
-    scope (None when it has none).
+    """The group ``entry`` falls in: its UTC day or month, or its model, kind, surface,
+    scope, ``run_id`` or ``thread_id`` (None when it has none).
 
     Examples:
         >>> from datetime import UTC, datetime
@@ -131,7 +146,7 @@ def entry_key(entry: LedgerEntry, by: Grouping) -> str | None:
         return entry.timestamp.date().isoformat()
     if by == "month":
         return entry.timestamp.date().isoformat()[:7]
-    value: str | None = getattr(entry, by)
+    value: str | None = getattr(entry, GROUP_FIELDS[by])
     return value or None
 
 
@@ -162,25 +177,36 @@ def grouped_report(
     until: datetime | None = None,
     *,
     scope: str | None = None,
+    run: str | None = None,
+    thread: str | None = None,
 ) -> SpendReport:
     """``ledger``'s entries over ``since <= timestamp < until`` summed per ``by`` group,
     ordered and totalled (no ``remaining``: that needs a budget).
 
-    ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"`` or
-    ``"scope"`` (anything else: ``ValueError`` naming ``by`` and these); ``since`` and
-    ``until`` are timezone-aware (naive: ``ValueError``); ``scope`` keeps one scope's
-    entries (None: all). A ledger with a ``_spend_rows(by, since, until, scope)`` method
-    (both of ours) sums where its data is; any other is read through
-    ``entries(since, until)`` and summed here.
+    ``by`` is ``"day"`` or ``"month"`` (UTC), ``"model"``, ``"kind"``, ``"surface"``,
+    ``"scope"``, ``"run"`` or ``"thread"`` (the entries' ``run_id``/``thread_id``;
+    anything else: ``ValueError`` naming ``by`` and these); ``since`` and ``until`` are
+    timezone-aware (naive: ``ValueError``); ``scope``, ``run`` and ``thread`` keep one
+    scope's, agent run's or thread's entries (None: all). A ledger with a
+    ``_spend_rows(by, since, until, scope, run=, thread=)`` method (both of ours) sums
+    where its data is; any other is read through ``entries(since, until)`` and summed
+    here.
     """
     grouping = check_grouping(by)
-    low, high, scope, _, _ = check_entry_filters(since, until, scope, None, None)
+    checked = check_entry_filters(since, until, scope, None, None, run=run, thread=thread)
+    low, high, scope = checked.since, checked.until, checked.scope
     grouped = getattr(ledger, "_spend_rows", None)
     if grouped is not None:
-        rows: list[SpendRow] = grouped(grouping, low, high, scope)
+        rows: list[SpendRow] = grouped(
+            grouping, low, high, scope, run=checked.run, thread=checked.thread
+        )
     else:
         chosen = (
-            entry for entry in ledger.entries(low, high) if scope is None or entry.scope == scope
+            entry
+            for entry in ledger.entries(low, high)
+            if (scope is None or entry.scope == scope)
+            and (checked.run is None or entry.run_id == checked.run)
+            and (checked.thread is None or entry.thread_id == checked.thread)
         )
         rows = group_entries(chosen, grouping)
     return SpendReport(
@@ -190,6 +216,8 @@ def grouped_report(
         scope=scope,
         rows=_sorted(rows, grouping),
         total=_total(rows),
+        run=checked.run,
+        thread=checked.thread,
     )
 
 

@@ -22,6 +22,7 @@ from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     LedgerEntry,
     Reservation,
+    RunColumn,
     SpendWindow,
     Window,
     check_amount,
@@ -29,6 +30,7 @@ from llm_resilience.ledger._protocol import (
     check_hold_scope,
     check_limits,
     check_now,
+    check_run_or_thread,
     check_scope,
     check_windows,
     exact_sum,
@@ -56,9 +58,13 @@ def _entry_filter(
     scope: str | None,
     model: str | None,
     kind: str | None,
+    run: str | None,
+    thread: str | None,
 ) -> tuple[datetime | None, datetime | None, Callable[..., bool]]:
     """Checked bounds and a test ``wanted(entry, low, high)`` for the ``entries`` filters."""
-    low, high, scope, model, kind = check_entry_filters(since, until, scope, model, kind)
+    low, high, scope, model, kind, run, thread = check_entry_filters(
+        since, until, scope, model, kind, run=run, thread=thread
+    )
 
     def wanted(entry: LedgerEntry, low: datetime | None, high: datetime | None) -> bool:
         return (
@@ -67,6 +73,8 @@ def _entry_filter(
             and (scope is None or entry.scope == scope)
             and (model is None or entry.model == model)
             and (kind is None or entry.kind == kind)
+            and (run is None or entry.run_id == run)
+            and (thread is None or entry.thread_id == thread)
         )
 
     return low, high, wanted
@@ -89,12 +97,13 @@ class InMemoryCostLedger:
     Holds count toward spend for ``reservation_ttl`` (15 minutes by default) unless
     settled first. [`entries`][] returns the latest ``max_entries`` (100,000, about
     30 MB; None keeps all) so a long-lived process does not grow without bound; spend
-    always counts every entry. Share one instance between every wrapper of the process; use
+    always counts every entry, and [`run_spend`][] every entry of a run or thread still
+    listed or recorded to since. Share one instance between every wrapper of the process; use
     [`SqlCostLedger`][] to keep spend across restarts and
     processes.
     """
 
-    __slots__ = ("_entries", "_holds", "_lock", "_totals", "reservation_ttl")
+    __slots__ = ("_entries", "_holds", "_lock", "_max_runs", "_runs", "_totals", "reservation_ttl")
 
     #: Default bound on the entries kept for [`entries`][].
     DEFAULT_MAX_ENTRIES = 100_000
@@ -116,6 +125,11 @@ class InMemoryCostLedger:
         self._entries: deque[LedgerEntry] = deque(maxlen=max_entries)
         self._totals: dict[tuple[str, str | None], Decimal] = {}
         self._holds: dict[str, Reservation] = {}
+        # (run_id or thread_id, its value) -> exact cost, least recently recorded first.
+        self._runs: dict[tuple[RunColumn, str], Decimal] = {}
+        # Each entry adds to a run and a thread: twice the entries kept keeps the total
+        # of every run and thread that has an entry listed.
+        self._max_runs = None if max_entries is None else 2 * max_entries
 
     def __repr__(self) -> str:
         return f"InMemoryCostLedger(entries={len(self._entries)}, holds={len(self._holds)})"
@@ -235,15 +249,18 @@ class InMemoryCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> list[LedgerEntry]:
         """Entries with ``since <= timestamp < until`` (either bound optional) and the
-        given ``scope``, ``model`` and ``kind`` (None: any), oldest first.
+        given ``scope``, ``model``, ``kind``, agent ``run`` (``run_id``) and ``thread``
+        (``thread_id``) (None: any), oldest first.
 
         Examples:
-            >>> InMemoryCostLedger().entries(kind="ocr")
+            >>> InMemoryCostLedger().entries(kind="ocr", run="run-7")
             []
         """
-        low, high, wanted = _entry_filter(since, until, scope, model, kind)
+        low, high, wanted = _entry_filter(since, until, scope, model, kind, run, thread)
         with self._lock:
             chosen = [entry for entry in self._entries if wanted(entry, low, high)]
         chosen.sort(key=lambda entry: entry.timestamp)  # stable: ties keep recording order
@@ -257,9 +274,13 @@ class InMemoryCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> list[LedgerEntry]:
         """[`entries`][], for async callers."""
-        return self.entries(since, until, scope=scope, model=model, kind=kind)
+        return self.entries(
+            since, until, scope=scope, model=model, kind=kind, run=run, thread=thread
+        )
 
     def iter_entries(
         self,
@@ -269,12 +290,16 @@ class InMemoryCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
         page_size: int = 1000,
     ) -> Iterator[LedgerEntry]:
         """[`entries`][] as an iterator (the entries are in memory already; this and
         ``page_size`` are for code written against [`SqlCostLedger.iter_entries`][])."""
         checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
-        return iter(self.entries(since, until, scope=scope, model=model, kind=kind))
+        return iter(
+            self.entries(since, until, scope=scope, model=model, kind=kind, run=run, thread=thread)
+        )
 
     def aiter_entries(
         self,
@@ -284,11 +309,20 @@ class InMemoryCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
         page_size: int = 1000,
     ) -> AsyncIterator[LedgerEntry]:
         """[`iter_entries`][] for async callers (as [`SqlCostLedger.aiter_entries`][])."""
         chosen = self.iter_entries(
-            since, until, scope=scope, model=model, kind=kind, page_size=page_size
+            since,
+            until,
+            scope=scope,
+            model=model,
+            kind=kind,
+            run=run,
+            thread=thread,
+            page_size=page_size,
         )
 
         async def entries() -> AsyncIterator[LedgerEntry]:
@@ -304,9 +338,12 @@ class InMemoryCostLedger:
         until: datetime | None = None,
         *,
         scope: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> SpendReport:
         """This ledger's spend per ``by`` group over ``since <= timestamp < until``
-        (``"day"``, ``"month"``, ``"model"``, ``"kind"``, ``"surface"`` or ``"scope"``).
+        (``"day"``, ``"month"``, ``"model"``, ``"kind"``, ``"surface"``, ``"scope"``,
+        ``"run"`` or ``"thread"``), of ``scope``, ``run`` and ``thread`` (None: all).
 
         Examples:
             >>> InMemoryCostLedger().report(by="model").rows
@@ -315,12 +352,45 @@ class InMemoryCostLedger:
         What a budget has left is policy, not storage: ``spend_report(ledger, ...,
         budget=)`` (`llm_resilience.spend`) adds it to the same report.
         """
-        return grouped_report(self, by, since, until, scope=scope)
+        return grouped_report(self, by, since, until, scope=scope, run=run, thread=thread)
 
     def _spend_rows(
-        self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
+        self,
+        by: Grouping,
+        low: datetime | None,
+        high: datetime | None,
+        scope: str | None,
+        *,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> list[SpendRow]:
-        return group_entries(self.entries(low, high, scope=scope), by)
+        return group_entries(self.entries(low, high, scope=scope, run=run, thread=thread), by)
+
+    def run_spend(self, *, run: str | None = None, thread: str | None = None) -> Decimal:
+        """The exact cost of every entry recorded for agent ``run`` (its ``run_id``), or
+        for ``thread`` (``thread_id``): exactly one of the two, else ``TypeError``.
+
+        Examples:
+            >>> from datetime import UTC, datetime
+            >>> ledger = InMemoryCostLedger()
+            >>> now = datetime(2026, 11, 29, 10, tzinfo=UTC)
+            >>> ledger.record(LedgerEntry(now, "chat", cost=Decimal("0.1"), run_id="r1"))
+            >>> ledger.record(LedgerEntry(now, "chat", cost=Decimal("0.2"), run_id="r1"))
+            >>> ledger.run_spend(run="r1"), ledger.run_spend(thread="t1")
+            (Decimal('0.3'), Decimal('0'))
+
+        A running total per run and per thread, read in O(1), counts entries that
+        ``max_entries`` no longer lists; the totals of the ``max_entries`` runs and
+        threads recorded to most recently are kept (so every run or thread with an entry
+        still listed), older ones are forgotten and read 0.
+        """
+        key = check_run_or_thread(run, thread)
+        with self._lock:
+            return self._runs.get(key, _ZERO)
+
+    async def arun_spend(self, *, run: str | None = None, thread: str | None = None) -> Decimal:
+        """[`run_spend`][], for async callers."""
+        return self.run_spend(run=run, thread=thread)
 
     def close(self) -> None:
         """Nothing to release; the entries stay readable."""
@@ -330,6 +400,18 @@ class InMemoryCostLedger:
         totals, cost, zero = self._totals, entry.cost, _ZERO
         for key in _totals_keys(entry.timestamp, entry.scope):
             totals[key] = EXACT.add(totals.get(key, zero), cost)
+        if entry.run_id is not None:
+            self._add_run(("run_id", entry.run_id), cost)
+        if entry.thread_id is not None:
+            self._add_run(("thread_id", entry.thread_id), cost)
+
+    def _add_run(self, key: tuple[RunColumn, str], cost: Decimal) -> None:
+        """Add ``cost`` to a run's or thread's total, now the most recent; the caller
+        holds the lock."""
+        runs = self._runs
+        runs[key] = EXACT.add(runs.pop(key, _ZERO), cost)  # re-inserted: the newest
+        if self._max_runs is not None and len(runs) > self._max_runs:
+            del runs[next(iter(runs))]  # the run or thread recorded to least recently
 
     def _spend(self, key: tuple[str, str | None], window: Window, when: datetime) -> Decimal:
         """Total plus live holds of one window and scope; the caller holds the lock."""

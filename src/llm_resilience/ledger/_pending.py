@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from llm_resilience.ledger._protocol import WINDOWS, LedgerEntry, exact_sum, window_key
+from llm_resilience.ledger._protocol import (
+    WINDOWS,
+    LedgerEntry,
+    RunColumn,
+    exact_sum,
+    window_key,
+)
 from llm_resilience.telemetry import record_ledger_dropped, record_ledger_pending
 
 __all__ = ["DEFAULT_MAX_PENDING", "PendingWrite", "PendingWrites"]
@@ -125,6 +131,18 @@ class PendingWrites:
         zero = Decimal(0)
         with self._lock:
             return [self._totals.get(window, zero) for window in windows]
+
+    def unwritten_run_cost(self, column: RunColumn, value: str) -> Decimal:
+        """Money waiting here for the entries whose ``column`` (``run_id`` or
+        ``thread_id``) is ``value``: a scan of the queue (at most ``capacity`` writes,
+        usually none or one write-behind interval's), under the lock."""
+        with self._lock:
+            costs = [
+                write.entry.cost
+                for write in self._writes
+                if write.entry is not None and getattr(write.entry, column) == value
+            ]
+        return exact_sum(costs)
 
     def summary(self) -> tuple[int, Decimal]:
         """How many writes wait, and the money of their entries."""

@@ -11,14 +11,15 @@ without the default context's 28-digit rounding.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, get_args, runtime_checkable
 
 from llm_resilience import checks
 from llm_resilience.errors import BudgetExceededError
@@ -27,6 +28,7 @@ from llm_resilience.money import exact_sum, money, recorded_cost
 __all__ = [
     "DEFAULT_RESERVATION_TTL",
     "DETAIL_COLUMNS",
+    "RUN_COLUMNS",
     "WINDOWS",
     "SpendWindow",
     "CostLedger",
@@ -35,7 +37,12 @@ __all__ = [
     "Limit",
     "Window",
     "CheckedLimits",
+    "EntryFilters",
+    "RunColumn",
+    "astored_run_spend",
     "check_amount",
+    "check_entry_filters",
+    "check_run_or_thread",
     "check_hold_scope",
     "check_limits",
     "check_now",
@@ -47,11 +54,14 @@ __all__ = [
     "aread_spends",
     "batch_reader",
     "refusal",
+    "stored_run_spend",
     "window_bounds",
     "window_key",
 ]
 
 Window = Literal["day", "month"]
+#: Which entry field a run-spend read sums over: ``"run_id"`` or ``"thread_id"``.
+RunColumn = Literal["run_id", "thread_id"]
 #: One spend a gate reads: a window, and the scope whose spend it is (None: the global total).
 SpendWindow = tuple[Window, str | None]
 #: The windows a ledger answers for, in the order a gate reads them.
@@ -225,6 +235,10 @@ DETAIL_COLUMNS = (
 )
 
 
+#: The agent run and thread an entry belongs to, as fields and as SQL columns.
+RUN_COLUMNS: tuple[RunColumn, ...] = ("run_id", "thread_id")
+
+
 def _check_parts(entry: LedgerEntry) -> None:
     if entry.cache_read_tokens + entry.cache_write_tokens > entry.input_tokens:
         raise ValueError(
@@ -285,8 +299,10 @@ class CostLedger(Protocol):
     ledgers also answer ``spends(windows, now=)``/``aspends`` (the spend of several
     ``(window, scope)`` pairs in one read, which the budget gate uses when it has more
     than one window to check; `read_spends` falls back to ``spend`` per window),
-    ``entries(..., scope=, model=, kind=)``, ``aentries``, ``iter_entries`` (streamed in
-    pages) and ``report``.
+    ``entries(..., scope=, model=, kind=, run=, thread=)``, ``aentries``,
+    ``iter_entries`` (streamed in pages), ``report``, and ``run_spend(*, run=, thread=)``
+    / ``arun_spend`` (the stored cost of one agent run or one thread, in one bounded,
+    indexed read; `stored_run_spend` reads a ledger without them through ``entries``).
     `llm_resilience.spend.spend_report` works on any ledger, reading one that has
     only ``entries(since, until)`` through it.
     """
@@ -470,20 +486,135 @@ def refusal(
     return None
 
 
+class EntryFilters(NamedTuple):
+    """The filters of ``entries``/``iter_entries``/``report``, checked by
+    `check_entry_filters`."""
+
+    #: Inclusive lower bound of the timestamps (UTC), or None.
+    since: datetime | None
+    #: Exclusive upper bound (UTC), or None.
+    until: datetime | None
+    #: Only this budget scope's entries, or None (every scope).
+    scope: str | None
+    #: Only this model's entries, or None.
+    model: str | None
+    #: Only this kind's entries, or None.
+    kind: str | None
+    #: Only this agent run's entries, or None.
+    run: str | None = None
+    #: Only this conversation thread's entries, or None.
+    thread: str | None = None
+
+
 def check_entry_filters(
-    since: object, until: object, scope: object, model: object, kind: object
-) -> tuple[datetime | None, datetime | None, str | None, str | None, str | None]:
+    since: object,
+    until: object,
+    scope: object,
+    model: object,
+    kind: object,
+    *,
+    run: object = None,
+    thread: object = None,
+) -> EntryFilters:
     """The filters of ``entries``/``iter_entries``, checked: aware bounds in UTC (naive:
-    ``ValueError``), a valid scope, and ``model``/``kind`` as non-empty text or None.
+    ``ValueError``), a valid scope, ``model``/``kind`` as non-empty text or None, and
+    ``run``/``thread`` checked like a scope (an entry's ``run_id``/``thread_id``).
 
     Examples:
-        >>> check_entry_filters(None, None, "tenant-1", None, "chat")
-        (None, None, 'tenant-1', None, 'chat')
+        >>> checked = check_entry_filters(None, None, "tenant-1", None, "chat", run="run-7")
+        >>> checked.scope, checked.kind, checked.run, checked.thread
+        ('tenant-1', 'chat', 'run-7', None)
     """
     low = None if since is None else _utc("since", since)
     high = None if until is None else _utc("until", until)
     model, kind = _optional_text("model", model), _optional_text("kind", kind)
-    return low, high, check_scope(scope), model, kind
+    return EntryFilters(
+        low,
+        high,
+        check_scope(scope),
+        model,
+        kind,
+        checks.scope("run", run),
+        checks.scope("thread", thread),
+    )
+
+
+def check_run_or_thread(run: object, thread: object) -> tuple[RunColumn, str]:
+    """``run_spend``'s arguments: exactly one of ``run`` and ``thread``, checked like a
+    scope; returns the entry field to match and its value.
+
+    Examples:
+        >>> check_run_or_thread("run-7", None)
+        ('run_id', 'run-7')
+
+    Neither or both raise ``TypeError`` naming ``run`` and ``thread``.
+    """
+    if (run is None) == (thread is None):
+        given = "both" if run is not None else "neither"
+        raise TypeError(f"run_spend takes exactly one of run= and thread=, got {given}")
+    if run is not None:
+        checked = checks.scope("run", run)
+        assert checked is not None
+        return "run_id", checked
+    checked = checks.scope("thread", thread)
+    assert checked is not None
+    return "thread_id", checked
+
+
+def _by_name(column: RunColumn, value: str) -> dict[str, str]:
+    """``run_spend``'s keyword for ``column``: ``{"run": value}`` or ``{"thread": value}``."""
+    return {"run": value} if column == "run_id" else {"thread": value}
+
+
+def _summed(entries: Iterable[LedgerEntry], column: RunColumn, value: str) -> Decimal:
+    return exact_sum(entry.cost for entry in entries if getattr(entry, column) == value)
+
+
+def stored_run_spend(
+    ledger: CostLedger, *, run: str | None = None, thread: str | None = None
+) -> Decimal:
+    """The stored cost of every entry of agent run ``run`` (or of thread ``thread``;
+    exactly one of the two, else ``TypeError``), exact.
+
+    Examples:
+        >>> from llm_resilience.ledger import InMemoryCostLedger
+        >>> ledger = InMemoryCostLedger()
+        >>> when = datetime(2026, 11, 29, tzinfo=UTC)
+        >>> ledger.record(LedgerEntry(when, "chat", cost=Decimal("0.1"), run_id="run-7"))
+        >>> ledger.record(LedgerEntry(when, "chat", cost=Decimal("0.2"), run_id="run-8"))
+        >>> stored_run_spend(ledger, run="run-7")
+        Decimal('0.1')
+
+    Through the ledger's own ``run_spend`` when it has one (both of ours: one bounded,
+    indexed read), else by summing what ``entries()`` lists (any `CostLedger`).
+    """
+    column, value = check_run_or_thread(run, thread)
+    own = getattr(ledger, "run_spend", None)
+    if callable(own):
+        total: Decimal = own(**_by_name(column, value))
+        return total
+    return _summed(ledger.entries(), column, value)
+
+
+async def astored_run_spend(
+    ledger: CostLedger, *, run: str | None = None, thread: str | None = None
+) -> Decimal:
+    """Async `stored_run_spend`: through ``arun_spend`` or ``run_spend``, else ``aentries``,
+    else ``entries`` in a worker thread (the event loop never waits on a database)."""
+    column, value = check_run_or_thread(run, thread)
+    keyword = _by_name(column, value)
+    own = getattr(ledger, "arun_spend", None)
+    if callable(own):
+        total: Decimal = await own(**keyword)
+        return total
+    sync = getattr(ledger, "run_spend", None)
+    if callable(sync):
+        total = await asyncio.to_thread(sync, **keyword)
+        return total
+    listed = getattr(ledger, "aentries", None)
+    if callable(listed):
+        return _summed(await listed(), column, value)
+    return _summed(await asyncio.to_thread(ledger.entries), column, value)
 
 
 def batch_reader(ledger: object, batch: Literal["spends", "aspends"]) -> Any:

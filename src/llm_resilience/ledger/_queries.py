@@ -3,16 +3,19 @@
 Both run inside one bounded operation of [`SqlCostLedger`][]
 each; neither writes.
 
-* `read_page`: entries oldest first, filtered by time, scope, model and kind, at most
+* `read_page`: entries oldest first, filtered by time, scope, model, kind, run and
+  thread, at most
   ``limit`` of them after a keyset cursor on ``(timestamp, id)``, so a caller can walk a
   month of rows page by page without holding a connection (or an offset scan) between
   pages.
-* `read_groups`: count, tokens and exact cost per day, month, model, kind, surface
-  or scope, grouped by the database. PostgreSQL adds ``NUMERIC`` costs exactly in
+* `read_groups`: count, tokens and exact cost per day, month, model, kind, surface,
+  scope, run or thread, grouped by the database. PostgreSQL adds ``NUMERIC`` costs exactly in
   ``SUM``. SQLite stores costs as decimal text and its ``SUM`` would add floats, so the
   query calls an aggregate registered on the connection (`_ExactSum`) that adds
   each group's costs as ``Decimal`` while SQLite groups the rows: exact, and no row
   leaves the database.
+* `read_run_spend`: the exact cost of one agent run's (or thread's) entries, one ``SUM``
+  over the partial index on ``run_id`` (``thread_id``), the same exact sums.
 
 Day and month keys come from the timestamp column: on PostgreSQL ``to_char`` in the
 session's time zone (the ledger sets UTC); on SQLite the first 10 or 7 characters of the
@@ -23,21 +26,21 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import ColumnElement, DateTime, Text, and_, case, func, or_, select, type_coerce
 from sqlalchemy.engine import Connection
 
-from llm_resilience.ledger._protocol import LedgerEntry, exact_sum
+from llm_resilience.ledger._groups import GROUP_FIELDS, Grouping
+from llm_resilience.ledger._protocol import LedgerEntry, RunColumn, exact_sum
 from llm_resilience.ledger._schema import _as_stored, _ledger, _to_decimal
 
-__all__ = ["Cursor", "GroupSums", "read_groups", "read_page"]
+__all__ = ["Cursor", "GroupSums", "read_groups", "read_page", "read_run_spend"]
 
 #: Where a page ended: the last row's raw timestamp (as the database returned it) and id.
 Cursor = tuple[Any, int]
 #: One group: key, exact cost, calls, input tokens, output tokens, estimated calls.
 GroupSums = tuple[str | None, Decimal, int, int, int, int]
-_By = Literal["day", "month", "model", "kind", "surface", "scope"]
 # Name of the exact-sum aggregate registered on SQLite connections.
 _EXACT_SUM = "llm_resilience_exact_sum"
 # Decimal places a recorded cost may have (LedgerEntry's bound), and 10 to that power.
@@ -105,6 +108,8 @@ def _filters(
     model: str | None,
     kind: str | None,
     slack: timedelta,
+    run: str | None = None,
+    thread: str | None = None,
 ) -> list[ColumnElement[bool]]:
     conditions: list[ColumnElement[bool]] = []
     lower = None if low is None else _widened(low, -slack)
@@ -117,6 +122,8 @@ def _filters(
         (_ledger.c.scope, scope),
         (_ledger.c.model, model),
         (_ledger.c.kind, kind),
+        (_ledger.c.run_id, run),
+        (_ledger.c.thread_id, thread),
     ):
         if value is not None:
             conditions.append(column == value)
@@ -134,9 +141,12 @@ def read_page(
     after: Cursor | None,
     limit: int | None,
     postgres: bool,
+    run: str | None = None,
+    thread: str | None = None,
 ) -> tuple[list[LedgerEntry], Cursor | None]:
-    """Entries with ``low <= timestamp < high`` and the given scope, model and kind (None:
-    any), ordered by ``(timestamp, id)``, after ``after``; at most ``limit`` rows read.
+    """Entries with ``low <= timestamp < high`` and the given scope, model, kind, run and
+    thread (None: any), ordered by ``(timestamp, id)``, after ``after``; at most ``limit``
+    rows read.
 
     Returns the entries and the cursor to pass for the next page, None when this page was
     the last (or ``limit`` is None: everything in one read). On SQLite the time bounds
@@ -150,7 +160,9 @@ def read_page(
     # two, SQLite may range-scan the index from the lower one, re-reading earlier pages.
     lower = low if after is None else None
     statement = select(_ledger, raw.label("raw_timestamp")).where(
-        *_filters(lower, high, scope=scope, model=model, kind=kind, slack=slack)
+        *_filters(
+            lower, high, scope=scope, model=model, kind=kind, slack=slack, run=run, thread=thread
+        )
     )
     if after is not None:
         stamp, last_id = after
@@ -180,6 +192,8 @@ def read_page(
             cache_write_tokens=row.cache_write_tokens or 0,
             cache_write_1h_tokens=row.cache_write_1h_tokens or 0,
             reasoning_tokens=row.reasoning_tokens or 0,
+            run_id=row.run_id or None,
+            thread_id=row.thread_id or None,
         )
         for row in rows
         if (low is None or row.timestamp >= low) and (high is None or row.timestamp < high)
@@ -189,36 +203,54 @@ def read_page(
     return found, (rows[-1].raw_timestamp, rows[-1].id)
 
 
-def _key(by: _By, postgres: bool) -> ColumnElement[Any]:
+def _key(by: Grouping, postgres: bool) -> ColumnElement[Any]:
     if by in ("day", "month"):
         if postgres:
             pattern = "YYYY-MM-DD" if by == "day" else "YYYY-MM"
             return func.to_char(_ledger.c.timestamp, pattern)
         return func.substr(_raw_timestamp(False), 1, 10 if by == "day" else 7)
-    column: ColumnElement[Any] = _ledger.c[by]
+    column: ColumnElement[Any] = _ledger.c[GROUP_FIELDS[by]]
     return column
+
+
+def _exact_cost_sum(connection: Connection, postgres: bool) -> ColumnElement[Any]:
+    """``SUM(cost)``, exact: PostgreSQL's over ``NUMERIC``; on SQLite `_ExactSum`,
+    registered on ``connection`` for it."""
+    if postgres:
+        return func.sum(_ledger.c.cost)
+    driver: Any = connection.connection.driver_connection
+    driver.create_aggregate(_EXACT_SUM, 1, _ExactSum)
+    summed: ColumnElement[Any] = getattr(func, _EXACT_SUM)(type_coerce(_ledger.c.cost, Text()))
+    return summed
+
+
+def read_run_spend(
+    connection: Connection, column: RunColumn, value: str, *, postgres: bool
+) -> Decimal:
+    """The exact cost of the entries whose ``column`` (``run_id`` or ``thread_id``) is
+    ``value``: one aggregate over that column's index, however long the ledger is."""
+    summed = _exact_cost_sum(connection, postgres)
+    statement = select(type_coerce(summed, Text())).where(_ledger.c[column] == value)
+    return _to_decimal(connection.execute(statement).scalar())
 
 
 def read_groups(
     connection: Connection,
-    by: _By,
+    by: Grouping,
     low: datetime | None,
     high: datetime | None,
     *,
     scope: str | None,
     postgres: bool,
+    run: str | None = None,
+    thread: str | None = None,
 ) -> list[GroupSums]:
     """Sums per ``by`` key of the entries with ``low <= timestamp < high`` (exact bounds
     in SQL: on SQLite, text comparisons, exact for the form the ledger writes) and
-    ``scope`` (None: every scope), in no particular order. NULL and empty keys are one
-    group, keyed None."""
+    ``scope``, ``run`` and ``thread`` (None: any), in no particular order. NULL and
+    empty keys are one group, keyed None."""
     key = _key(by, postgres).label("key")
-    if postgres:
-        cost: ColumnElement[Any] = func.sum(_ledger.c.cost)
-    else:
-        driver: Any = connection.connection.driver_connection
-        driver.create_aggregate(_EXACT_SUM, 1, _ExactSum)
-        cost = getattr(func, _EXACT_SUM)(type_coerce(_ledger.c.cost, Text()))
+    cost = _exact_cost_sum(connection, postgres)
     statement = (
         select(
             key,
@@ -228,7 +260,18 @@ def read_groups(
             func.coalesce(func.sum(_ledger.c.output_tokens), 0).label("output_tokens"),
             func.sum(case((_ledger.c.estimated, 1), else_=0)).label("estimated"),
         )
-        .where(*_filters(low, high, scope=scope, model=None, kind=None, slack=timedelta(0)))
+        .where(
+            *_filters(
+                low,
+                high,
+                scope=scope,
+                model=None,
+                kind=None,
+                slack=timedelta(0),
+                run=run,
+                thread=thread,
+            )
+        )
         .group_by(key)
     )
     merged: dict[str | None, list[Any]] = {}

@@ -7,7 +7,9 @@ Three tables, created on first open:
   ``model``, ``estimated``, ``surface``, ``scope``, ``entry_id``, then the cache and
   reasoning counts (``cache_read_tokens``, ``cache_write_tokens``,
   ``cache_write_1h_tokens``, ``reasoning_tokens``: nullable, NULL in rows written before
-  them, read as 0); a table of an older shape
+  them, read as 0), then the agent run and thread each entry belongs to (``run_id``,
+  ``thread_id``: text, NULL outside an agent run and in older rows, each indexed, so a
+  run's or a thread's spend is one index range read); a table of an older shape
   gets the missing columns by ``ALTER TABLE ... ADD COLUMN``, in that order, every row
   kept, and its running totals built from its rows. ``entry_id`` (unique, NULL for rows
   written before it existed) makes every write idempotent: writing an entry twice stores
@@ -62,6 +64,7 @@ from sqlalchemy.types import TypeDecorator
 
 from llm_resilience.ledger._protocol import (
     DETAIL_COLUMNS,
+    RUN_COLUMNS,
     WINDOWS,
     LedgerEntry,
     Window,
@@ -202,8 +205,21 @@ _ledger = Table(
     Column("entry_id", Text),
     # Parts of the input and output counts; NULL in rows written before they existed.
     *(Column(name, Integer) for name in DETAIL_COLUMNS),
+    # The agent run and thread of the entry; NULL outside a run and in older rows.
+    *(Column(name, Text) for name in RUN_COLUMNS),
     Index("ix_cost_ledger_timestamp", "timestamp"),
     Index("ux_cost_ledger_entry_id", "entry_id", unique=True),
+    # Partial: the rows of no run (most calls) cost these indexes nothing to write, and
+    # ``run_id = :run`` implies the condition, so both databases read a run through them.
+    *(
+        Index(
+            f"ix_cost_ledger_{name}",
+            name,
+            sqlite_where=text(f"{name} IS NOT NULL"),
+            postgresql_where=text(f"{name} IS NOT NULL"),
+        )
+        for name in RUN_COLUMNS
+    ),
 )
 _totals = Table(
     "cost_ledger_totals",
@@ -236,6 +252,7 @@ _ADDED_COLUMNS = (
     ("scope", "TEXT"),
     ("entry_id", "TEXT"),
     *((name, "INTEGER") for name in DETAIL_COLUMNS),
+    *((name, "TEXT") for name in RUN_COLUMNS),
 )
 _INDEXES = {
     table.name: {index.name for index in table.indexes} for table in (_ledger, _totals, holds)
@@ -276,11 +293,13 @@ def _postgres_record_statement(scoped: bool) -> TextClause:
             INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost,
                                      pages, model, estimated, surface, scope, entry_id,
                                      cache_read_tokens, cache_write_tokens,
-                                     cache_write_1h_tokens, reasoning_tokens)
+                                     cache_write_1h_tokens, reasoning_tokens,
+                                     run_id, thread_id)
             VALUES (:timestamp, :kind, :input_tokens, :output_tokens, :cost,
                     :pages, :model, :estimated, :surface, :scope, :entry_id,
                     :cache_read_tokens, :cache_write_tokens,
-                    :cache_write_1h_tokens, :reasoning_tokens)
+                    :cache_write_1h_tokens, :reasoning_tokens,
+                    :run_id, :thread_id)
             ON CONFLICT (entry_id) DO NOTHING
             RETURNING cost
         )
@@ -316,6 +335,7 @@ _POSTGRES_COLUMNS = (
     ("scope", "text"),
     ("entry_id", "text"),
     *((name, "bigint") for name in DETAIL_COLUMNS),
+    *((name, "text") for name in RUN_COLUMNS),
 )
 
 
@@ -367,10 +387,10 @@ _POSTGRES_BATCH = _postgres_batch_statement()
 _SQLITE_INSERT = (
     'INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost, pages, '
     "model, estimated, surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
-    "cache_write_1h_tokens, reasoning_tokens) VALUES (:timestamp, :kind, :input_tokens, "
-    ":output_tokens, :cost, :pages, :model, :estimated, :surface, :scope, :entry_id, "
-    ":cache_read_tokens, :cache_write_tokens, :cache_write_1h_tokens, :reasoning_tokens) "
-    "ON CONFLICT (entry_id) DO NOTHING"
+    "cache_write_1h_tokens, reasoning_tokens, run_id, thread_id) VALUES (:timestamp, :kind, "
+    ":input_tokens, :output_tokens, :cost, :pages, :model, :estimated, :surface, :scope, "
+    ":entry_id, :cache_read_tokens, :cache_write_tokens, :cache_write_1h_tokens, "
+    ":reasoning_tokens, :run_id, :thread_id) ON CONFLICT (entry_id) DO NOTHING"
 )
 _SQLITE_ADD = (
     "INSERT INTO cost_ledger_totals (window_key, scope, shard, total) VALUES (?, ?, 0, ?) "
@@ -490,6 +510,8 @@ def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) 
         "cache_write_tokens": entry.cache_write_tokens,
         "cache_write_1h_tokens": entry.cache_write_1h_tokens,
         "reasoning_tokens": entry.reasoning_tokens,
+        "run_id": entry.run_id,
+        "thread_id": entry.thread_id,
         "day": window_key("day", entry.timestamp),
         "month": window_key("month", entry.timestamp),
         "shard": random.randrange(POSTGRES_TOTALS_SHARDS),
@@ -545,6 +567,8 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
         "cache_write_tokens": entry.cache_write_tokens,
         "cache_write_1h_tokens": entry.cache_write_1h_tokens,
         "reasoning_tokens": entry.reasoning_tokens,
+        "run_id": entry.run_id,
+        "thread_id": entry.thread_id,
     }
     if run(_SQLITE_INSERT, fields).rowcount == 0:
         return  # written before (a write that failed late, or the same entry twice)
@@ -556,15 +580,16 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
 _ENTRY_COLUMNS = (
     '"timestamp", kind, input_tokens, output_tokens, cost, pages, model, estimated, '
     "surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
-    "cache_write_1h_tokens, reasoning_tokens"
+    "cache_write_1h_tokens, reasoning_tokens, run_id, thread_id"
 )
+_ENTRY_COLUMN_COUNT = _ENTRY_COLUMNS.count(",") + 1
 #: ``INSERT ... RETURNING`` (which rows a batch stored) needs SQLite 3.35.
 SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
 
 
 @functools.cache
 def _sqlite_insert_many(count: int) -> str:
-    row = "(" + ", ".join("?" * 15) + ")"
+    row = "(" + ", ".join("?" * _ENTRY_COLUMN_COUNT) + ")"
     return (
         f"INSERT INTO cost_ledger ({_ENTRY_COLUMNS}) VALUES {', '.join([row] * count)} "
         "ON CONFLICT (entry_id) DO NOTHING RETURNING entry_id"
@@ -598,6 +623,8 @@ def sqlite_insert_many(run: Run, entries: Sequence[LedgerEntry]) -> None:
             entry.cache_write_tokens,
             entry.cache_write_1h_tokens,
             entry.reasoning_tokens,
+            entry.run_id,
+            entry.thread_id,
         )
     statement = _sqlite_insert_many(len(entries))
     stored = {entry_id for (entry_id,) in run(statement, tuple(values))}
@@ -737,8 +764,6 @@ def _as_stored(**fields: Any) -> LedgerEntry:
     older release, before today's bounds (a longer scope, more decimal places), is read
     back rather than refused, and reading a million rows skips a million checks."""
     entry = object.__new__(LedgerEntry)
-    fields.setdefault("run_id", None)
-    fields.setdefault("thread_id", None)
     for name, value in fields.items():
         object.__setattr__(entry, name, value)
     return entry

@@ -44,8 +44,10 @@ from llm_resilience.ledger._groups import Grouping, SpendReport, SpendRow, group
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
+    EntryFilters,
     LedgerEntry,
     Reservation,
+    RunColumn,
     SpendWindow,
     Window,
     check_amount,
@@ -53,13 +55,14 @@ from llm_resilience.ledger._protocol import (
     check_hold_scope,
     check_limits,
     check_now,
+    check_run_or_thread,
     check_scope,
     check_windows,
     exact_sum,
     refusal,
     window_key,
 )
-from llm_resilience.ledger._queries import Cursor, read_groups, read_page
+from llm_resilience.ledger._queries import Cursor, read_groups, read_page, read_run_spend
 from llm_resilience.ledger._schema import (
     holds,
     read_spend,
@@ -535,30 +538,26 @@ class SqlCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> list[LedgerEntry]:
         """Stored entries with ``since <= timestamp < until`` (either bound optional) and
-        the given ``scope``, ``model`` and ``kind`` (None: any), oldest first, read in one
-        operation. Writes still pending are not listed until they are stored.
+        the given ``scope``, ``model``, ``kind``, agent ``run`` (``run_id``) and
+        ``thread`` (``thread_id``) (None: any), oldest first, read in one operation.
+        Writes still pending are not listed until they are stored.
 
         Examples:
             >>> ledger.entries(since, until, model="gpt-4o")  # doctest: +SKIP
+            >>> ledger.entries(run="run-7")  # doctest: +SKIP
 
         Bounded like every operation (the database's part of it): for reads of millions
         of rows use [`iter_entries`][], pass narrower bounds, or open the ledger with a
         larger ``operation_timeout``.
         """
-        return self._entries(since, until, scope, model, kind, None)
+        filters = check_entry_filters(since, until, scope, model, kind, run=run, thread=thread)
+        return self._entries(filters, None)
 
-    def _entries(
-        self,
-        since: datetime | None,
-        until: datetime | None,
-        scope: str | None,
-        model: str | None,
-        kind: str | None,
-        started: float | None,
-    ) -> list[LedgerEntry]:
-        filters = check_entry_filters(since, until, scope, model, kind)
+    def _entries(self, filters: EntryFilters, started: float | None) -> list[LedgerEntry]:
         found, _ = self._page(filters, None, None, started)  # every row: one page
         found.sort(key=lambda entry: entry.timestamp)  # stable: rows of older forms
         return found
@@ -571,11 +570,12 @@ class SqlCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> list[LedgerEntry]:
         """[`entries`][] in a worker thread, bounded from this call."""
-        return await asyncio.to_thread(
-            self._entries, since, until, scope, model, kind, time.monotonic()
-        )
+        filters = check_entry_filters(since, until, scope, model, kind, run=run, thread=thread)
+        return await asyncio.to_thread(self._entries, filters, time.monotonic())
 
     def iter_entries(
         self,
@@ -585,6 +585,8 @@ class SqlCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
     ) -> Iterator[LedgerEntry]:
         """[`entries`][], streamed: ``page_size`` rows (default 1,000) per read, so a
@@ -601,9 +603,9 @@ class SqlCostLedger:
         runs is listed if it sorts after the page being read. Filters are checked on the
         call, before the first entry is asked for.
         """
-        checked = check_entry_filters(since, until, scope, model, kind)
+        checked = check_entry_filters(since, until, scope, model, kind, run=run, thread=thread)
         checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
-        return self._pages(*checked, page_size)
+        return self._pages(checked, page_size)
 
     def aiter_entries(
         self,
@@ -613,6 +615,8 @@ class SqlCostLedger:
         scope: str | None = None,
         model: str | None = None,
         kind: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
     ) -> AsyncIterator[LedgerEntry]:
         """[`iter_entries`][] for async callers: each page is read in a worker thread,
@@ -622,30 +626,31 @@ class SqlCostLedger:
             >>> async for entry in ledger.aiter_entries(since, until):  # doctest: +SKIP
             ...     total += entry.cost
         """
-        checked = check_entry_filters(since, until, scope, model, kind)
+        checked = check_entry_filters(since, until, scope, model, kind, run=run, thread=thread)
         checks.whole("page_size", page_size, minimum=1, maximum=checks.MAX_COUNT)
-        return self._apages(*checked, page_size)
+        return self._apages(checked, page_size)
 
     def _page(
         self,
-        filters: tuple[datetime | None, datetime | None, str | None, str | None, str | None],
+        filters: EntryFilters,
         page_size: int | None,
         after: Cursor | None,
         started: float | None,
     ) -> tuple[list[LedgerEntry], Cursor | None]:
         """One page of entries after ``after`` (``page_size`` None: all of them), in one
         bounded operation."""
-        low, high, scope, model, kind = filters
 
         def read(operation: Operation) -> tuple[list[LedgerEntry], Cursor | None]:
             with self._db.connection(operation) as connection:
                 return read_page(
                     connection,
-                    low,
-                    high,
-                    scope=scope,
-                    model=model,
-                    kind=kind,
+                    filters.since,
+                    filters.until,
+                    scope=filters.scope,
+                    model=filters.model,
+                    kind=filters.kind,
+                    run=filters.run,
+                    thread=filters.thread,
                     after=after,
                     limit=page_size,
                     postgres=self._db.postgres,
@@ -653,16 +658,7 @@ class SqlCostLedger:
 
         return self._read("entries", started, read)
 
-    def _pages(
-        self,
-        low: datetime | None,
-        high: datetime | None,
-        scope: str | None,
-        model: str | None,
-        kind: str | None,
-        page_size: int,
-    ) -> Iterator[LedgerEntry]:
-        filters = (low, high, scope, model, kind)
+    def _pages(self, filters: EntryFilters, page_size: int) -> Iterator[LedgerEntry]:
         cursor: Cursor | None = None
         while True:
             page, cursor = self._page(filters, page_size, cursor, None)
@@ -670,16 +666,7 @@ class SqlCostLedger:
             if cursor is None:
                 return
 
-    async def _apages(
-        self,
-        low: datetime | None,
-        high: datetime | None,
-        scope: str | None,
-        model: str | None,
-        kind: str | None,
-        page_size: int,
-    ) -> AsyncIterator[LedgerEntry]:
-        filters = (low, high, scope, model, kind)
+    async def _apages(self, filters: EntryFilters, page_size: int) -> AsyncIterator[LedgerEntry]:
         cursor: Cursor | None = None
         while True:
             page, cursor = await asyncio.to_thread(
@@ -690,6 +677,39 @@ class SqlCostLedger:
             if cursor is None:
                 return
 
+    def run_spend(self, *, run: str | None = None, thread: str | None = None) -> Decimal:
+        """The exact cost of every entry of agent ``run`` (its ``run_id``), or of
+        ``thread`` (``thread_id``): exactly one of the two, else ``TypeError``.
+
+        Examples:
+            >>> ledger.run_spend(run="run-7")  # doctest: +SKIP
+            Decimal('0.0123')
+            >>> ledger.run_spend(thread="thread-42")  # doctest: +SKIP
+            Decimal('0.4571')
+
+        One bounded operation: a ``SUM`` over the column's index (exact, as every sum of
+        the ledger), plus the entries of that run still waiting in this process
+        (write-behind's queue, or an outage's), which are spend already recorded.
+        """
+        column, value = check_run_or_thread(run, thread)
+        return self._run_spend(column, value, None)
+
+    async def arun_spend(self, *, run: str | None = None, thread: str | None = None) -> Decimal:
+        """[`run_spend`][] in a worker thread, bounded from this call."""
+        column, value = check_run_or_thread(run, thread)
+        return await asyncio.to_thread(self._run_spend, column, value, time.monotonic())
+
+    def _run_spend(self, column: RunColumn, value: str, started: float | None) -> Decimal:
+        def read(operation: Operation) -> Decimal:
+            # Pending first: a write stored meanwhile is then counted twice, never missed.
+            waiting = self._pending.unwritten_run_cost(column, value)
+            with self._db.connection(operation) as connection:
+                stored = read_run_spend(connection, column, value, postgres=self._db.postgres)
+            return exact_sum((stored, waiting))
+
+        # Write-behind leaves storing the queue to its writer, as a gate's read does.
+        return self._read("run_spend", started, read, flush=self._flusher is None)
+
     def report(
         self,
         by: Grouping = "day",
@@ -697,20 +717,31 @@ class SqlCostLedger:
         until: datetime | None = None,
         *,
         scope: str | None = None,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> SpendReport:
-        """This ledger's spend per ``by`` group over ``since <= timestamp < until``,
-        grouped by the database in one bounded operation (exact sums).
+        """This ledger's spend per ``by`` group over ``since <= timestamp < until``, of
+        ``scope``, agent ``run`` and ``thread`` (None: all), grouped by the database in
+        one bounded operation (exact sums).
 
         Examples:
             >>> ledger.report(by="model", since=first_of_month).rows  # doctest: +SKIP
+            >>> ledger.report(by="run", thread="thread-42").rows  # doctest: +SKIP
 
         What a budget has left is policy, not storage: ``spend_report(ledger, ...,
         budget=)`` (`llm_resilience.spend`) adds it to the same report.
         """
-        return grouped_report(self, by, since, until, scope=scope)
+        return grouped_report(self, by, since, until, scope=scope, run=run, thread=thread)
 
     def _spend_rows(
-        self, by: Grouping, low: datetime | None, high: datetime | None, scope: str | None
+        self,
+        by: Grouping,
+        low: datetime | None,
+        high: datetime | None,
+        scope: str | None,
+        *,
+        run: str | None = None,
+        thread: str | None = None,
     ) -> list[SpendRow]:
         """What `spend_report` reads: the rows grouped by the
         database in one bounded operation (``GROUP BY``; exact sums, see ``_queries``).
@@ -720,7 +751,14 @@ class SqlCostLedger:
         def read(operation: Operation) -> list[SpendRow]:
             with self._db.connection(operation) as connection:
                 groups = read_groups(
-                    connection, by, low, high, scope=scope, postgres=self._db.postgres
+                    connection,
+                    by,
+                    low,
+                    high,
+                    scope=scope,
+                    postgres=self._db.postgres,
+                    run=run,
+                    thread=thread,
                 )
             return [SpendRow(*group) for group in groups]
 

@@ -10,7 +10,7 @@ gate, the downgrade choice), ``_budget`` (opening runs), ``_tree`` (runs' roots)
 """
 
 from llm_resilience.runs._account import Account, Per
-from llm_resilience.runs._budget import RunBudget, astored_thread_spend, stored_thread_spend
+from llm_resilience.runs._budget import RunBudget
 from llm_resilience.runs._spend import Choice, Prompt, RunAttempt, RunSpend
 from llm_resilience.runs._tree import RunTree
 
@@ -23,6 +23,4 @@ __all__ = [
     "RunBudget",
     "RunSpend",
     "RunTree",
-    "astored_thread_spend",
-    "stored_thread_spend",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import OrderedDict
 from decimal import Decimal
@@ -10,12 +9,12 @@ from typing import Any
 
 from llm_resilience import checks
 from llm_resilience.budget import BudgetGate, CostBudget
-from llm_resilience.ledger import CostLedger
-from llm_resilience.money import exact_sum, optional_money
+from llm_resilience.ledger import CostLedger, astored_run_spend, stored_run_spend
+from llm_resilience.money import optional_money
 from llm_resilience.runs._account import Account, Per
 from llm_resilience.runs._spend import RunSpend
 
-__all__ = ["RunBudget", "stored_thread_spend"]
+__all__ = ["RunBudget"]
 
 _PER = ("run", "thread")
 
@@ -160,7 +159,7 @@ class RunBudget(checks.KnownKeywords):
         stored = Decimal(0)
         if self._needs_stored(thread):
             assert thread is not None
-            stored = stored_thread_spend(self.ledger, thread)
+            stored = stored_run_spend(self.ledger, thread=thread)
         return self._new(run, thread, checked_scope, stored)
 
     async def aopen(
@@ -174,7 +173,7 @@ class RunBudget(checks.KnownKeywords):
         stored = Decimal(0)
         if self._needs_stored(thread):
             assert thread is not None
-            stored = await astored_thread_spend(self.ledger, thread)
+            stored = await astored_run_spend(self.ledger, thread=thread)
         return self._new(run, thread, checked_scope, stored)
 
     def get(self, run_id: str) -> RunSpend | None:
@@ -190,25 +189,3 @@ class RunBudget(checks.KnownKeywords):
 def _trim(kept: OrderedDict[str, Any], cap: int) -> None:
     while len(kept) > cap:
         kept.popitem(last=False)
-
-
-def stored_thread_spend(ledger: CostLedger, thread_id: str) -> Decimal:
-    """What ``ledger`` holds for ``thread_id``: its ``run_spend(thread=...)`` when it has
-    one (ours: one indexed read), else the sum of its entries of that thread."""
-    reader: Any = getattr(ledger, "run_spend", None)
-    if callable(reader):
-        return Decimal(reader(thread=thread_id))
-    entries: Any = getattr(ledger, "entries", None)
-    if not callable(entries):
-        return Decimal(0)
-    return exact_sum(
-        entry.cost for entry in entries() if getattr(entry, "thread_id", None) == thread_id
-    )
-
-
-async def astored_thread_spend(ledger: CostLedger, thread_id: str) -> Decimal:
-    """Async [`stored_thread_spend`][]."""
-    reader: Any = getattr(ledger, "arun_spend", None)
-    if callable(reader):
-        return Decimal(await reader(thread=thread_id))
-    return await asyncio.to_thread(stored_thread_spend, ledger, thread_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from decimal import Decimal
 from typing import Any
 
@@ -42,7 +43,7 @@ from llm_resilience import (
     RequestExceedsCapacityError,
 )
 from llm_resilience.budget import ServingModel
-from llm_resilience.ledger import InMemoryCostLedger
+from llm_resilience.ledger import CostLedger, InMemoryCostLedger, SqlCostLedger
 from llm_resilience.runs import RunBudget
 from llm_resilience.runs.ending import spent_message
 from llm_resilience.testing import Fault, FaultInjectingServer
@@ -120,7 +121,7 @@ def events() -> Iterator[list[BaseEvent]]:
         dispatcher.event_handlers.remove(handler)
 
 
-def entries_of(ledger: InMemoryCostLedger) -> list[tuple[str | None, str | None, str | None]]:
+def entries_of(ledger: CostLedger) -> list[tuple[str | None, str | None, str | None]]:
     return [(entry.run_id, entry.thread_id, entry.model) for entry in ledger.entries()]
 
 
@@ -188,10 +189,10 @@ async def test_a_run_with_room_answers_and_every_attempt_names_its_run() -> None
     assert llm.spend(handler.run_id).spent == sum(e.cost for e in ledger.entries())  # type: ignore[union-attr]
 
 
-async def test_a_thread_budget_counts_two_runs_and_survives_a_new_layer_on_the_same_ledger() -> (
-    None
-):
-    ledger = InMemoryCostLedger()
+async def test_a_thread_budget_counts_two_runs_and_survives_a_new_layer_on_the_same_ledger(
+    tmp_path: Path,
+) -> None:
+    ledger = SqlCostLedger(f"sqlite:///{tmp_path / 'spend.db'}")
     probe = InMemoryCostLedger()
     # What one run costs (default mode: refused once the thread has spent its limit).
     await FunctionAgent(
@@ -221,6 +222,8 @@ async def test_a_thread_budget_counts_two_runs_and_survives_a_new_layer_on_the_s
         (other.run_id, "user-8"),
         (other.run_id, "user-8"),
     ]
+    assert ledger.run_spend(thread="user-7") == one_run
+    ledger.close()
 
 
 async def test_a_per_thread_budget_refuses_a_run_that_names_no_thread() -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest

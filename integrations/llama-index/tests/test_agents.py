@@ -583,3 +583,36 @@ async def test_the_budget_stop_leaves_no_run_in_flight_when_runs_overlap() -> No
     assert all(str(a).startswith("I have to stop here") for a in answers)
     assert sorted(run for run, _, _ in entries_of(ledger)) == sorted(h.run_id for h in handlers)
     assert all(runs.get(h.run_id).held == 0 for h in handlers)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("method", ["stream_chat", "astream_chat"])
+async def test_a_stream_of_a_run_closed_after_its_first_chunk_records_what_it_consumed(
+    method: str,
+) -> None:
+    ledger = InMemoryCostLedger()
+    runs = RunBudget(budget(), ledger, limit=1000)
+    llm = RunBudgetLLM(inner=FakeFunctionCallingLLM(model_name="big", num_output=CAP), budget=runs)
+    messages = [ChatMessage(role=MessageRole.USER, content=QUESTION)]
+
+    with instrument_tags({RUN_ID_TAG: "run-1"}):
+        if method == "stream_chat":
+            stream = llm.stream_chat(messages)
+            first = next(stream).delta
+            stream.close()
+        else:
+            astream = await llm.astream_chat(messages)
+            first = (await anext(astream)).delta
+            await astream.aclose()
+            # LlamaIndex's callback wrapper leaves the layer's own stream to asyncio, which
+            # closes it in a task of its own a moment later.
+            for _ in range(200):
+                if ledger.entries():
+                    break
+                await asyncio.sleep(0.01)
+
+    assert first == "The"
+    (entry,) = ledger.entries()
+    assert (entry.run_id, entry.model, entry.estimated) == ("run-1", "big", True)
+    spend = runs.get("run-1")
+    assert spend is not None
+    assert (spend.spent, spend.held) == (entry.cost, 0)

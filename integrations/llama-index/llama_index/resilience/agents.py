@@ -686,8 +686,13 @@ class RunBudgetLLM(MeteredLLM):
         except _Refused as refused:
             yield self._spent(kind, refused)  # type: ignore[misc]
             return
-        yield first
-        yield from stream
+        try:
+            yield first
+            yield from stream
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
 
     async def _aspent_stream(
         self, kind: CallKind, stream: AsyncIterator[_ResponseT]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from llm_resilience.budget import BudgetGate, CostBudget, ModelPrice, ServingModel
     from llm_resilience.builder import ResiliencePlan, ResilienceStack
     from llm_resilience.errors import (
+        AttemptCapExceededError,
         BudgetExceededError,
         LedgerTimeoutError,
         LLMResilienceError,
@@ -50,10 +51,14 @@ if TYPE_CHECKING:
     from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
     from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
     from llm_resilience.retry import RetryPolicy
+    from llm_resilience.runs import AttemptCap, AttemptEvent
     from llm_resilience.tokens import count_tokens
     from llm_resilience.transient import TransientClassifier, is_transient
 
 __all__ = [
+    "AttemptCap",
+    "AttemptCapExceededError",
+    "AttemptEvent",
     "BudgetExceededError",
     "BudgetGate",
     "Cooldown",

@@ -8,6 +8,7 @@
     ├── RequestExceedsCapacityError (also a builtin ``ValueError``)
     ├── NoCapableMemberError (also a builtin ``ValueError``)
     ├── StreamInterruptedError
+    ├── AttemptCapExceededError
     └── LedgerTimeoutError (also a builtin ``TimeoutError``)
 
 Each carries its facts as attributes and states them in its message. None of the
@@ -23,6 +24,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 __all__ = [
+    "AttemptCapExceededError",
     "BudgetExceededError",
     "LLMResilienceError",
     "LedgerTimeoutError",
@@ -181,6 +183,25 @@ class StreamInterruptedError(LLMResilienceError):
             f"The stream of client {client_index} broke off after {chunks} content "
             f"chunk(s) ({len(delivered_text)} characters delivered); with "
             f"mid_stream='raise' it is not restarted on another client."
+        )
+
+
+class AttemptCapExceededError(LLMResilienceError):
+    """An agent run made as many model attempts (retries and fallbacks together) as it may.
+
+    Raised instead of starting one more attempt, so an outage cannot turn one agent turn
+    into hundreds of calls. ``__cause__`` is the failure of the last attempt made. Not
+    transient: no other member or retry is tried after it.
+    """
+
+    def __init__(self, max_attempts: int, run_id: str) -> None:
+        #: The cap: attempts one run may make.
+        self.max_attempts = max_attempts
+        #: The run that reached it.
+        self.run_id = run_id
+        super().__init__(
+            f"Run {run_id!r} made {max_attempts} model attempts, its cap "
+            f"(max_attempts_per_run={max_attempts}); no further attempt is made."
         )
 
 

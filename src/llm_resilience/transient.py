@@ -33,7 +33,7 @@ An error is transient when trying the same request elsewhere (or later) may succ
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
   whatever the case.
 
-Never transient, whatever they say: [`BudgetExceededError`][],
+Never transient, whatever they say: [`AttemptCapExceededError`][], [`BudgetExceededError`][],
 [`NoCapableMemberError`][],
 [`RateLimitQueueFullError`][],
 [`StreamInterruptedError`][], ``asyncio.CancelledError``,
@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llm_resilience.errors import (
+    AttemptCapExceededError,
     BudgetExceededError,
     NoCapableMemberError,
     RateLimitBackendError,
@@ -84,6 +85,7 @@ SERVER_ERROR_STATUS_CODES: frozenset[int] = DEFAULT_STATUS_CODES | {500, 502, 50
 _KEYWORDS = ("rate limit", "throttl", "timeout", "unavailable")
 
 _PINNED_NON_TRANSIENT: tuple[type[BaseException], ...] = (
+    AttemptCapExceededError,
     BudgetExceededError,
     NoCapableMemberError,
     RateLimitQueueFullError,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -40,7 +40,15 @@ from llm_resilience.usage import (
     with_unreported_compaction,
 )
 
-__all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedChatModel", "CostTrackedEmbeddings"]
+__all__ = [
+    "BUDGET_SCOPE_KWARG",
+    "CostTrackedChatModel",
+    "CostTrackedEmbeddings",
+    "answer_usage",
+    "consumed_usage",
+]
+
+Prompt = Sequence[tuple[str, str]]
 
 
 def _plain(value: object) -> object:
@@ -145,28 +153,72 @@ def _summaries(*contents: Any) -> list[str]:
     return list(found.values())
 
 
-def _with_summaries(usage: Usage, call: MeteredCall, contents: list[Any], metadata: Any) -> Usage:
+def _with_summaries(
+    usage: Usage, prompt: Callable[[], Prompt], contents: list[Any], metadata: Any
+) -> Usage:
     """``usage`` with the compaction steps it leaves out estimated (langchain-anthropic's
-    stream chunks keep only the top-level counts): the core's rule."""
+    stream chunks keep only the top-level counts): the core's rule. ``prompt`` gives the
+    call's ``(role, text)`` pairs, read only when there is a step to estimate."""
     summaries = _summaries(*contents)
     if not summaries:
         return usage
     raw = metadata.get("usage") if isinstance(metadata, dict) else None
     return with_unreported_compaction(
-        usage, prompt=call.prompt, summaries=summaries, provider_usage=raw
+        usage, prompt=prompt(), summaries=summaries, provider_usage=raw
     )
 
 
-def _reported(messages: list[BaseMessage], usage: Any, metadata: Any = None) -> Usage | None:
+def _reported(prompted: object, usage: Any, metadata: Any = None) -> Usage | None:
     """The provider's usage (an ``usage_metadata`` or None, and the answer's
-    ``response_metadata``) if it is a report, else None."""
+    ``response_metadata``) if it is a report, else None; ``prompted``: whether the call
+    had a prompt (its messages)."""
     reported_in, reported_out, details = billed_counts(usage, metadata)
     return reported_usage(
         reported_in,
         reported_out,
-        prompt=_SOME_PROMPT if messages else (),
+        prompt=_SOME_PROMPT if prompted else (),
         details=details,
     )
+
+
+def answer_usage(message: BaseMessage, prompt: Callable[[], Prompt], *, prompted: bool) -> Usage:
+    """What a call whose answer is ``message`` used: its provider's report, else an
+    estimate over the prompt and the answer's text (flagged ``estimated``), with the
+    compaction steps a stream left out estimated. ``prompt`` gives the call's
+    ``(role, text)`` pairs, read only for an estimate; ``prompted``: whether it had any."""
+    reported = getattr(message, "usage_metadata", None)
+    metadata = message.response_metadata
+    usage = _reported(prompted, reported, metadata)
+    if usage is None:  # estimated: only now are the prompt and the answer's text read
+        reported_in, reported_out, details = billed_counts(reported, metadata)
+        usage = chat_usage(
+            reported_in, reported_out, prompt=prompt(), response_text=message.text, details=details
+        )
+    return _with_summaries(usage, prompt, [message.content], metadata)
+
+
+def consumed_usage(
+    chunks: Sequence[ChatGenerationChunk], prompt: Callable[[], Prompt]
+) -> tuple[Usage | None, dict[str, Any]]:
+    """What a stream cut after ``chunks`` consumed (`partial_stream_usage`: the usage
+    reported so far, else the prompt and the delivered text estimated; None: nothing to
+    record), and the merged chunks' metadata."""
+    merged = merge_chat_generation_chunks(list(chunks))
+    message = merged.message if merged is not None else None
+    metadata = message.response_metadata if message is not None else {}
+    reported_in, reported_out, details = billed_counts(
+        getattr(message, "usage_metadata", None), metadata
+    )
+    usage = partial_stream_usage(
+        reported_in,
+        reported_out,
+        prompt=prompt(),
+        deltas=[chunk.message.text for chunk in chunks],
+        details=details,
+    )
+    if usage is not None:
+        usage = _with_summaries(usage, prompt, [c.message.content for c in chunks], metadata)
+    return usage, metadata
 
 
 #: Where a ``usage_metadata`` puts a count, plain first: langchain-openai prefixes the
@@ -353,18 +405,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     # -- what a call used ---------------------------------------------------------------
 
     def _usage(self, call: MeteredCall, messages: list[BaseMessage], message: BaseMessage) -> Usage:
-        reported = getattr(message, "usage_metadata", None)
-        usage = _reported(messages, reported, message.response_metadata)
-        if usage is None:  # estimated: only now are the prompt and the answer's text read
-            reported_in, reported_out, details = billed_counts(reported, message.response_metadata)
-            usage = chat_usage(
-                reported_in,
-                reported_out,
-                prompt=call.prompt,
-                response_text=message.text,
-                details=details,
-            )
-        return _with_summaries(usage, call, [message.content], message.response_metadata)
+        return answer_usage(message, lambda: call.prompt, prompted=bool(messages))
 
     def _streamed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -387,7 +428,9 @@ class CostTrackedChatModel(DelegatingChatModel):
             super()._end_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        usage = _with_summaries(read[0], call, [c.message.content for c in chunks], read[1])
+        usage = _with_summaries(
+            read[0], lambda: call.prompt, [c.message.content for c in chunks], read[1]
+        )
         call.settle(usage, named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
 
     async def _aend_stream(
@@ -398,27 +441,14 @@ class CostTrackedChatModel(DelegatingChatModel):
             await super()._aend_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        usage = _with_summaries(read[0], call, [c.message.content for c in chunks], read[1])
+        usage = _with_summaries(
+            read[0], lambda: call.prompt, [c.message.content for c in chunks], read[1]
+        )
         await call.asettle(usage, named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
 
     def _consumed(self, call: MeteredCall, chunks: list[ChatGenerationChunk]) -> tuple[Any, Any]:
         """What a stream closed early consumed (None: nothing to record), and its metadata."""
-        merged = merge_chat_generation_chunks(chunks)
-        message = merged.message if merged is not None else None
-        metadata = message.response_metadata if message is not None else {}
-        reported_in, reported_out, details = billed_counts(
-            getattr(message, "usage_metadata", None), metadata
-        )
-        usage = partial_stream_usage(
-            reported_in,
-            reported_out,
-            prompt=call.prompt,
-            deltas=[chunk.message.text for chunk in chunks],
-            details=details,
-        )
-        if usage is not None:
-            usage = _with_summaries(usage, call, [c.message.content for c in chunks], metadata)
-        return usage, metadata
+        return consumed_usage(chunks, lambda: call.prompt)
 
     def _end(self, context: Any, messages: list[BaseMessage], message: BaseMessage | None) -> None:
         call: MeteredCall = context

@@ -57,7 +57,15 @@ What retries by itself (a member that would delay failover) is
 
 from llm_resilience.fallback._attributes import read_from_primary
 from llm_resilience.fallback._breaker import MemberHealth
-from llm_resilience.fallback._capabilities import member_profile, merge_capabilities
+from llm_resilience.fallback._capabilities import (
+    content_without_cache_control,
+    is_server_tool,
+    member_profile,
+    merge_capabilities,
+    of_classes,
+    same_provider,
+    without_cache_control,
+)
 from llm_resilience.fallback._continuation import is_prefill_rejection
 from llm_resilience.fallback._engine import FallbackChain
 from llm_resilience.fallback._hedge import LoserUsage
@@ -79,10 +87,15 @@ __all__ = [
     "MemberHealth",
     "RequestNeeds",
     "StreamRestart",
+    "content_without_cache_control",
     "context_limit_of",
     "is_context_overflow",
     "is_prefill_rejection",
+    "is_server_tool",
     "member_profile",
     "merge_capabilities",
+    "of_classes",
     "read_from_primary",
+    "same_provider",
+    "without_cache_control",
 ]

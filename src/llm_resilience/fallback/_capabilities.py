@@ -9,7 +9,13 @@ LlamaIndex's ``LLMMetadata``) and asks the rules here, so both frameworks answer
 * `merge_capabilities`: what the chain can do, over its members' capabilities:
   a limit (context window, output cap) is the smallest any member states, a flag is
   true only when every member says so and false when any says not, and any other value
-  holds when every member states the same one.
+  holds when every member states the same one;
+* what a request may carry to another provider: Anthropic's ``cache_control`` marks are
+  dropped for a member not known to take them (`without_cache_control`,
+  `content_without_cache_control`: the mark names no content, so dropping it changes
+  only what is cached), and a provider's built-in server tool (`is_server_tool`) is
+  never sent to a member of another provider (`same_provider`): the request is refused,
+  as a tool dropped would change the answer.
 
 Examples:
     >>> merge_capabilities([{"max_input_tokens": 200_000, "tool_calling": True},
@@ -26,10 +32,15 @@ from llm_resilience.fallback._routing import MAX_CONTEXT_WINDOW, MemberProfile
 
 __all__ = [
     "MAX_CONTEXT_WINDOW",
+    "content_without_cache_control",
     "credible_context_window",
+    "is_server_tool",
     "member_profile",
     "merge_capabilities",
+    "of_classes",
+    "same_provider",
     "takes_prefill",
+    "without_cache_control",
 ]
 
 
@@ -60,6 +71,17 @@ def takes_prefill(client: object, classes: Iterable[tuple[str, str]]) -> bool:
         >>> class ChatAnthropic: ...
         >>> ChatAnthropic.__module__ = "langchain_anthropic.chat_models"
         >>> takes_prefill(ChatAnthropic(), [("langchain_anthropic", "ChatAnthropic")])
+        True
+    """
+    return of_classes(client, classes)
+
+
+def of_classes(client: object, classes: Iterable[tuple[str, str]]) -> bool:
+    """Whether ``client``'s class, or a base of it, is one of ``classes`` (``(package,
+    class name)`` pairs, matched by name so the core never imports a framework).
+
+    Examples:
+        >>> of_classes(object(), [("builtins", "object")])
         True
     """
     known = tuple(classes)
@@ -170,3 +192,88 @@ def _is_count(value: object) -> TypeGuard[int]:
 
 def _flag(value: object) -> bool | None:
     return value if isinstance(value, bool) else None
+
+
+#: Where a content block, tool or settings mapping may carry a nested ``cache_control``.
+_NESTED_MARKS = ("extras", "metadata")
+
+
+def without_cache_control(payload: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """``payload`` without Anthropic's ``cache_control`` mark (also inside its ``extras``
+    and ``metadata``), and whether one was there; ``payload`` itself when none was.
+
+    Examples:
+        >>> without_cache_control({"type": "text", "cache_control": {"type": "ephemeral"}})
+        ({'type': 'text'}, True)
+    """
+    changed = "cache_control" in payload
+    result: Mapping[str, Any] = (
+        {key: value for key, value in payload.items() if key != "cache_control"}
+        if changed
+        else payload
+    )
+    for key in _NESTED_MARKS:
+        nested = result.get(key)
+        if isinstance(nested, Mapping) and "cache_control" in nested:
+            inner = {k: v for k, v in nested.items() if k != "cache_control"}
+            result = {**result, key: inner or None}
+            changed = True
+    return result, changed
+
+
+def content_without_cache_control(content: object) -> tuple[object, bool]:
+    """A message's content (a string, or a list of blocks) without ``cache_control``
+    marks in its blocks, and whether any was there; ``content`` itself when none was.
+
+    Examples:
+        >>> content_without_cache_control(["hi", {"type": "text", "text": "x",
+        ...                                "cache_control": {"type": "ephemeral"}}])
+        (['hi', {'type': 'text', 'text': 'x'}], True)
+    """
+    if not isinstance(content, list):
+        return content, False
+    blocks: list[object] = []
+    changed = False
+    for block in content:
+        if isinstance(block, Mapping):
+            block, dropped = without_cache_control(block)
+            changed = changed or dropped
+        blocks.append(block)
+    return (blocks if changed else content), changed
+
+
+#: The ``type`` values of a tool given as a plain function schema (any provider's).
+_FUNCTION_TOOL_TYPES = frozenset({"function", "custom"})
+#: Keys that hold a function tool's schema, in OpenAI's and Anthropic's formats.
+_SCHEMA_KEYS = ("function", "input_schema", "parameters")
+
+
+def is_server_tool(tool: object) -> bool:
+    """Whether ``tool`` (a tool as a mapping) is a provider's built-in server tool
+    (``{"type": "web_search_20250305", ...}``, ``{"type": "web_search_preview"}``): a
+    ``type`` other than a function's and no schema of its own. Such a tool means
+    something only to its provider.
+
+    Examples:
+        >>> is_server_tool({"type": "web_search_20250305", "name": "web_search"})
+        True
+        >>> is_server_tool({"type": "function", "function": {"name": "add"}})
+        False
+    """
+    if not isinstance(tool, Mapping):
+        return False
+    kind = tool.get("type")
+    if not isinstance(kind, str) or kind in _FUNCTION_TOOL_TYPES:
+        return False
+    return not any(key in tool for key in _SCHEMA_KEYS)
+
+
+def same_provider(client: object, other: object) -> bool:
+    """Whether two clients come from the same provider package (``langchain_openai``,
+    ``langchain_anthropic``...), read from the top-level package of their classes.
+
+    Examples:
+        >>> same_provider(1, 2), same_provider(1, object())
+        (True, True)
+    """
+    return type(client).__module__.split(".")[0] == type(other).__module__.split(".")[0]

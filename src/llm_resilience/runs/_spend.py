@@ -31,6 +31,8 @@ Prompt = Sequence[tuple[str, str]] | Callable[[], Sequence[tuple[str, str]]]
 class Choice:
     """Which model the next attempt of a run uses, and why (`RunSpend.choose`)."""
 
+    #: The model the attempt asked for.
+    asked: str | None
     #: The model to call: the one asked for, or the cheaper one the budget names.
     model: str | None
     #: Whether ``model`` is the cheaper one.
@@ -50,6 +52,7 @@ class Choice:
         """A JSON-safe event (money as exact strings, no prompt text)."""
         return {
             "type": "llm_resilience.downgrade",
+            "asked_model": self.asked,
             "model": self.model,
             "downgraded": self.downgraded,
             "reason": self.reason,
@@ -154,8 +157,9 @@ class RunSpend:
         max_output_tokens: int | None = None,
         may_serve: Sequence[str | ServingModel] = (),
     ) -> Decimal:
-        """The attempt's worst-case cost (what strict mode holds):
-        [`BudgetGate.worst_case_cost`][llm_resilience.budget.BudgetGate.worst_case_cost]."""
+        """The attempt's worst-case cost: what strict mode holds for it (the budget
+        gate's ``worst_case_cost``: the prompt's estimated tokens plus the output cap, at
+        the dearest model that may serve)."""
         return self.gate.worst_case_cost(
             "chat",
             estimated_input_tokens=_tokens(prompt),
@@ -191,14 +195,14 @@ class RunSpend:
             elif self.gate.budget.strict and estimate > left:
                 reason = "estimate_does_not_fit"
         if reason is None:
-            return Choice(model, False, None, estimate, estimate, left)
+            return Choice(model, model, False, None, estimate, estimate, left)
         cheaper = self.gate.worst_case_cost(
             "chat",
             estimated_input_tokens=tokens,
             max_output_tokens=max_output_tokens,
             model=self._downgrade_to,
         )
-        return Choice(self._downgrade_to, True, reason, estimate, cheaper, left)
+        return Choice(model, self._downgrade_to, True, reason, estimate, cheaper, left)
 
     def _hold(
         self,

@@ -56,6 +56,7 @@ SERVER_REPLY = "Sunny and warm in Paris."
 # One unit per token for the big models, a tenth for the small ones: costs read as counts.
 PRICES = {
     "big": ModelPrice(1_000_000, 1_000_000),
+    "mid": ModelPrice(500_000, 500_000),
     "small": ModelPrice(100_000, 100_000),
     "gpt-4o": ModelPrice(1_000_000, 1_000_000),
     "gpt-4o-mini": ModelPrice(100_000, 100_000),
@@ -363,6 +364,31 @@ async def test_a_strict_estimate_that_does_not_fit_downgrades_instead_of_stoppin
     assert event.chosen_estimate <= event.remaining < event.estimate  # type: ignore[operator]
     assert [model for _, _, model in entries_of(ledger)] == ["big", "small"]
     assert sum(e.cost for e in ledger.entries()) <= runs.limit
+
+
+async def test_a_chain_whose_dearest_member_cannot_fit_downgrades_when_its_hold_is_refused(
+    events: list[BaseEvent],
+) -> None:
+    ledger = InMemoryCostLedger()
+    # The primary's worst case fits exactly; the chain's hold, at its dearest member, does not.
+    runs = RunBudget(budget(), ledger, limit=first_worst_case("mid"), downgrade_to="small")
+    primary, backup, small = fake("mid"), fake("big"), fake("small")
+    llm = RunBudgetLLM(inner=FallbackLLM(llms=[primary, backup]), budget=runs, downgrade_to=small)
+    handler = FunctionAgent(tools=[weather], llm=llm).run(QUESTION)
+
+    await handler
+
+    first = next(e for e in events if isinstance(e, RunBudgetDowngradeEvent))
+    assert (first.asked_model, first.model, first.reason) == (
+        "mid",
+        "small",
+        "estimate_does_not_fit",
+    )
+    assert first.estimate == 2 * runs.limit  # type: ignore[operator]  # the big member's
+    assert first.chosen_estimate == runs.limit / 5  # type: ignore[operator]
+    assert primary.calls == backup.calls == 0
+    assert entries_of(ledger)[0] == (handler.run_id, None, "small")
+    assert sum(e.cost for e in ledger.entries()) <= runs.limit  # type: ignore[operator]
 
 
 async def test_a_sync_tool_calling_a_model_is_charged_to_the_agents_run() -> None:

@@ -508,7 +508,13 @@ class RunBudgetLLM(MeteredLLM):
             model=_asked(cheaper), prompt=prompt, max_output_tokens=cap, may_serve=cheaper.may_serve
         )
         forced = Choice(
-            _asked(cheaper), True, "estimate_does_not_fit", estimate, chosen, spend.remaining()
+            asked=_asked(self._meter),
+            model=_asked(cheaper),
+            downgraded=True,
+            reason="estimate_does_not_fit",
+            estimate=estimate,
+            chosen_estimate=chosen,
+            remaining=spend.remaining(),
         )
         self._announce(spend, forced)
         return forced
@@ -551,7 +557,7 @@ class RunBudgetLLM(MeteredLLM):
             RunBudgetDowngradeEvent(
                 run_id=spend.run_id,
                 thread_id=spend.thread_id,
-                asked_model=_asked(self._meter),
+                asked_model=choice.asked,
                 model=choice.model,
                 reason=choice.reason or "",
                 estimate=choice.estimate,

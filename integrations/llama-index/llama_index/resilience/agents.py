@@ -474,8 +474,14 @@ class RunBudgetLLM(MeteredLLM):
         # The call's own cap, else the largest the stack states (as the strict hold reads it).
         caps = [served.max_output_tokens for served in self._meter.may_serve]
         largest = cap if cap is not None else output_cap({}, caps)
+        assert self._downgrade_meter is not None
         choice = spend.choose(
-            _asked(self._meter), prompt=prompt, max_output_tokens=largest, window_remaining=left
+            _asked(self._meter),
+            prompt=prompt,
+            max_output_tokens=largest,
+            window_remaining=left,
+            may_serve=self._meter.may_serve,
+            cheaper_may_serve=self._downgrade_meter.may_serve,
         )
         if choice.downgraded:
             self._announce(spend, choice)
@@ -490,32 +496,22 @@ class RunBudgetLLM(MeteredLLM):
         choice: Choice | None,
         error: BudgetExceededError,
     ) -> Choice | None:
-        """After the asked model's strict hold was refused: the cheaper LLM, if there is
-        one and it was not tried (a chain's dearest member may not fit when its primary
+        """The core's choice once the asked model's strict hold was refused: the cheaper
+        LLM if it was not tried (a chain's dearest member may not fit when its primary
         did), else the refusal stands."""
         downgraded = choice is not None and choice.downgraded
-        if downgraded or not self._can_downgrade(kind) or not spend.gate.budget.strict:
+        forced = None
+        if not downgraded and self._can_downgrade(kind):
+            assert self._downgrade_meter is not None
+            forced = spend.after_refusal(
+                _asked(self._meter),
+                prompt=prompt,
+                max_output_tokens=cap,
+                may_serve=self._meter.may_serve,
+                cheaper_may_serve=self._downgrade_meter.may_serve,
+            )
+        if forced is None:
             raise _Refused(error, spend) from None
-        estimate = spend.estimate(
-            model=_asked(self._meter),
-            prompt=prompt,
-            max_output_tokens=cap,
-            may_serve=self._meter.may_serve,
-        )
-        assert self._downgrade_meter is not None
-        cheaper = self._downgrade_meter
-        chosen = spend.estimate(
-            model=_asked(cheaper), prompt=prompt, max_output_tokens=cap, may_serve=cheaper.may_serve
-        )
-        forced = Choice(
-            asked=_asked(self._meter),
-            model=_asked(cheaper),
-            downgraded=True,
-            reason="estimate_does_not_fit",
-            estimate=estimate,
-            chosen_estimate=chosen,
-            remaining=spend.remaining(),
-        )
         self._announce(spend, forced)
         return forced
 

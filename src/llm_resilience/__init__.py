@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from llm_resilience.retry import RetryPolicy
     from llm_resilience.runs import AttemptCap, AttemptEvent
     from llm_resilience.tokens import count_tokens
-    from llm_resilience.transient import TransientClassifier, is_transient
+    from llm_resilience.transient import TransientClassifier, is_budget_exhausted, is_transient
 
 __all__ = [
     "AttemptCap",
@@ -88,6 +88,7 @@ __all__ = [
     "TransientClassifier",
     "__version__",
     "count_tokens",
+    "is_budget_exhausted",
     "is_transient",
     "to_dataframe",
 ]

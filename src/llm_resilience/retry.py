@@ -14,6 +14,9 @@ What is retried is decided by `is_retryable`: every ``Exception`` except
   [`RequestExceedsCapacityError`][]): asking again cannot
   change their answer, and a retry would spend a queue slot or a budget check;
 * ``NotImplementedError``: the method does not exist on the wrapped object;
+* an upstream "budget exhausted"
+  ([`is_budget_exhausted`][llm_resilience.transient.is_budget_exhausted]: HTTP 402,
+  OpenAI's ``insufficient_quota`` 429, Anthropic's ``billing_error``, a gateway's ``budget_exceeded``): the account stays spent however often it is asked;
 * errors that carry a status that is certainly permanent (400, 401, 403, 404 and 422 by
   default, found as `status_code_of` finds statuses):
   retrying a bad request or a bad key only delays the failure.
@@ -56,7 +59,7 @@ from llm_resilience.errors import (
     RequestExceedsCapacityError,
 )
 from llm_resilience.self_retry import warn_of_multiplied_retries
-from llm_resilience.transient import retry_after_of, status_code_of
+from llm_resilience.transient import is_budget_exhausted, retry_after_of, status_code_of
 
 __all__ = [
     "DEFAULT_PERMANENT_STATUS_CODES",
@@ -101,6 +104,8 @@ def is_retryable(
         >>> is_retryable(KeyboardInterrupt())
         False
     """
+    if is_budget_exhausted(exc):
+        return False
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < _MAX_CAUSE_DEPTH:

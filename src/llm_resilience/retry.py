@@ -16,7 +16,8 @@ What is retried is decided by `is_retryable`: every ``Exception`` except
 * ``NotImplementedError``: the method does not exist on the wrapped object;
 * an upstream "budget exhausted"
   ([`is_budget_exhausted`][llm_resilience.transient.is_budget_exhausted]: HTTP 402,
-  OpenAI's ``insufficient_quota`` 429, Anthropic's ``billing_error``, a gateway's ``budget_exceeded``): the account stays spent however often it is asked;
+  OpenAI's ``insufficient_quota`` 429, Anthropic's ``billing_error``, a gateway's
+  ``budget_exceeded``): the account stays spent however often it is asked;
 * errors that carry a status that is certainly permanent (400, 401, 403, 404 and 422 by
   default, found as `status_code_of` finds statuses):
   retrying a bad request or a bad key only delays the failure.

@@ -328,7 +328,7 @@ async def hedged_ainvoke(
 ) -> ResultT:
     """[`FallbackChain.ainvoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
-    members = Members(chain._order(needs))
+    members = Members(await chain._aorder(needs))
     if chain._member_retry is not None:
         attempt = chain._member_retry.acall(attempt)
     inbox = current_hedge_inbox()

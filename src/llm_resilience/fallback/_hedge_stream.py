@@ -289,7 +289,7 @@ async def hedged_astream(
     is yielded, and no task outlives the stream.
     """
     assert chain.hedge_after is not None
-    members = Members(chain._order(needs))
+    members = Members(await chain._aorder(needs))
     if chain._member_retry is not None:
         attempt = chain._member_retry.astream(attempt)
     inbox = current_hedge_inbox()

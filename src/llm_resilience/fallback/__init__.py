@@ -43,8 +43,8 @@ Rules, in short (``docs/fallback.md`` has the long form):
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
 ``_breaker`` (the cooldown breaker), ``_shared_breaker``, ``_circuit_store`` and
 ``_circuit_script`` (the breaker shared by a fleet through [`RedisCircuitStore`][]: its
-decisions, the store's round trips, the Lua script), ``_capabilities`` (what a member, and so the chain,
-can do: `member_profile`, `merge_capabilities`), ``_attributes`` (a chain's
+decisions, the store's round trips, the Lua script), ``_capabilities`` (what a member,
+and so the chain, can do: `member_profile`, `merge_capabilities`), ``_attributes`` (a chain's
 unknown attributes read from its first member: `read_from_primary`), ``_routing``
 (``MemberProfile``, ``RequestNeeds``: which member may take a request, where a prompt
 too long goes), ``_continuation``

@@ -10,6 +10,7 @@ processes on real httpx clients (the OpenAI route; quick to start) against the f
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import subprocess
@@ -103,7 +104,8 @@ def test_failures_of_two_workers_add_up_and_open_the_member_for_both(
         "fleet",
         "primary",
     )
-    assert health.open_until_utc is not None and 29 < health.retry_in <= 30
+    assert health.open_until_utc is not None
+    assert 29 < health.retry_in <= 30
     other_store.close()
 
 
@@ -130,7 +132,8 @@ def test_one_worker_at_a_time_owns_the_probe_and_its_success_closes_the_member_f
         return client
 
     assert prober.invoke(slow_probe) == "primary"
-    assert probed == [0] and skipped == [1]
+    assert probed == [0]
+    assert skipped == [1]
     assert [m.state for m in other.health()] == ["closed", "closed"]
     skipped.clear()
     assert other.invoke(answering(skipped)) == "primary"
@@ -240,7 +243,8 @@ def test_a_dead_redis_leaves_the_local_breaker_in_charge_with_one_warning(
             assert chain.invoke(primary_down(attempts)) == "backup"
     assert attempts == [0, 1, 0, 1, 1, 1]  # the local breaker opened after 2 failures
     warnings = [r for r in caplog.records if "Shared circuit store" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert len(warnings) == 1
+    assert warnings[0].levelno == logging.WARNING
     assert "ConnectionError" in warnings[0].getMessage()
     assert [m.view for m in chain.health()] == ["local", "local"]
     assert chain.health()[0].state == "open"
@@ -309,7 +313,7 @@ def test_member_keys_come_from_model_and_base_url_without_credentials(
 def test_keys_that_cannot_tell_members_apart_are_refused_naming_the_option(
     store: RedisCircuitStore, options: dict[str, Any], clients: list[Any], message: str
 ) -> None:
-    with pytest.raises(ValueError, match="Cooldown.keys") as caught:
+    with pytest.raises(ValueError, match=r"Cooldown\.keys") as caught:
         FallbackChain(clients, cooldown=Cooldown(shared=store, **options))
     assert message in str(caught.value)
 
@@ -326,7 +330,8 @@ def test_bad_store_options_are_refused_at_construction(store: RedisCircuitStore)
     with pytest.raises(TypeError, match=r"RedisCircuitStore.url_or_client"):
         RedisCircuitStore(6379)
     shown = repr(RedisCircuitStore("redis://user:hunter2@127.0.0.1:6379/15"))
-    assert "hunter2" not in shown and "127.0.0.1:6379/15" in shown
+    assert "hunter2" not in shown
+    assert "127.0.0.1:6379/15" in shown
 
 
 # -- llm-resilience health -------------------------------------------------------------------
@@ -347,7 +352,8 @@ def test_health_command_prints_every_member_and_exits_1_while_one_is_open(
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["member", "state", "failures"]
     assert table[1].split()[:2] == ["backup", "closed"]
-    assert table[2].split()[:2] == ["primary", "open"] and "failures" in table[2]
+    assert table[2].split()[:2] == ["primary", "open"]
+    assert "failures" in table[2]
     assert main([*argv, "--format", "json"]) == 1
     members = json.loads(capsys.readouterr().out)["members"]
     assert [(m["member"], m["state"], m["reason"]) for m in members] == [
@@ -467,7 +473,7 @@ def test_a_fleet_of_four_opens_a_dead_primary_after_failures_in_total_and_one_wo
     # Afterwards one probe per 0.5 s cooldown, each by one worker: never two close together.
     probes = [at for at, _ in dead if at >= dead[0][0] + 0.25]
     assert 1 <= len(probes) <= 2
-    assert all(later - earlier > 0.4 for earlier, later in zip(probes, probes[1:], strict=False))
+    assert all(later - earlier > 0.4 for earlier, later in itertools.pairwise(probes))
     # Recovery closes it for all: every worker's last calls are served by the primary.
     for result in results:
         assert [index for _, index in result["served"][-5:]] == [0] * 5

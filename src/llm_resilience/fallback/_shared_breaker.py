@@ -96,7 +96,7 @@ def member_keys(config: Cooldown, clients: Sequence[object]) -> tuple[str, ...]:
     (``ValueError`` naming ``Cooldown.keys``) keys that are missing, empty or repeated."""
     given = config.keys
     if given is not None and not callable(given):
-        keys = tuple(cast(Sequence[str], given))
+        keys = tuple(given)
         if len(keys) != len(clients):
             raise ValueError(
                 f"Cooldown.keys must hold one key per client ({len(clients)}); got {len(keys)}"
@@ -225,7 +225,7 @@ class _SharedBreaker:
         self._local.failed(index, error)
         self._dirty[index] = True
         config = self._config
-        options = {
+        options: dict[str, Any] = {
             "duration": config.duration,
             "window": config.window,
             "failures": config.failures,

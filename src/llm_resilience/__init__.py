@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         Cooldown,
         FallbackChain,
         MemberProfile,
+        RedisCircuitStore,
         RequestNeeds,
         StreamRestart,
     )
@@ -75,6 +76,7 @@ __all__ = [
     "PerClientTimeoutError",
     "RateLimitBackendError",
     "RateLimitQueueFullError",
+    "RedisCircuitStore",
     "RedisTokenBucketRateLimiter",
     "RequestExceedsCapacityError",
     "RequestNeeds",

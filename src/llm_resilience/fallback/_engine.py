@@ -53,6 +53,7 @@ from llm_resilience.fallback._routing import (
     is_context_overflow,
     resolve_member_profiles,
 )
+from llm_resilience.fallback._shared_breaker import _SharedBreaker, member_keys
 from llm_resilience.fallback._sources import (
     _aclose,
     _AttemptTimedOut,
@@ -228,7 +229,12 @@ class FallbackChain(Generic[ClientT]):
         self._timeout_option: TimeLimit = call_limit[1] if call_limit else "per_client_timeout"
         self._timeout_label = limits.label(call_limit[1]) if call_limit else ""
         self._classifier: Classifier = classifier if classifier is not None else is_transient
-        self._breaker = _Breaker(cooldown, len(self.clients), clock) if cooldown else None
+        self._breaker: _Breaker | _SharedBreaker | None = None
+        if cooldown is not None and cooldown.shared is not None:
+            keys = member_keys(cooldown, self.clients)
+            self._breaker = _SharedBreaker(cooldown, keys, clock)
+        elif cooldown is not None:
+            self._breaker = _Breaker(cooldown, len(self.clients), clock)
         self._on_restart = on_restart
         if profile_of is not None:
             member_profiles = resolve_member_profiles(
@@ -324,6 +330,15 @@ class FallbackChain(Generic[ClientT]):
         if self._breaker is None:
             return capable
         return self._breaker.order(capable)
+
+    async def _aorder(
+        self, needs: RequestNeeds | Sequence[RequestNeeds] | None = None
+    ) -> list[int]:
+        """Async `_order`: a shared breaker's round trip runs on the loop's client."""
+        capable = self._routing.eligible(list(range(len(self.clients))), needs)
+        if self._breaker is None:
+            return capable
+        return await self._breaker.aorder(capable)
 
     def _failed(self, index: int, error: BaseException | None) -> None:
         if self._breaker is not None:
@@ -460,7 +475,7 @@ class FallbackChain(Generic[ClientT]):
         """
         if self.hedge_after is not None:
             return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
-        order = self._order(needs)
+        order = await self._aorder(needs)
         calls = self._open_call()
         if calls is not None:
             attempt = calls.counted(attempt)
@@ -657,7 +672,7 @@ class FallbackChain(Generic[ClientT]):
             finally:
                 await hedged.aclose()  # closed with this stream: no attempt outlives it
             return
-        order = self._order(needs)
+        order = await self._aorder(needs)
         calls = self._open_call()
         plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:

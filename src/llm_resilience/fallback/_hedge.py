@@ -354,7 +354,7 @@ async def hedged_ainvoke(
     """[`FallbackChain.ainvoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
     calls = chain._open_call()
-    members = Members(chain._order(needs), calls)
+    members = Members(await chain._aorder(needs), calls)
     if calls is not None:
         attempt = calls.counted(attempt)
     if chain._member_retry is not None:

@@ -295,7 +295,7 @@ async def hedged_astream(
     """
     assert chain.hedge_after is not None
     calls = chain._open_call()
-    members = Members(chain._order(needs), calls)
+    members = Members(await chain._aorder(needs), calls)
     if calls is not None:
         attempt = calls.counted(attempt)
     if chain._member_retry is not None:

@@ -172,7 +172,7 @@ class RetryBudget:
         return BudgetCounts(calls, retries, self.ratio * calls + self.floor)
 
     def open_call(self) -> CallAttempts:
-        """Count a call and return its attempt counter (see [`CallAttempts`][])."""
+        """Count a call and return its attempt counter (a ``CallAttempts``)."""
         self.call_started()
         return CallAttempts(self)
 

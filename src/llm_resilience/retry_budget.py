@@ -86,10 +86,11 @@ class RetryBudget:
 
     ``ratio`` (0 to 1; default 0.2): retries allowed per call in the window.
     ``min_per_second`` (>= 0; default 0.1): retries per second allowed whatever the
-    traffic, so a quiet service can still retry. ``window`` (seconds or ``timedelta``,
-    > 0; default 60). ``max_attempts_per_call`` (None, the default, or >= 1): attempts of
-    every kind one call may make. ``clock`` is the monotonic clock of the counts.
-    Thread-safe; usable from sync and async code alike (a decision never waits).
+    traffic, so a quiet service can still retry. ``window`` (seconds or a
+    ``timedelta``, above 0; default 60). ``max_attempts_per_call`` (None, the default,
+    or >= 1): attempts of every kind one call may make. ``clock`` is the monotonic
+    clock of the counts. Thread-safe; usable from sync and async code alike (a decision
+    never waits).
     """
 
     __slots__ = (

@@ -232,7 +232,7 @@ class FallbackChain(Generic[ClientT]):
         self._breaker: _Breaker | _SharedBreaker | None = None
         if cooldown is not None and cooldown.shared is not None:
             keys = member_keys(cooldown, self.clients)
-            self._breaker = _SharedBreaker(cooldown, keys, clock)
+            self._breaker = _SharedBreaker(cooldown, keys, clock, self._timeout)
         elif cooldown is not None:
             self._breaker = _Breaker(cooldown, len(self.clients), clock)
         self._on_restart = on_restart

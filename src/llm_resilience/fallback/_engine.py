@@ -66,6 +66,7 @@ from llm_resilience.retry import RetryPolicy
 from llm_resilience.retry_budget import (
     CallAttempts,
     RetryBudget,
+    acall_attempts,
     call_attempts,
     retry_budget_option,
 )
@@ -365,6 +366,10 @@ class FallbackChain(Generic[ClientT]):
         """One call's attempt counter on the chain's retry budget (the call counted)."""
         return call_attempts(self._retry_budget)
 
+    async def _aopen_call(self) -> CallAttempts | None:
+        """Async [`_open_call`][]: awaits the shared budget's count (if any)."""
+        return await acall_attempts(self._retry_budget)
+
     @property
     def retry_budget(self) -> RetryBudget | None:
         """The [`RetryBudget`][] the chain's retries and hedges draw from, or None."""
@@ -476,7 +481,7 @@ class FallbackChain(Generic[ClientT]):
         if self.hedge_after is not None:
             return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
         order = await self._aorder(needs)
-        calls = self._open_call()
+        calls = await self._aopen_call()
         if calls is not None:
             attempt = calls.counted(attempt)
         if self._member_retry is not None:
@@ -673,7 +678,7 @@ class FallbackChain(Generic[ClientT]):
                 await hedged.aclose()  # closed with this stream: no attempt outlives it
             return
         order = await self._aorder(needs)
-        calls = self._open_call()
+        calls = await self._aopen_call()
         plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
             plain = self._member_retry.astream(plain, calls)

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Generic, TypeVar
 
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.errors import PerClientTimeoutError, StreamInterruptedError
 from llm_resilience.fallback._breaker import MemberHealth, _Breaker, _closed
 from llm_resilience.fallback._continuation import (
@@ -89,7 +90,7 @@ def _may_fail_over(calls: CallAttempts | None) -> bool:
     return calls is None or calls.may_fail_over()
 
 
-class FallbackChain(Generic[ClientT]):
+class FallbackChain(KnownKeywords, Generic[ClientT]):
     """Try ``clients`` in order; fall through to the next one on transient failures.
 
     ``clients`` needs at least 2 entries. Three time limits, each None (off, the

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
+from llama_index.core.agent.workflow import AgentStream, AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.dispatcher import instrument_tags
@@ -34,7 +34,11 @@ from llama_index.resilience import (
     agent_thread,
 )
 from llama_index.resilience.agents import RUN_ID_TAG
-from llama_index.resilience.testing import FakeFunctionCallingLLM, rate_limit_error
+from llama_index.resilience.testing import (
+    FakeFunctionCallingLLM,
+    rate_limit_error,
+    restart_events,
+)
 
 from llm_resilience import (
     BudgetExceededError,
@@ -642,3 +646,37 @@ async def test_a_stream_of_a_run_closed_after_its_first_chunk_records_what_it_co
     spend = runs.get("run-1")
     assert spend is not None
     assert (spend.spent, spend.held) == (entry.cost, 0)
+
+
+async def test_a_stream_consumer_tells_a_superseded_attempt_by_its_response_restarting() -> None:
+    """A FunctionAgent's stream over a FallbackLLM whose primary breaks off mid-answer:
+    each ``AgentStream`` carries the attempt's whole text so far (``response``), so the
+    documented consumer (render ``response``; a ``response`` that no longer extends the
+    one before starts a new attempt) shows only the winner's text, never a splice, and
+    the restart is also dispatched as a ``FallbackStreamRestartEvent``."""
+    primary = FakeFunctionCallingLLM(
+        text="the primary answered at length",
+        model_name="big",
+        fail_after_chunks=2,
+        error=rate_limit_error(),
+    )
+    backup = FakeFunctionCallingLLM(text="the secondary answered", model_name="small")
+    llm = RunBudgetLLM(
+        inner=FallbackLLM(llms=[primary, backup]), budget=budget(), ledger=InMemoryCostLedger()
+    )
+    handler = FunctionAgent(tools=[weather], llm=llm).run(QUESTION)
+
+    shown, superseded, spliced = "", [], ""
+    with restart_events() as restarts:
+        async for event in handler.stream_events():
+            if isinstance(event, AgentStream):
+                if not event.response.startswith(shown):
+                    superseded.append(shown)  # the earlier attempt's text: drop it
+                shown = event.response
+                spliced += event.delta
+        answer = await handler
+
+    assert shown == str(answer) == "the secondary answered"
+    assert superseded == ["the primary"]
+    assert spliced.startswith("the primary")  # what concatenating deltas would show
+    assert [(e.failed_client, e.next_client, e.chunks) for e in restarts.events] == [(0, 1, 2)]

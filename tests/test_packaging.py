@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.packaging
+# One worker under pytest-xdist (`make test`: --dist loadgroup) runs the module: its
+# builds and fresh venv are made once, not once per worker.
+pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("packaging")]
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTS = {

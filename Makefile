@@ -13,7 +13,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml integrations/langchain/pyproject.toml integrations/llama-index/pyproject.toml
 	$(BIN)/python -m pip install --quiet \
 		-e ".[redis,postgres,pandas,cli,prices]" \
-		-e "integrations/langchain[demo]" \
+		-e "integrations/langchain[demo,agents]" \
 		-e "integrations/llama-index" \
 		--group dev \
 		--group integrations/langchain/pyproject.toml:dev \

@@ -260,12 +260,24 @@ def test_the_built_wheels_install_into_a_fresh_venv_demo_names_its_extra_until_i
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert 'pip install "langchain-llm-resilience[demo]"' in lines[0]
+    # The agent middlewares need langchain (the agents extra); the wrappers do not.
+    middleware = _run(
+        [str(python), "-c", "from langchain_llm_resilience import BudgetMiddleware"],
+        cwd=tmp_path,
+        bytecode=True,
+    )
+    assert middleware.returncode == 1, middleware
+    assert "langchain-llm-resilience[agents]" in middleware.stderr, middleware.stderr
 
     core_extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get(
         "optional-dependencies", {}
     )
     core = str(_wheel(dist, "llm-resilience")) + ("[cli]" if "cli" in core_extras else "")
-    requirements = [core, f"{adapter}[demo]", str(_wheel(dist, "llama-index-resilience"))]
+    requirements = [
+        core,
+        f"{adapter}[demo,agents]",
+        str(_wheel(dist, "llama-index-resilience")),
+    ]
     resumed = time.monotonic()
     downloaded = _pip_install(python, requirements) or downloaded
     installed += time.monotonic() - resumed
@@ -305,6 +317,7 @@ def _other_cli_checks(python: Path, venv: Path, cli: str, tmp_path: Path) -> Non
                 str(python),
                 "-c",
                 "import llm_resilience, langchain_llm_resilience, llama_index.resilience as li;"
+                "from langchain_llm_resilience import BudgetMiddleware;"
                 "print(llm_resilience.__file__, langchain_llm_resilience.__file__, li.__file__)",
             ],
             cwd=tmp_path,

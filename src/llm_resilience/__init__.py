@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         Cooldown,
         FallbackChain,
         MemberProfile,
+        RedisCircuitStore,
         RequestNeeds,
         StreamRestart,
     )
@@ -51,9 +52,10 @@ if TYPE_CHECKING:
     from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
     from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
     from llm_resilience.retry import RetryPolicy
+    from llm_resilience.retry_budget import RetryBudget
     from llm_resilience.runs import AttemptCap, AttemptEvent
     from llm_resilience.tokens import count_tokens
-    from llm_resilience.transient import TransientClassifier, is_transient
+    from llm_resilience.transient import TransientClassifier, is_budget_exhausted, is_transient
 
 __all__ = [
     "AttemptCap",
@@ -74,11 +76,13 @@ __all__ = [
     "PerClientTimeoutError",
     "RateLimitBackendError",
     "RateLimitQueueFullError",
+    "RedisCircuitStore",
     "RedisTokenBucketRateLimiter",
     "RequestExceedsCapacityError",
     "RequestNeeds",
     "ResiliencePlan",
     "ResilienceStack",
+    "RetryBudget",
     "RetryPolicy",
     "ServingModel",
     "SqlCostLedger",
@@ -88,6 +92,7 @@ __all__ = [
     "TransientClassifier",
     "__version__",
     "count_tokens",
+    "is_budget_exhausted",
     "is_transient",
     "to_dataframe",
 ]

@@ -39,10 +39,19 @@ def _spend_command() -> Command:
     return Command(help=_cli_spend.HELP, run=_cli_spend.run, configure=_cli_spend.configure)
 
 
-#: Commands of the core itself (``spend``: see `llm_resilience._cli_spend`), loaded
-#: like entry points, only when run; an installed command of the same name does not
-#: replace them.
-_BUILT_IN: dict[str, Callable[[], object]] = {"spend": _spend_command}
+def _health_command() -> Command:
+    from llm_resilience import _cli_health
+
+    return Command(help=_cli_health.HELP, run=_cli_health.run, configure=_cli_health.configure)
+
+
+#: Commands of the core itself (``spend``: see `llm_resilience._cli_spend`; ``health``:
+#: see `llm_resilience._cli_health`), loaded like entry points, only when run; an
+#: installed command of the same name does not replace them.
+_BUILT_IN: dict[str, Callable[[], object]] = {
+    "spend": _spend_command,
+    "health": _health_command,
+}
 
 #: Exit code of a command that cannot run here (argparse uses 2 for usage errors too).
 _UNAVAILABLE = 2

@@ -14,6 +14,10 @@ What is retried is decided by `is_retryable`: every ``Exception`` except
   [`RequestExceedsCapacityError`][]): asking again cannot
   change their answer, and a retry would spend a queue slot or a budget check;
 * ``NotImplementedError``: the method does not exist on the wrapped object;
+* an upstream "budget exhausted"
+  ([`is_budget_exhausted`][llm_resilience.transient.is_budget_exhausted]: HTTP 402,
+  OpenAI's ``insufficient_quota`` 429, Anthropic's ``billing_error``, a gateway's
+  ``budget_exceeded``): the account stays spent however often it is asked;
 * errors that carry a status that is certainly permanent (400, 401, 403, 404 and 422 by
   default, found as `status_code_of` finds statuses):
   retrying a bad request or a bad key only delays the failure.
@@ -55,8 +59,14 @@ from llm_resilience.errors import (
     RateLimitQueueFullError,
     RequestExceedsCapacityError,
 )
+from llm_resilience.retry_budget import (
+    CallAttempts,
+    RetryBudget,
+    call_attempts,
+    retry_budget_option,
+)
 from llm_resilience.self_retry import warn_of_multiplied_retries
-from llm_resilience.transient import retry_after_of, status_code_of
+from llm_resilience.transient import is_budget_exhausted, retry_after_of, status_code_of
 
 __all__ = [
     "DEFAULT_PERMANENT_STATUS_CODES",
@@ -101,6 +111,8 @@ def is_retryable(
         >>> is_retryable(KeyboardInterrupt())
         False
     """
+    if is_budget_exhausted(exc):
+        return False
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < _MAX_CAUSE_DEPTH:
@@ -193,6 +205,9 @@ class RetryPolicy:
     #: The wall clock (seconds since the epoch), to read a ``Retry-After`` date (default:
     #: ``time.time``, looked up at each reading).
     now: Callable[[], float] = field(default=_now, repr=False, compare=False)
+    #: The [`RetryBudget`][] every retry draws from (None, the default: unbounded): a
+    #: retry it refuses is not made, and the attempt's own error is raised at once.
+    budget: RetryBudget | None = field(default=None, repr=False, compare=False)
     _tenacity: Mapping[str, Any] | None = field(
         default=None, repr=False, compare=True, hash=False, init=False
     )
@@ -217,6 +232,7 @@ class RetryPolicy:
                     f"between 400 and 599; got {code!r}"
                 )
         set_(self, "permanent_status_codes", normalised)
+        retry_budget_option(self.budget, "RetryPolicy.budget")
         for name in ("sleep", "asleep", "now"):
             if not callable(getattr(self, name)):
                 raise checks.OptionTypeError(
@@ -227,9 +243,10 @@ class RetryPolicy:
         if self._tenacity is not None:
             given = ", ".join(f"{key}={value!r}" for key, value in self._tenacity.items())
             return f"RetryPolicy.from_tenacity({given})"
+        budget = "" if self.budget is None else f", budget={self.budget!r}"
         return (
             f"RetryPolicy(attempts={self.attempts}, base_delay={self.base_delay}, "
-            f"max_delay={self.max_delay}, jitter={self.jitter})"
+            f"max_delay={self.max_delay}, jitter={self.jitter}{budget})"
         )
 
     @classmethod
@@ -301,6 +318,26 @@ class RetryPolicy:
         assert error is not None
         return is_retryable(error, permanent_status_codes=self.permanent_status_codes)
 
+    def _budgeted(self, calls: CallAttempts) -> Callable[[tenacity.RetryCallState], bool]:
+        """The retry predicate of one call drawing from the budget: the policy's rule
+        first, then (unless the attempts are used up anyway) the budget's grant."""
+
+        def retry(state: tenacity.RetryCallState) -> bool:
+            if not self._retry(state) or state.attempt_number >= self.attempts:
+                return False
+            if calls.may_retry():
+                return True
+            logger.warning(
+                "Attempt %d of %d failed (%s); the retry budget refuses a retry, so it is "
+                "raised at once.",
+                state.attempt_number,
+                self.attempts,
+                type(state.outcome.exception()).__name__ if state.outcome else "?",
+            )
+            return False
+
+        return retry
+
     def _log(self, state: tenacity.RetryCallState) -> None:
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
@@ -313,13 +350,13 @@ class RetryPolicy:
             wait,
         )
 
-    def _kwargs(self, sleep: Any) -> dict[str, Any]:
+    def _kwargs(self, sleep: Any, calls: CallAttempts | None = None) -> dict[str, Any]:
         if self._tenacity is not None:
             return dict(self._tenacity)
         return {
             "stop": tenacity.stop_after_attempt(self.attempts),
             "wait": self._wait,
-            "retry": self._retry,
+            "retry": self._retry if calls is None else self._budgeted(calls),
             "reraise": True,
             "sleep": sleep,
             "before_sleep": self._log,
@@ -329,15 +366,25 @@ class RetryPolicy:
         """``function(*args, **kwargs)`` under this policy; one-shot iterators among the
         arguments are read once (`materialise_once`) so every try sees them."""
         args, kwargs = materialise_once(args, kwargs)
-        retrying = tenacity.Retrying(**self._kwargs(self.sleep))
+        calls = self._open_call()
+        retrying = tenacity.Retrying(**self._kwargs(self.sleep, calls))
+        if calls is not None:
+            function = calls.counted(function)
         return retrying(function, *args, **kwargs)
 
     async def acall(self, function: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Async [`call`][]: awaits ``function(*args, **kwargs)`` under this policy."""
         args, kwargs = materialise_once(args, kwargs)
-        retrying = tenacity.AsyncRetrying(**self._kwargs(self.asleep))
+        calls = self._open_call()
+        retrying = tenacity.AsyncRetrying(**self._kwargs(self.asleep, calls))
+        if calls is not None:
+            function = calls.acounted(function)
         result: T = await retrying(function, *args, **kwargs)
         return result
+
+    def _open_call(self) -> CallAttempts | None:
+        # A custom tenacity configuration owns its whole schedule: no budget applies.
+        return call_attempts(self.budget) if self._tenacity is None else None
 
 
 def policy_option(value: object) -> RetryPolicy:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Literal, Protocol
 
@@ -50,6 +50,7 @@ __all__ = [
     "record_ledger_dropped",
     "record_ledger_pending",
     "record_llm_usage",
+    "record_circuit_opening",
     "record_rate_limit_wait",
     "watch_circuit",
 ]
@@ -63,6 +64,7 @@ LEDGER_PENDING = "llm_resilience.ledger.pending"
 LEDGER_DROPPED = "llm_resilience.ledger.dropped"
 CIRCUIT_STATE = "llm_resilience.fallback.circuit.state"
 CIRCUIT_FAILURES = "llm_resilience.fallback.circuit.failures"
+CIRCUIT_OPENINGS = "llm_resilience.fallback.circuit.openings"
 
 Surface = Literal["chat", "embedding"]
 Outcome = Literal["granted", "rejected", "cancelled", "faulted"]
@@ -229,10 +231,26 @@ def watch_circuit(circuit: _Circuit) -> None:
         _circuit_gauges_made = True
 
 
-def _members() -> Iterator[tuple[dict[str, int], _MemberState]]:
+def record_circuit_opening(attributes: Mapping[str, str | int], *, view: str) -> None:
+    """Count one opening of a member's circuit: ``view="fleet"`` once for the fleet (by
+    the worker whose failure opened it, with the member's shared key), ``"local"`` by a
+    process's own breaker."""
+    _instrument(
+        "counter",
+        CIRCUIT_OPENINGS,
+        "{opening}",
+        "Times a fallback member's circuit opened (skipped until its cooldown ends).",
+    ).add(1, {**attributes, "view": view})
+
+
+def _members() -> Iterator[tuple[dict[str, int | str], _MemberState]]:
     for circuit in list(_circuits):
         for member in circuit.health():
-            yield {"chain": circuit.chain_id, "client": member.client}, member
+            attributes: dict[str, int | str] = {"chain": circuit.chain_id, "client": member.client}
+            key = getattr(member, "key", None)
+            if key is not None:
+                attributes["member"] = key
+            yield attributes, member
 
 
 def _observe_states(_options: Any) -> Iterator[Any]:

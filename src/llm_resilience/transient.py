@@ -31,7 +31,13 @@ An error is transient when trying the same request elsewhere (or later) may succ
   anywhere else is not transient), botocore's ``ChecksumMismatch`` for an
   event-stream message that fails its CRC;
 * its message contains ``rate limit``, ``throttl``, ``timeout`` or ``unavailable``,
-  whatever the case.
+  whatever the case;
+* it says the account's money or quota upstream is used up ([`is_budget_exhausted`][]:
+  HTTP 402, OpenAI's ``insufficient_quota`` 429, Anthropic's ``billing_error``, a
+  gateway's ``budget_exceeded``): asking the same member again cannot succeed, so
+  [`is_retryable`][llm_resilience.retry.is_retryable] never retries it, but another
+  member, paid from another account, may well answer, so a chain moves on, whatever
+  ``status_codes`` says.
 
 Never transient, whatever they say: [`AttemptCapExceededError`][], [`BudgetExceededError`][],
 [`NoCapableMemberError`][],
@@ -71,6 +77,7 @@ __all__ = [
     "DEFAULT_STATUS_CODES",
     "SERVER_ERROR_STATUS_CODES",
     "TransientClassifier",
+    "is_budget_exhausted",
     "is_transient",
     "retry_after_of",
     "status_code_of",
@@ -308,6 +315,76 @@ def status_code_of(exc: BaseException) -> int | None:
     return None
 
 
+# The error codes and types that say an account's money or quota upstream is used up.
+# OpenAI: a 429 whose error object says ``insufficient_quota`` (code and type) when the
+# account's credit or monthly limit is spent, unlike the 429 ``rate_limit_exceeded`` that
+# passes. Anthropic: ``billing_error`` (sent with 402). LiteLLM's proxy: an error object of
+# type ``budget_exceeded`` (a key's, user's or team's budget; sent with 400 or 429 by
+# version). AWS: Bedrock's ``ServiceQuotaExceededException`` (400), the account's quota.
+_BUDGET_EXHAUSTED_CODES: frozenset[str] = frozenset(
+    {
+        "insufficient_quota",
+        "billing_error",
+        "budget_exceeded",
+        "ServiceQuotaExceededException",
+    }
+)
+#: HTTP 402 Payment Required: OpenRouter's "insufficient credits", Anthropic's billing
+#: error, and any gateway that refuses for want of credit.
+PAYMENT_REQUIRED = 402
+# Anthropic's older answer for an account out of credit: a 400 ``invalid_request_error``
+# whose message says so (the only way to tell it from a bad request).
+_ANTHROPIC_NO_CREDIT = "credit balance is too low"
+
+
+def is_budget_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` says the provider account's money or quota is used up.
+
+    True for HTTP 402 (Payment Required), for an error object whose ``code`` or ``type``
+    is ``insufficient_quota`` (OpenAI's 429 when credit or the monthly limit is spent),
+    ``billing_error`` (Anthropic) or ``budget_exceeded`` (LiteLLM's proxy), for Bedrock's
+    ``ServiceQuotaExceededException``, and for Anthropic's 400 "Your credit balance is too
+    low"; the error's explicit causes are looked at too. Such an error is never retried on
+    the same member ([`is_retryable`][llm_resilience.retry.is_retryable], ``member_retry``),
+    and a fallback chain moves on to the next member ([`TransientClassifier`][]).
+
+    Examples:
+        >>> class QuotaError(Exception):
+        ...     status_code = 429
+        ...     body = {"message": "You exceeded your current quota", "code": "insufficient_quota"}
+        >>> is_budget_exhausted(QuotaError())
+        True
+        >>> is_budget_exhausted(TimeoutError())
+        False
+    """
+    return any(_says_budget_exhausted(error) for error in _chain(exc))
+
+
+def _says_budget_exhausted(exc: BaseException) -> bool:
+    if isinstance(exc, _PINNED_NON_TRANSIENT):
+        return False
+    aws = _aws_error(exc)
+    if aws is not None:
+        return aws[0] in _BUDGET_EXHAUSTED_CODES or aws[1] == PAYMENT_REQUIRED
+    if status_code_of(exc) == PAYMENT_REQUIRED:
+        return True
+    # The SDKs keep the error object as ``body`` (openai, groq: the object itself; anthropic:
+    # ``{"type": "error", "error": {...}}``), and openai's also as ``code``/``type``.
+    found: list[object] = [_safe_getattr(exc, "code"), _safe_getattr(exc, "type")]
+    body = _safe_getattr(exc, "body")
+    for holder in (body, body.get("error") if isinstance(body, Mapping) else None):
+        if isinstance(holder, Mapping):
+            found.extend((holder.get("code"), holder.get("type")))
+    if any(isinstance(value, str) and value in _BUDGET_EXHAUSTED_CODES for value in found):
+        return True
+    if status_code_of(exc) == 400:
+        try:
+            return _ANTHROPIC_NO_CREDIT in str(exc).lower()
+        except Exception:
+            return False
+    return False
+
+
 def _is_groq_capacity_error(exc: BaseException) -> bool:
     """A 498 from Groq: raised by the groq SDK, or an error object saying ``capacity_exceeded``
     (the openai SDK keeps the object as ``body``; groq's keeps ``{"error": ...}``)."""
@@ -450,6 +527,8 @@ class TransientClassifier:
         for error in _chain(exc):
             if isinstance(error, _PINNED_NON_TRANSIENT):
                 return False
+            if _says_budget_exhausted(error):
+                return True  # this member's account is spent; another member's may not be
             status = status_code_of(error)
             if status is not None:
                 if status in self.status_codes:

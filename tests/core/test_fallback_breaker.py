@@ -71,7 +71,12 @@ def test_health_counts_failures_in_the_window_then_shows_the_open_deadline() -> 
     chain.invoke(call)
     clock.now += 1
     assert chain.health()[0] == MemberHealth(
-        client=0, state="open", failures=0, open_until=1092.0, retry_in=29.0
+        client=0,
+        state="open",
+        failures=0,
+        open_until=1092.0,
+        retry_in=29.0,
+        reason="failures",
     )
     assert chain.health()[1].state == "closed"
     clock.now += 28.9

@@ -234,3 +234,29 @@ def test_sqlite_entries_name_the_run_and_thread(tmp_path) -> None:
     assert thread.open("run-2", thread_id="t").spent == Decimal(2)
     assert asyncio.run(thread.aopen("run-3", thread_id="t")).spent == Decimal(2)
     reopened.close()
+
+
+def test_choose_counts_a_chain_s_dearest_member_and_after_refusal_names_the_cheaper_model() -> None:
+    budget = CostBudget(
+        **NO_WINDOW,  # type: ignore[arg-type]
+        strict=True,
+        prices={"cheap": ModelPrice(1, 1), "primary": ModelPrice(1, 1)},
+    )
+    runs = RunBudget(budget, InMemoryCostLedger(), limit="100", downgrade_to="cheap")
+    spend = runs.open("run-1")
+    # The primary alone fits; the chain's dearest member (priced at the budget's surface
+    # prices) does not, so the choice downgrades before any hold is refused.
+    alone = spend.choose("primary", prompt=PROMPT, max_output_tokens=90)
+    chained = spend.choose("primary", prompt=PROMPT, max_output_tokens=90, may_serve=["dear"])
+    assert not alone.downgraded
+    assert (chained.downgraded, chained.reason) == (True, "estimate_does_not_fit")
+    forced = spend.after_refusal("primary", prompt=PROMPT, max_output_tokens=90)
+    assert forced is not None
+    assert (forced.asked, forced.model, forced.reason) == (
+        "primary",
+        "cheap",
+        "estimate_does_not_fit",
+    )
+    assert spend.after_refusal("cheap", prompt=PROMPT) is None  # the cheaper one was refused
+    default = RunBudget(CostBudget(**NO_WINDOW), downgrade_to="cheap").open("r")  # type: ignore[arg-type]
+    assert default.after_refusal("primary") is None  # default mode never holds

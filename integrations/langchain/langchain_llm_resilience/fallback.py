@@ -69,6 +69,7 @@ from llm_resilience.fallback import (
 from llm_resilience.layers import Probeable
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.retry_budget import RetryBudget
 from llm_resilience.served import SERVED_BY_KEY, served_mark, served_path
 from llm_resilience.usage import Usage, reported_usage
 
@@ -175,6 +176,9 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
     member_retry: RetryPolicy | None = Field(default=None, exclude=True, frozen=True)
     """Retry a member that answered 429 (``Retry-After`` within the policy's
     ``max_delay``) or a 5xx before moving on; None (the default): each member once."""
+    retry_budget: RetryBudget | None = Field(default=None, exclude=True, frozen=True)
+    """A ``RetryBudget`` the chain's same-member retries and hedges draw from (and its
+    cap on a call's attempts); None (the default): the ``member_retry`` policy's budget."""
     member_kwargs: list[dict[str, Any]] | None = Field(default=None, exclude=True)
     """Per-member call arguments (tools, response formats) set by ``bind_tools`` and
     ``with_structured_output``; not meant to be set by hand."""
@@ -195,6 +199,7 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
             cooldown=data.get("cooldown"),
             member_retry=data.get("member_retry"),
             hedge_after=data.get("hedge_after"),
+            retry_budget=data.get("retry_budget"),
             mid_stream=data.get("mid_stream", "restart"),
             clients_option="models",
             member_profiles=data.get("member_profiles"),

@@ -34,6 +34,7 @@ from llm_resilience import checks
 from llm_resilience.budget import CostBudget
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.runs import Per, RunBudget, RunSpend
+from llm_resilience.runs.ending import spent_message
 from llm_resilience.usage import model_output_cap, output_cap
 
 __all__ = ["DOWNGRADE_EVENT", "BudgetMiddleware"]
@@ -298,7 +299,7 @@ def _node_run() -> str | None:
 def _spent_message(error: BudgetExceededError) -> AIMessage:
     """The run's final message: no tool calls, so the agent's loop ends here."""
     return AIMessage(
-        content=f"This run's budget is spent, so it stops here. {error}",
+        content=spent_message(error),
         response_metadata={"llm_resilience": "budget_spent", "window": error.window},
     )
 

@@ -16,13 +16,21 @@ from typing import Any
 import pytest
 from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
-from langchain_core.messages import AIMessageChunk
+from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import interrupt
 
 from langchain_llm_resilience import BudgetMiddleware, FallbackMiddleware, RateLimitMiddleware
-from llm_resilience import BudgetExceededError, CostBudget, ModelPrice, SqlCostLedger
+from langchain_llm_resilience.testing import ScriptedChatModel
+from llm_resilience import (
+    BudgetExceededError,
+    CostBudget,
+    InMemoryCostLedger,
+    ModelPrice,
+    SqlCostLedger,
+)
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 
@@ -163,3 +171,45 @@ def test_a_strict_run_budget_refusal_is_never_failed_over_nor_sent(
     assert len(primary.requests) + len(secondary.requests) == sent
     assert ledger.entries() == []
     ledger.close()
+
+
+class _Interrupting(ScriptedChatModel):
+    """Asks a human (LangGraph's ``interrupt``) before answering."""
+
+    def _answer(self, messages: list[BaseMessage], stop: list[str] | None, **kwargs: Any) -> Any:
+        interrupt("approve?")
+        return super()._answer(messages, stop, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "stack",
+    ["fallback", "ratelimit", "all three"],
+)
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_an_interrupt_passes_through_every_middleware_untouched_and_is_never_failed_over(
+    stack: str, mode: str
+) -> None:
+    backup = ScriptedChatModel(model="backup")
+    middleware: list[Any] = []
+    if stack in ("fallback", "all three"):
+        middleware.append(FallbackMiddleware(backup))
+    if stack in ("ratelimit", "all three"):
+        middleware.append(RateLimitMiddleware(requests_per_minute=600))
+    if stack == "all three":
+        middleware.append(BudgetMiddleware(_budget(), InMemoryCostLedger(), limit="5"))
+    agent = create_agent(
+        _Interrupting(model="asking", max_tokens=20),
+        tools=[weather],
+        middleware=middleware,
+        checkpointer=InMemorySaver(),
+    )
+    payload = {"messages": [("user", "Tell me about Paris.")]}
+    config = {"configurable": {"thread_id": f"t-{stack}-{mode}"}}
+
+    if mode == "invoke":
+        result = agent.invoke(payload, config)
+    else:
+        result = asyncio.run(agent.ainvoke(payload, config))
+
+    assert [each.value for each in result["__interrupt__"]] == ["approve?"]
+    assert backup.calls == 0

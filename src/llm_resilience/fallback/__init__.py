@@ -37,10 +37,14 @@ Rules, in short (``docs/fallback.md`` has the long form):
   request is cooling down, the one of them back soonest is tried anyway.
   [`FallbackChain.health`][] reads each client's circuit (`MemberHealth`), which
   [`FallbackChain.variant`][] (the chain bound to tools or an output format) shares.
+  With ``Cooldown(shared=RedisCircuitStore(...))`` the circuits are the fleet's: every
+  worker counts, opens, probes and closes a member together (`_shared_breaker`).
 
 The package holds one job per module: ``_options`` (``Cooldown``, ``StreamRestart``),
-``_breaker`` (the cooldown breaker), ``_capabilities`` (what a member, and so the chain,
-can do: `member_profile`, `merge_capabilities`), ``_attributes`` (a chain's
+``_breaker`` (the cooldown breaker), ``_shared_breaker``, ``_circuit_store`` and
+``_circuit_script`` (the breaker shared by a fleet through [`RedisCircuitStore`][]: its
+decisions, the store's round trips, the Lua script), ``_capabilities`` (what a member,
+and so the chain, can do: `member_profile`, `merge_capabilities`), ``_attributes`` (a chain's
 unknown attributes read from its first member: `read_from_primary`), ``_routing``
 (``MemberProfile``, ``RequestNeeds``: which member may take a request, where a prompt
 too long goes), ``_continuation``
@@ -66,6 +70,7 @@ from llm_resilience.fallback._capabilities import (
     same_provider,
     without_cache_control,
 )
+from llm_resilience.fallback._circuit_store import RedisCircuitStore
 from llm_resilience.fallback._continuation import is_prefill_rejection
 from llm_resilience.fallback._engine import FallbackChain
 from llm_resilience.fallback._hedge import LoserUsage
@@ -85,6 +90,7 @@ __all__ = [
     "LoserUsage",
     "MemberProfile",
     "MemberHealth",
+    "RedisCircuitStore",
     "RequestNeeds",
     "StreamRestart",
     "content_without_cache_control",

@@ -14,10 +14,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from llm_resilience.fallback._options import Cooldown
-from llm_resilience.telemetry import watch_circuit
+from llm_resilience.telemetry import record_circuit_opening, watch_circuit
 from llm_resilience.transient import retry_after_of
 
 __all__ = ["MemberHealth"]
@@ -26,6 +27,9 @@ __all__ = ["MemberHealth"]
 logger = logging.getLogger("llm_resilience.fallback")
 
 CircuitState = Literal["closed", "open", "half_open"]
+#: Why a member is open: its failures reached ``Cooldown.failures``, a ``Retry-After``
+#: asked for the time, or its trial call failed.
+OpenReason = Literal["failures", "retry_after", "probe_failed"]
 
 _chain_ids = itertools.count()
 
@@ -51,6 +55,18 @@ class MemberHealth:
     open_until: float | None
     #: Seconds until the cooldown ends (0.0 when the client is not cooling down).
     retry_in: float
+    #: Why the client is open or half-open (None when closed).
+    reason: OpenReason | None = None
+    #: ``"fleet"``: read from the shared store ([`Cooldown`][]'s ``shared``);
+    #: ``"local"``: this process's own breaker (no store, or the store is away).
+    view: Literal["local", "fleet"] = "local"
+    #: The member's key in the shared store (None without one).
+    key: str | None = None
+    #: When the cooldown ends on the wall clock (UTC; the Redis server's clock for the
+    #: fleet), or None when the client is not cooling down.
+    open_until_utc: datetime | None = None
+    #: The worker that owns the half-open trial call (fleet view only), or None.
+    prober: str | None = None
 
 
 class _Breaker:
@@ -64,11 +80,15 @@ class _Breaker:
         "_half_open",
         "_lock",
         "_open_until",
+        "_reason",
+        "_standalone",
         "_trial_until",
         "chain_id",
     )
 
-    def __init__(self, config: Cooldown, size: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, config: Cooldown, size: int, clock: Callable[[], float], *, watch: bool = True
+    ) -> None:
         self._config = config
         self._clock = clock
         self._lock = threading.Lock()
@@ -80,9 +100,30 @@ class _Breaker:
         # whose outcome never comes back (a caller cancelled it, or it raised an error the
         # chain does not reroute) frees the slot after one ``duration``.
         self._trial_until: list[float] = [0.0] * size
+        self._reason: list[OpenReason | None] = [None] * size
         #: Distinguishes chains in the circuit-state metric.
         self.chain_id = next(_chain_ids)
-        watch_circuit(self)
+        # A breaker inside a shared one only stands in for the fleet's: it is not watched
+        # and its openings are not counted (the fleet's are).
+        self._standalone = watch
+        if watch:
+            watch_circuit(self)
+
+    async def aorder(self, candidates: Sequence[int]) -> list[int]:
+        """[`order`][], for the async call shapes (nothing here waits)."""
+        return self.order(candidates)
+
+    def adopt(self, index: int, remaining: float, reason: OpenReason | None) -> None:
+        """The fleet holds ``index`` open for another ``remaining`` seconds: so does this
+        breaker, so that it carries the cooldown on if the shared store goes away."""
+        now = self._clock()
+        with self._lock:
+            if now + remaining > self._open_until[index]:
+                self._open_until[index] = now + remaining
+                self._half_open[index] = True
+                self._trial_until[index] = 0.0
+                self._failures[index].clear()
+                self._reason[index] = reason
 
     def order(self, candidates: Sequence[int]) -> list[int]:
         """``candidates`` (the clients that may take the request, in chain order) in the
@@ -123,25 +164,31 @@ class _Breaker:
         with self._lock:
             history = self._failures[index]
             until = self._open_until[index]
+            reason = self._reason[index]
             if self._half_open[index] and until <= now:
                 # The trial call failed: the client is not back yet.
                 until = now + config.duration
+                reason = "probe_failed"
                 history.clear()
             else:
                 history.append(now)
                 while history and history[0] <= now - config.window:
                     history.popleft()
                 if len(history) >= config.failures:
-                    until = max(until, now + config.duration)
+                    if now + config.duration > until:
+                        until, reason = now + config.duration, "failures"
                     history.clear()
-            if config.honor_retry_after and error is not None:
-                wait = retry_after_of(error)
-                if wait is not None and wait > 0:
-                    until = max(until, now + min(wait, config.max_retry_after))
+            wait = retry_after_wait(config, error)
+            if wait > 0 and now + wait > until:
+                until, reason = now + wait, "retry_after"
+            opened = until > now and self._open_until[index] <= now
             if until > now:
                 self._half_open[index] = True
                 self._trial_until[index] = 0.0
+                self._reason[index] = reason
             self._open_until[index] = until
+        if opened and self._standalone:
+            record_circuit_opening({"chain": self.chain_id, "client": index}, view="local")
 
     def succeeded(self, index: int) -> None:
         with self._lock:
@@ -151,6 +198,7 @@ class _Breaker:
             self._half_open[index] = False
             self._trial_until[index] = 0.0
             self._open_until[index] = 0.0
+            self._reason[index] = None
 
     def health(self) -> tuple[MemberHealth, ...]:
         now = self._clock()
@@ -174,9 +222,20 @@ class _Breaker:
                         failures=counted,
                         open_until=until if state == "open" else None,
                         retry_in=until - now if state == "open" else 0.0,
+                        reason=None if state == "closed" else self._reason[i],
                     )
                 )
         return tuple(members)
+
+
+def retry_after_wait(config: Cooldown, error: BaseException | None) -> float:
+    """Seconds ``error``'s ``Retry-After`` asks a client to be skipped (capped), else 0."""
+    if not config.honor_retry_after or error is None:
+        return 0.0
+    wait = retry_after_of(error)
+    if wait is None or wait <= 0:
+        return 0.0
+    return min(wait, config.max_retry_after)
 
 
 def _closed(size: int) -> tuple[MemberHealth, ...]:

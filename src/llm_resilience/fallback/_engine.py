@@ -53,6 +53,7 @@ from llm_resilience.fallback._routing import (
     is_context_overflow,
     resolve_member_profiles,
 )
+from llm_resilience.fallback._shared_breaker import _SharedBreaker, member_keys
 from llm_resilience.fallback._sources import (
     _aclose,
     _AttemptTimedOut,
@@ -62,6 +63,12 @@ from llm_resilience.fallback._sources import (
 )
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.retry_budget import (
+    CallAttempts,
+    RetryBudget,
+    call_attempts,
+    retry_budget_option,
+)
 from llm_resilience.self_retry import warn_if_self_retrying
 from llm_resilience.transient import is_transient
 
@@ -74,6 +81,11 @@ ChunkT = TypeVar("ChunkT")
 
 
 _SENTINEL_END = object()
+
+
+def _may_fail_over(calls: CallAttempts | None) -> bool:
+    """Whether a call may go on to another member: its attempt cap, if any, allows it."""
+    return calls is None or calls.may_fail_over()
 
 
 class FallbackChain(Generic[ClientT]):
@@ -123,6 +135,13 @@ class FallbackChain(Generic[ClientT]):
     cancelled (see `_hedge`). Each call shape then takes a
     ``hedge_usage`` reader, so a loser's reported usage can be recorded as spend.
 
+    ``retry_budget`` (a [`RetryBudget`][]; default None: the ``member_retry`` policy's
+    ``budget``, if any) bounds the chain's retries: each call counts once, each
+    same-member retry and each hedge must be granted (a refused retry moves on, a refused
+    hedge is not started: nothing waits), and its ``max_attempts_per_call`` caps a call's
+    attempts of every kind, fallbacks included (past it the call fails with the last
+    error).
+
     Raises ``ValueError``/``TypeError`` naming the option for bad input.
     """
 
@@ -132,6 +151,7 @@ class FallbackChain(Generic[ClientT]):
         "_limits",
         "_member_retry",
         "_on_restart",
+        "_retry_budget",
         "_routing",
         "_timeout",
         "_timeout_label",
@@ -161,6 +181,7 @@ class FallbackChain(Generic[ClientT]):
         profile_of: Callable[[ClientT], MemberProfile | None] | None = None,
         member_retry: RetryPolicy | None = None,
         hedge_after: float | timedelta | None = None,
+        retry_budget: RetryBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
         clients_option: str = "clients",
     ) -> None:
@@ -208,7 +229,12 @@ class FallbackChain(Generic[ClientT]):
         self._timeout_option: TimeLimit = call_limit[1] if call_limit else "per_client_timeout"
         self._timeout_label = limits.label(call_limit[1]) if call_limit else ""
         self._classifier: Classifier = classifier if classifier is not None else is_transient
-        self._breaker = _Breaker(cooldown, len(self.clients), clock) if cooldown else None
+        self._breaker: _Breaker | _SharedBreaker | None = None
+        if cooldown is not None and cooldown.shared is not None:
+            keys = member_keys(cooldown, self.clients)
+            self._breaker = _SharedBreaker(cooldown, keys, clock)
+        elif cooldown is not None:
+            self._breaker = _Breaker(cooldown, len(self.clients), clock)
         self._on_restart = on_restart
         if profile_of is not None:
             member_profiles = resolve_member_profiles(
@@ -221,6 +247,9 @@ class FallbackChain(Generic[ClientT]):
         self._member_retry = (
             _MemberRetry(policy, self._timeout, clock) if policy is not None else None
         )
+        budget = retry_budget_option(retry_budget)
+        #: The budget the chain's retries and hedges draw from, or None (unbounded).
+        self._retry_budget = budget if budget is not None or policy is None else policy.budget
         for position, client in enumerate(self.clients):
             warn_if_self_retrying(client, position=position)
 
@@ -302,6 +331,15 @@ class FallbackChain(Generic[ClientT]):
             return capable
         return self._breaker.order(capable)
 
+    async def _aorder(
+        self, needs: RequestNeeds | Sequence[RequestNeeds] | None = None
+    ) -> list[int]:
+        """Async `_order`: a shared breaker's round trip runs on the loop's client."""
+        capable = self._routing.eligible(list(range(len(self.clients))), needs)
+        if self._breaker is None:
+            return capable
+        return await self._breaker.aorder(capable)
+
     def _failed(self, index: int, error: BaseException | None) -> None:
         if self._breaker is not None:
             if is_context_overflow(error):
@@ -322,6 +360,15 @@ class FallbackChain(Generic[ClientT]):
         error = PerClientTimeoutError(index, limit, option=option)
         error.__cause__ = cause
         return error
+
+    def _open_call(self) -> CallAttempts | None:
+        """One call's attempt counter on the chain's retry budget (the call counted)."""
+        return call_attempts(self._retry_budget)
+
+    @property
+    def retry_budget(self) -> RetryBudget | None:
+        """The [`RetryBudget`][] the chain's retries and hedges draw from, or None."""
+        return self._retry_budget
 
     def _is_transient(self, error: BaseException) -> bool:
         return self._classifier(error)
@@ -354,8 +401,11 @@ class FallbackChain(Generic[ClientT]):
         if self.hedge_after is not None:
             return hedged_invoke(self, attempt, needs=needs, usage_of=hedge_usage)
         order = self._order(needs)
+        calls = self._open_call()
+        if calls is not None:
+            attempt = calls.counted(attempt)
         if self._member_retry is not None:
-            attempt = self._member_retry.call(attempt)
+            attempt = self._member_retry.call(attempt, calls)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -366,7 +416,7 @@ class FallbackChain(Generic[ClientT]):
                     result = self._run_on_thread(attempt, index, client)
             except _AttemptTimedOut as timed_out:
                 self._failed(index, None)
-                if position == last:
+                if position == last or not _may_fail_over(calls):
                     raise self._timeout_error(index, timed_out.cause) from timed_out.cause
                 logger.warning(
                     "Client %d timed out after %s; trying next client.",
@@ -379,7 +429,7 @@ class FallbackChain(Generic[ClientT]):
                     raise
                 last = len(order) - 1
                 self._failed(index, error)
-                if position == last:
+                if position == last or not _may_fail_over(calls):
                     raise
                 if not is_context_overflow(error):  # routing logged why it moves on
                     logger.warning("Client %d failed transiently; trying next client.", index)
@@ -425,9 +475,12 @@ class FallbackChain(Generic[ClientT]):
         """
         if self.hedge_after is not None:
             return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
-        order = self._order(needs)
+        order = await self._aorder(needs)
+        calls = self._open_call()
+        if calls is not None:
+            attempt = calls.counted(attempt)
         if self._member_retry is not None:
-            attempt = self._member_retry.acall(attempt)
+            attempt = self._member_retry.acall(attempt, calls)
         last = len(order) - 1
         for position, index in enumerate(order):
             client = self.clients[index]
@@ -441,7 +494,7 @@ class FallbackChain(Generic[ClientT]):
             except BaseException as error:
                 if scope is not None and scope.expired() and isinstance(error, TimeoutError):
                     self._failed(index, None)
-                    if position == last:
+                    if position == last or not _may_fail_over(calls):
                         cause = error.__cause__ or error
                         raise self._timeout_error(index, cause) from cause
                     logger.warning(
@@ -454,7 +507,7 @@ class FallbackChain(Generic[ClientT]):
                     raise
                 last = len(order) - 1
                 self._failed(index, error)
-                if position == last:
+                if position == last or not _may_fail_over(calls):
                     raise
                 if not is_context_overflow(error):  # routing logged why it moves on
                     logger.warning("Client %d failed transiently; trying next client.", index)
@@ -510,9 +563,10 @@ class FallbackChain(Generic[ClientT]):
             )
             return
         order = self._order(needs)
-        plain = attempt
+        calls = self._open_call()
+        plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
-            plain = self._member_retry.stream(attempt)
+            plain = self._member_retry.stream(plain, calls)
         can_continue = self._continues(continue_attempt, text_of)
         held = _Delivered()
         position = 0
@@ -529,8 +583,10 @@ class FallbackChain(Generic[ClientT]):
                 assert continue_attempt is not None
                 assert text_of is not None
                 current = prefilled_attempt(continue_attempt, prefill)
+                if calls is not None:
+                    current = calls.counted(current)
                 if self._member_retry is not None:
-                    current = self._member_retry.stream(current)
+                    current = self._member_retry.stream(current, calls)
                 trim = _HeldWhitespace(split_prefill(held.text())[1], text_of, drop_text)
             source: _Source[ChunkT]
             if timed:
@@ -552,7 +608,7 @@ class FallbackChain(Generic[ClientT]):
                         assert wait is not None
                         step = self._after_stream_failure(
                             timed_out.cause, wait[1], order, position, started, content, held,
-                            prefill, can_continue,
+                            prefill, can_continue, calls,
                         )  # fmt: skip
                         position, prefill, restart = step
                         if restart is not None:
@@ -561,7 +617,7 @@ class FallbackChain(Generic[ClientT]):
                     except BaseException as error:
                         step = self._after_stream_failure(
                             error, None, order, position, started, content, held, prefill,
-                            can_continue,
+                            can_continue, calls,
                         )  # fmt: skip
                         position, prefill, restart = step
                         if restart is not None:
@@ -616,10 +672,11 @@ class FallbackChain(Generic[ClientT]):
             finally:
                 await hedged.aclose()  # closed with this stream: no attempt outlives it
             return
-        order = self._order(needs)
-        plain = attempt
+        order = await self._aorder(needs)
+        calls = self._open_call()
+        plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
-            plain = self._member_retry.astream(attempt)
+            plain = self._member_retry.astream(plain, calls)
         can_continue = self._continues(continue_attempt, text_of)
         held = _Delivered()
         position = 0
@@ -634,8 +691,10 @@ class FallbackChain(Generic[ClientT]):
                 assert continue_attempt is not None
                 assert text_of is not None
                 current = prefilled_attempt(continue_attempt, prefill)
+                if calls is not None:
+                    current = calls.counted(current)
                 if self._member_retry is not None:
-                    current = self._member_retry.astream(current)
+                    current = self._member_retry.astream(current, calls)
                 trim = _HeldWhitespace(split_prefill(held.text())[1], text_of, drop_text)
             clock = _AttemptClock(self._limits)
             iterator: AsyncIterator[ChunkT] | None = None
@@ -671,7 +730,7 @@ class FallbackChain(Generic[ClientT]):
                         option = wait[1] if timed_out and wait is not None else None
                         step = self._after_stream_failure(
                             error, option, order, position, started, content, held, prefill,
-                            can_continue,
+                            can_continue, calls,
                         )  # fmt: skip
                         position, prefill, restart = step
                         if restart is not None:
@@ -718,6 +777,7 @@ class FallbackChain(Generic[ClientT]):
         held: _Delivered,
         prefill: str | None,
         can_continue: bool,
+        calls: CallAttempts | None = None,
     ) -> tuple[int, str | None, StreamRestart | None]:
         """Where a stream goes after its attempt at ``order[position]`` failed.
 
@@ -739,7 +799,7 @@ class FallbackChain(Generic[ClientT]):
         self._failed(index, None if option is not None else error)
         if content and self.mid_stream == "raise":
             raise self._interrupted(index, content, [held.text()]) from error
-        if position == len(order) - 1:
+        if position == len(order) - 1 or not _may_fail_over(calls):
             if option is not None:
                 cause = error.__cause__ or error
                 raise self._timeout_error(index, cause, option) from cause

@@ -50,6 +50,7 @@ from llm_resilience.fallback._deadlines import _TimeLimits
 from llm_resilience.fallback._hedge_inbox import HedgeInbox, HedgeLoser, current_hedge_inbox
 from llm_resilience.fallback._routing import is_context_overflow
 from llm_resilience.fallback._workers import _WORKERS
+from llm_resilience.retry_budget import CallAttempts
 from llm_resilience.usage import Usage
 
 if TYPE_CHECKING:
@@ -122,15 +123,34 @@ class Run:
 
 
 class Members:
-    """Which members are left to try, as the chain's order (routing may narrow it)."""
+    """Which members are left to try, as the chain's order (routing may narrow it), and
+    whether the call's retry budget lets it try one more (``calls``: its attempt counter)."""
 
-    __slots__ = ("order", "started")
+    __slots__ = ("calls", "hedge_refused", "order", "started")
 
-    def __init__(self, order: list[int]) -> None:
+    def __init__(self, order: list[int], calls: CallAttempts | None = None) -> None:
         self.order = order
         self.started: set[int] = set()
+        #: The call's attempts on the chain's retry budget, or None (no budget).
+        self.calls = calls
+        #: The budget refused this call a hedge: it is not asked again.
+        self.hedge_refused = False
+
+    def hedges(self) -> bool:
+        """Whether a hedge may be waited for: a member is left and none was refused."""
+        return not self.hedge_refused and self.next() is not None
+
+    def grant_hedge(self) -> bool:
+        """Whether the budget grants the hedge now due (counted); a refusal is final."""
+        if self.calls is None or self.calls.may_retry():
+            return True
+        self.hedge_refused = True
+        logger.warning("The retry budget refuses a hedge; the first attempt goes on alone.")
+        return False
 
     def next(self) -> int | None:
+        if self.calls is not None and not self.calls.may_fail_over():
+            return None  # the call's attempt cap is reached: no member is left to it
         for index in self.order:
             if index not in self.started:
                 return index
@@ -242,9 +262,12 @@ def hedged_invoke(
 ) -> ResultT:
     """[`FallbackChain.invoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
-    members = Members(chain._order(needs))
+    calls = chain._open_call()
+    members = Members(chain._order(needs), calls)
+    if calls is not None:
+        attempt = calls.counted(attempt)
     if chain._member_retry is not None:
-        attempt = chain._member_retry.call(attempt)
+        attempt = chain._member_retry.call(attempt, calls)
     race = _CallRace(current_hedge_inbox(), usage_of)
     running: list[Run] = []
     limit = chain._timeout
@@ -271,9 +294,11 @@ def hedged_invoke(
         while True:
             now = time.monotonic()
             deadlines: list[float] = []
-            if len(running) == 1 and members.next() is not None:
+            if len(running) == 1 and members.hedges():
                 hedge_at = running[0].started + chain.hedge_after
                 if now >= hedge_at:
+                    if not members.grant_hedge():
+                        continue
                     warn_hedging(chain, running[0].index, members.next())  # type: ignore[arg-type]
                     start()
                     continue
@@ -328,9 +353,12 @@ async def hedged_ainvoke(
 ) -> ResultT:
     """[`FallbackChain.ainvoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
-    members = Members(chain._order(needs))
+    calls = chain._open_call()
+    members = Members(await chain._aorder(needs), calls)
+    if calls is not None:
+        attempt = calls.counted(attempt)
     if chain._member_retry is not None:
-        attempt = chain._member_retry.acall(attempt)
+        attempt = chain._member_retry.acall(attempt, calls)
     inbox = current_hedge_inbox()
     limit = chain._timeout
     tasks: dict[asyncio.Task[Any], Run] = {}
@@ -357,7 +385,7 @@ async def hedged_ainvoke(
         start()
         while True:
             timeout: float | None = None
-            if len(tasks) == 1 and members.next() is not None:
+            if len(tasks) == 1 and members.hedges():
                 (only,) = tasks.values()
                 timeout = max(0.0, only.started + chain.hedge_after - time.monotonic())
             done, _ = await asyncio.wait(
@@ -365,6 +393,8 @@ async def hedged_ainvoke(
             )
             if not done:
                 (only,) = tasks.values()
+                if not members.grant_hedge():
+                    continue
                 warn_hedging(chain, only.index, members.next())  # type: ignore[arg-type]
                 start()
                 continue

@@ -75,9 +75,12 @@ def hedged_stream(
     first content are held until it wins (then yielded) or loses (then read for usage).
     """
     assert chain.hedge_after is not None
-    members = Members(chain._order(needs))
+    calls = chain._open_call()
+    members = Members(chain._order(needs), calls)
+    if calls is not None:
+        attempt = calls.counted(attempt)
     if chain._member_retry is not None:
-        attempt = chain._member_retry.stream(attempt)
+        attempt = chain._member_retry.stream(attempt, calls)
     inbox = current_hedge_inbox()
     events: queue.SimpleQueue[tuple[Run, str, Any]] = queue.SimpleQueue()
     running: list[Run] = []
@@ -124,9 +127,11 @@ def hedged_stream(
             while winner is None:
                 now = time.monotonic()
                 deadlines: list[float] = []
-                if len(running) == 1 and members.next() is not None:
+                if len(running) == 1 and members.hedges():
                     hedge_at = running[0].started + chain.hedge_after
                     if now >= hedge_at:
+                        if not members.grant_hedge():
+                            continue
                         warn_hedging(chain, running[0].index, members.next())  # type: ignore[arg-type]
                         start()
                         continue
@@ -289,9 +294,12 @@ async def hedged_astream(
     is yielded, and no task outlives the stream.
     """
     assert chain.hedge_after is not None
-    members = Members(chain._order(needs))
+    calls = chain._open_call()
+    members = Members(await chain._aorder(needs), calls)
+    if calls is not None:
+        attempt = calls.counted(attempt)
     if chain._member_retry is not None:
-        attempt = chain._member_retry.astream(attempt)
+        attempt = chain._member_retry.astream(attempt, calls)
     inbox = current_hedge_inbox()
     events: asyncio.Queue[tuple[Run, str, Any]] = asyncio.Queue()
     tasks: dict[Run, asyncio.Task[None]] = {}
@@ -349,10 +357,12 @@ async def hedged_astream(
             while winner is None:
                 now = time.monotonic()
                 deadlines: list[float] = []
-                if len(tasks) == 1 and members.next() is not None:
+                if len(tasks) == 1 and members.hedges():
                     (only,) = tasks
                     hedge_at = only.started + chain.hedge_after
                     if now >= hedge_at:
+                        if not members.grant_hedge():
+                            continue
                         warn_hedging(chain, only.index, members.next())  # type: ignore[arg-type]
                         start()
                         continue

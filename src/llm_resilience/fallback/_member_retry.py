@@ -17,7 +17,9 @@ then moves on as it always did:
   would use up the attempt's time bound (the smaller of ``per_client_timeout`` and
   ``first_token_timeout``): the waits count toward it;
 * a stream is retried only before its first chunk: a chunk delivered is never sent
-  again by a retry.
+  again by a retry;
+* with a [`RetryBudget`][] (the chain's ``retry_budget``), each retry is granted by it
+  first: a refused one gives the member up at once, with no wait.
 
 A cancellation during a wait (``asyncio.CancelledError``, a closed generator) ends the
 wait at once; the failed try's response was closed before the wait began, so nothing
@@ -33,6 +35,7 @@ from typing import TypeVar
 
 from llm_resilience.fallback._sources import _aclose, _close
 from llm_resilience.retry import RetryPolicy, is_retryable
+from llm_resilience.retry_budget import CallAttempts
 from llm_resilience.transient import retry_after_of, status_code_of
 
 __all__ = ["RETRIED_STATUS_CODES", "_MemberRetry", "member_retry_option"]
@@ -81,7 +84,14 @@ class _MemberRetry:
         #: The monotonic clock the budget is read on (the chain's).
         self._clock = clock
 
-    def _wait_before_retry(self, error: BaseException, tries: int, began: float) -> float | None:
+    def _wait_before_retry(
+        self,
+        error: BaseException,
+        tries: int,
+        began: float,
+        index: int = -1,
+        calls: CallAttempts | None = None,
+    ) -> float | None:
         """Seconds to wait before try ``tries + 1``, or None to give the member up."""
         policy = self._policy
         if tries >= policy.attempts or not isinstance(error, Exception):
@@ -103,6 +113,15 @@ class _MemberRetry:
             wait = min(wait, policy.max_delay)
         if self._budget is not None and self._clock() - began + wait >= self._budget:
             return None  # the wait would spend the attempt's time: move on now
+        if calls is not None and not calls.may_retry():
+            logger.warning(
+                "Client %d failed (%s, status %s); the retry budget refuses a retry of the "
+                "same client.",
+                index,
+                type(error).__name__,
+                status,
+            )
+            return None
         return wait
 
     def _log(self, index: int, error: BaseException, tries: int, wait: float) -> None:
@@ -118,7 +137,9 @@ class _MemberRetry:
 
     # -- one wrapper per call shape ----------------------------------------------
 
-    def call(self, attempt: Callable[[int, ClientT], ResultT]) -> Callable[[int, ClientT], ResultT]:
+    def call(
+        self, attempt: Callable[[int, ClientT], ResultT], calls: CallAttempts | None = None
+    ) -> Callable[[int, ClientT], ResultT]:
         def retried(index: int, client: ClientT) -> ResultT:
             began = self._clock()
             tries = 0
@@ -127,7 +148,7 @@ class _MemberRetry:
                 try:
                     return attempt(index, client)
                 except Exception as error:
-                    wait = self._wait_before_retry(error, tries, began)
+                    wait = self._wait_before_retry(error, tries, began, index, calls)
                     if wait is None:
                         raise
                     self._log(index, error, tries, wait)
@@ -136,7 +157,9 @@ class _MemberRetry:
         return retried
 
     def acall(
-        self, attempt: Callable[[int, ClientT], Awaitable[ResultT]]
+        self,
+        attempt: Callable[[int, ClientT], Awaitable[ResultT]],
+        calls: CallAttempts | None = None,
     ) -> Callable[[int, ClientT], Awaitable[ResultT]]:
         async def retried(index: int, client: ClientT) -> ResultT:
             began = self._clock()
@@ -146,7 +169,7 @@ class _MemberRetry:
                 try:
                     return await attempt(index, client)
                 except Exception as error:
-                    wait = self._wait_before_retry(error, tries, began)
+                    wait = self._wait_before_retry(error, tries, began, index, calls)
                     if wait is None:
                         raise
                     self._log(index, error, tries, wait)
@@ -155,7 +178,7 @@ class _MemberRetry:
         return retried
 
     def stream(
-        self, attempt: Callable[[int, ClientT], Iterable[ChunkT]]
+        self, attempt: Callable[[int, ClientT], Iterable[ChunkT]], calls: CallAttempts | None = None
     ) -> Callable[[int, ClientT], Iterable[ChunkT]]:
         def retried(index: int, client: ClientT) -> Iterator[ChunkT]:
             began = self._clock()
@@ -171,7 +194,7 @@ class _MemberRetry:
                 except BaseException as error:
                     if iterator is not None:
                         _close(iterator)
-                    wait = self._wait_before_retry(error, tries, began)
+                    wait = self._wait_before_retry(error, tries, began, index, calls)
                     if wait is None:
                         raise
                     self._log(index, error, tries, wait)
@@ -188,7 +211,9 @@ class _MemberRetry:
         return retried
 
     def astream(
-        self, attempt: Callable[[int, ClientT], AsyncIterable[ChunkT]]
+        self,
+        attempt: Callable[[int, ClientT], AsyncIterable[ChunkT]],
+        calls: CallAttempts | None = None,
     ) -> Callable[[int, ClientT], AsyncIterable[ChunkT]]:
         async def retried(index: int, client: ClientT) -> AsyncIterator[ChunkT]:
             began = self._clock()
@@ -204,7 +229,7 @@ class _MemberRetry:
                 except BaseException as error:
                     if iterator is not None:
                         await _aclose(iterator)
-                    wait = self._wait_before_retry(error, tries, began)
+                    wait = self._wait_before_retry(error, tries, began, index, calls)
                     if wait is None:
                         raise
                     self._log(index, error, tries, wait)

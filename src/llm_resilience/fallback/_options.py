@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from llm_resilience.checks import OptionTypeError, seconds, whole
+from llm_resilience.fallback._circuit_store import RedisCircuitStore
 
 __all__ = [
     "MID_STREAM_POLICIES",
     "Classifier",
     "Cooldown",
+    "MemberKeys",
     "RestartHook",
     "RestartPayload",
     "StreamRestart",
@@ -40,6 +42,10 @@ def checked_mid_stream(value: object, option: str = "mid_stream") -> str:
 
 _seconds = seconds
 
+#: How a shared circuit names the members across processes: one key per client, in chain
+#: order, or a function of a client.
+MemberKeys = Sequence[str] | Callable[[Any], str]
+
 
 @dataclass(frozen=True, slots=True)
 class Cooldown:
@@ -52,6 +58,18 @@ class Cooldown:
     capped at ``max_retry_after``. A success clears the client's failure count. If every
     client is cooling down, the one whose cooldown ends first is tried anyway: the chain
     never refuses a call without trying a provider.
+
+    ``shared`` (a [`RedisCircuitStore`][]) keeps the circuits in Redis for a whole fleet
+    of workers: failures counted across the fleet, a member opened for all at once, one
+    worker at a time owning the trial call, a success closing it for all; when Redis is
+    away each worker uses its own breaker (docs/fallback.md, "Sharing circuit state
+    across workers"). Workers recognise a member by its key: by default
+    ``"<class>:<model>@<base URL>"`` read from the client's attributes (``model_name``,
+    ``model`` or ``model_id``; ``base_url``, ``openai_api_base``, ``anthropic_api_url``,
+    ``api_base`` or ``azure_endpoint``), or ``keys``: one string per client in chain
+    order, or a function of a client returning its key. A chain whose keys cannot be
+    derived, or repeat, is refused at construction with a ``ValueError`` naming
+    ``Cooldown.keys``.
 
     ```pycon
     >>> Cooldown(failures=3, window=60, duration=30)
@@ -70,6 +88,23 @@ class Cooldown:
     honor_retry_after: bool = True
     #: Upper bound, in seconds, on a cooldown taken from ``Retry-After``.
     max_retry_after: float = 300.0
+    #: Where the fleet keeps its circuits, or None (each process keeps its own).
+    shared: RedisCircuitStore | None = None
+    #: Each member's key in the shared store (a tuple of strings, one per client, or a
+    #: function of a client); None derives them from the clients.
+    keys: MemberKeys | None = None
+
+    def __repr__(self) -> str:
+        text = (
+            f"Cooldown(failures={self.failures}, window={self.window}, "
+            f"duration={self.duration}, honor_retry_after={self.honor_retry_after}, "
+            f"max_retry_after={self.max_retry_after}"
+        )
+        if self.shared is not None:
+            text += f", shared={self.shared!r}"
+        if self.keys is not None:
+            text += f", keys={self.keys!r}"
+        return text + ")"
 
     def __post_init__(self) -> None:
         whole("Cooldown.failures", self.failures, minimum=1)
@@ -80,6 +115,31 @@ class Cooldown:
             raise _OptionTypeError(
                 f"Cooldown.honor_retry_after must be True or False; got {self.honor_retry_after!r}"
             )
+        if self.shared is not None and not isinstance(self.shared, RedisCircuitStore):
+            raise _OptionTypeError(
+                f"Cooldown.shared must be None or a RedisCircuitStore(...); got "
+                f"{type(self.shared).__name__}"
+            )
+        keys = self.keys
+        if keys is None:
+            return
+        if self.shared is None:
+            raise ValueError("Cooldown.keys names members in a shared store: give shared= too")
+        if callable(keys):
+            return
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise _OptionTypeError(
+                f"Cooldown.keys must be a list of strings (one per client) or a function "
+                f"of a client; got {type(keys).__name__}"
+            )
+        keys = tuple(keys)
+        for key in keys:
+            if not isinstance(key, str) or not key.strip():
+                raise ValueError(f"Cooldown.keys must hold non-empty strings; got {key!r}")
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        if repeated:
+            raise ValueError(f"Cooldown.keys must name each member once; repeated: {repeated}")
+        object.__setattr__(self, "keys", keys)
 
 
 class RestartPayload(TypedDict):

@@ -175,18 +175,19 @@ class RunSpend:
         prompt: Prompt | None = None,
         max_output_tokens: int | None = None,
         window_remaining: Decimal | None = None,
+        may_serve: Sequence[str | ServingModel] = (),
+        cheaper_may_serve: Sequence[str | ServingModel] = (),
     ) -> Choice:
         """Whether the next attempt should use the budget's cheaper model.
 
         It does when what is left (the run's, or ``window_remaining``, the tightest
         window's, whichever is less) is under ``downgrade_below``, or, in strict mode, when
-        the asked model's worst case does not fit in it. Without a ``downgrade_to`` the
-        asked model is kept.
+        the asked model's worst case (over ``may_serve`` too: a chain's members) does not
+        fit in it. Without a ``downgrade_to`` the asked model is kept.
+        ``cheaper_may_serve`` is what may serve the cheaper model's calls (its own chain).
         """
         tokens = _tokens(prompt)
-        estimate = self.gate.worst_case_cost(
-            "chat", estimated_input_tokens=tokens, max_output_tokens=max_output_tokens, model=model
-        )
+        estimate = self._worst(tokens, max_output_tokens, model, may_serve)
         left = _least(self.remaining(), window_remaining)
         reason: str | None = None
         if self._downgrade_to is not None and self._downgrade_to != model and left is not None:
@@ -196,13 +197,51 @@ class RunSpend:
                 reason = "estimate_does_not_fit"
         if reason is None:
             return Choice(model, model, False, None, estimate, estimate, left)
-        cheaper = self.gate.worst_case_cost(
+        cheaper = self._worst(tokens, max_output_tokens, self._downgrade_to, cheaper_may_serve)
+        return Choice(model, self._downgrade_to, True, reason, estimate, cheaper, left)
+
+    def after_refusal(
+        self,
+        model: str | None,
+        *,
+        prompt: Prompt | None = None,
+        max_output_tokens: int | None = None,
+        may_serve: Sequence[str | ServingModel] = (),
+        cheaper_may_serve: Sequence[str | ServingModel] = (),
+    ) -> Choice | None:
+        """The cheaper model, once the asked model's strict hold was refused at
+        [`begin`][] although [`choose`][] kept it (a concurrent attempt took the room, or
+        a window refused): a downgrade with reason ``"estimate_does_not_fit"``. None when
+        the budget is not strict, names no cheaper model, or ``model`` is the cheaper one:
+        the refusal stands."""
+        cheaper_name = self._downgrade_to
+        if not self.gate.budget.strict or cheaper_name is None or cheaper_name == model:
+            return None
+        tokens = _tokens(prompt)
+        return Choice(
+            model,
+            cheaper_name,
+            True,
+            "estimate_does_not_fit",
+            self._worst(tokens, max_output_tokens, model, may_serve),
+            self._worst(tokens, max_output_tokens, cheaper_name, cheaper_may_serve),
+            self.remaining(),
+        )
+
+    def _worst(
+        self,
+        tokens: int,
+        max_output_tokens: int | None,
+        model: str | None,
+        may_serve: Sequence[str | ServingModel],
+    ) -> Decimal:
+        return self.gate.worst_case_cost(
             "chat",
             estimated_input_tokens=tokens,
             max_output_tokens=max_output_tokens,
-            model=self._downgrade_to,
+            model=model,
+            may_serve=may_serve,
         )
-        return Choice(model, self._downgrade_to, True, reason, estimate, cheaper, left)
 
     def _hold(
         self,

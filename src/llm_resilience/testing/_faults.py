@@ -146,6 +146,31 @@ class Fault:
         return cls.status(400, body=body)
 
     @classmethod
+    def budget_exhausted(cls, provider: Provider = "openai") -> Fault:
+        """Answer as ``provider`` does when the account's credit or quota is spent.
+
+        OpenAI (and Azure): 429 with ``{"error": {"code": "insufficient_quota", "type":
+        "insufficient_quota", ...}}`` (the SDK raises ``RateLimitError``, like a rate
+        limit). Anthropic: 402 with a ``billing_error`` (the SDK raises its
+        ``APIStatusError``). Bedrock: 400 ``ServiceQuotaExceededException`` (botocore's
+        ``ClientError``). Gemini, Mistral, Groq, Cohere, Ollama: 402 Payment Required with
+        the provider's error body (each SDK raises its status error carrying 402). For a
+        gateway's own answer (OpenRouter's 402, LiteLLM's ``budget_exceeded``) use
+        [`status`][] with its body.
+
+        Examples:
+            >>> fault = Fault.budget_exhausted("openai")
+            >>> fault.status_code, fault.body["error"]["code"]
+            (429, 'insufficient_quota')
+        """
+        wire = WIRES.get(provider)
+        if wire is None:
+            allowed = ", ".join(sorted(WIRES))
+            raise ValueError(f"provider must be one of {allowed}; got {provider!r}")
+        code, body = wire.budget_exhausted()
+        return cls.status(code, body=body)
+
+    @classmethod
     def hang(cls, seconds: float | None = None) -> Fault:
         """Accept the request and send nothing for ``seconds`` (None: until the server stops).
 

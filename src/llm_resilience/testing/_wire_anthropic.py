@@ -182,6 +182,14 @@ class AnthropicWire(Wire):
             "request_id": f"req_{uuid.uuid4().hex}",
         }
 
+    def budget_exhausted(self) -> tuple[int, dict[str, Any]]:
+        body = self.error_body(402)
+        body["error"] = {
+            "type": "billing_error",
+            "message": "Your credit balance is too low to access the Anthropic API.",
+        }
+        return 402, body
+
     def error_event(self, code: int) -> bytes:
         """``event: error`` carrying the error body (``overloaded_error`` for 529)."""
         body = self.error_body(code)

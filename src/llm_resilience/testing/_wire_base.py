@@ -184,6 +184,11 @@ class Wire:
         """The provider's 400 body for a prompt longer than the context window."""
         raise NotImplementedError
 
+    def budget_exhausted(self) -> tuple[int, dict[str, Any]]:
+        """The status and body the provider sends when the account's credit or quota is
+        spent (by default 402 Payment Required with the provider's error body for it)."""
+        return 402, self.error_body(402)
+
     def invalid_request(self, message: str, code: str | None = None) -> dict[str, Any]:
         """A 400 body carrying ``message`` (Anthropic's shape unless the provider's own)."""
         return anthropic_invalid_request(message)

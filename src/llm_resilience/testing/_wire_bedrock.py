@@ -300,6 +300,11 @@ class BedrockWire(Wire):
     error_event = staticmethod(bedrock_stream_exception)
     malformed_event = staticmethod(bedrock_malformed_event)
 
+    def budget_exhausted(self) -> tuple[int, dict[str, Any]]:
+        # Bedrock has no spend limit of its own: the account's service quota is its budget.
+        message = "Your request exceeds the service quota for your account."
+        return 400, {"__type": "ServiceQuotaExceededException", "message": message}
+
     def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
         # Bedrock states no token counts: a ValidationException and its message.
         return {

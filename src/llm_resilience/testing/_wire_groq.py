@@ -181,6 +181,10 @@ class GroqWire(OpenAIWire):
     def context_overflow(self, tokens: int, maximum: int) -> dict[str, Any]:
         return groq_context_length_exceeded()
 
+    def budget_exhausted(self) -> tuple[int, dict[str, Any]]:
+        # Groq documents no quota body of OpenAI's kind: a spent account is a 402.
+        return 402, self.error_body(402)
+
     def body(self, answer: Answer) -> dict[str, Any]:
         return groq_body(answer, groq_request_id())
 

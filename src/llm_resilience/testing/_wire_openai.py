@@ -189,6 +189,16 @@ class OpenAIWire(Wire):
             }
         }
 
+    def budget_exhausted(self) -> tuple[int, dict[str, Any]]:
+        # A 429 like a rate limit; only the error object tells the spent account apart.
+        message = (
+            "You exceeded your current quota, please check your plan and billing details. "
+            "For more information on this error, read the docs: "
+            "https://platform.openai.com/docs/guides/error-codes/api-errors."
+        )
+        error = {"message": message, "type": "insufficient_quota", "param": None}
+        return 429, {"error": {**error, "code": "insufficient_quota"}}
+
     def invalid_request(self, message: str, code: str | None = None) -> dict[str, Any]:
         error = {"message": message, "type": "invalid_request_error", "param": "messages"}
         return {"error": {**error, "code": code}}

@@ -18,9 +18,14 @@ llm = CostTrackedLLM(
 
 from __future__ import annotations
 
+from llama_index.resilience.agents import RunBudgetLLM, agent_thread
 from llama_index.resilience.builder import ResilienceBuilder
 from llama_index.resilience.cost import BUDGET_SCOPE_KWARG, CostTrackedEmbedding, CostTrackedLLM
-from llama_index.resilience.events import FallbackStreamRestartEvent
+from llama_index.resilience.events import (
+    FallbackStreamRestartEvent,
+    RunBudgetDowngradeEvent,
+    RunBudgetSpentEvent,
+)
 from llama_index.resilience.fallback import SERVED_BY_KEY, FallbackLLM
 from llama_index.resilience.ratelimit import RateLimitedEmbedding, RateLimitedLLM
 from llama_index.resilience.retry import RetryingEmbedding, RetryingVectorStore
@@ -36,5 +41,9 @@ __all__ = [
     "ResilienceBuilder",
     "RetryingEmbedding",
     "RetryingVectorStore",
+    "RunBudgetDowngradeEvent",
+    "RunBudgetLLM",
+    "RunBudgetSpentEvent",
     "SERVED_BY_KEY",
+    "agent_thread",
 ]

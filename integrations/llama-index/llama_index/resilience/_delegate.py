@@ -76,6 +76,7 @@ Request: TypeAlias = Sequence[ChatMessage] | str
 AnyResponse: TypeAlias = ChatResponse | CompletionResponse
 
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
+_RouteT = TypeVar("_RouteT")
 
 # Fields of ``LLM`` that shape prompts in ``predict``/``stream``/``structured_predict``: a
 # layer takes the inner LLM's unless told otherwise, so those behave as on the inner LLM.
@@ -162,6 +163,11 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
     async def _aend_early(self, context: Any, last: AnyResponse | None) -> None:
         """Async `_end_early` (by default, `_aend` with None)."""
         await self._aend(context, None)
+
+    def _route(self, context: Any, invoke: Callable[[], _RouteT]) -> Callable[[], _RouteT]:
+        """The call to make once `_begin` admitted it (by default ``invoke``: the inner
+        LLM's); a layer may send it elsewhere by ``context``."""
+        return invoke
 
     # -- identity -------------------------------------------------------------------------
 
@@ -258,7 +264,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
     ) -> _ResponseT:
         context = self._begin(kind, request, kwargs)
         try:
-            response = invoke()
+            response = self._route(context, invoke)()
         except BaseException:
             self._end(context, None)
             raise
@@ -274,7 +280,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
     ) -> _ResponseT:
         context = await self._abegin(kind, request, kwargs)
         try:
-            response = await invoke()
+            response = await self._route(context, invoke)()
         except BaseException:
             await self._aend(context, None)
             raise
@@ -296,7 +302,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
             consumed=lambda: self._end_early(context, last),
             nothing=lambda: self._end(context, None),
         ):
-            stream = invoke()
+            stream = self._route(context, invoke)()
             try:
                 for chunk in stream:
                     self._on_chunk(context, chunk)
@@ -321,7 +327,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
             consumed=lambda: self._aend_early(context, last),
             nothing=lambda: self._aend(context, None),
         ):
-            opened = invoke()
+            opened = self._route(context, invoke)()
             stream = await opened if inspect.isawaitable(opened) else opened
             try:
                 async for chunk in stream:

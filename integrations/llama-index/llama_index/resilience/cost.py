@@ -70,94 +70,23 @@ __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
 
 
-class CostTrackedLLM(DelegatingLLM):
-    """An LLM that refuses calls once a spend limit is reached, and records each call's cost.
-
-    Example:
-
-    ```python
-    from llama_index.core import Settings
-    from llama_index.llms.openai import OpenAI
-    from llama_index.resilience import CostTrackedLLM
-    from llm_resilience import CostBudget
-    from llm_resilience.ledger import SqlCostLedger
-
-    llm = CostTrackedLLM(
-        inner=OpenAI(model="gpt-4o"),
-        budget=CostBudget(input_price_per_mtok="2.50", output_price_per_mtok=10,
-                          daily_limit=25),
-        ledger=SqlCostLedger("sqlite:///spend.db"),
-    )
-    Settings.llm = llm                            # query engines and agents are gated
-    llm.complete("Hi", budget_scope="tenant-7")  # counts toward tenant-7's limits
-    ```
-
-    ``budget`` is a [`CostBudget`][]; this layer keeps one
-    [`BudgetGate`][] over it. ``ledger`` may be shared by every
-    layer of the process (None: a new in-memory ledger, with a warning naming
-    ``SqlCostLedger``). ``scope`` (a tenant, a user, a hash of a key; None: unscoped) applies to
-    every call; a call's ``budget_scope=`` keyword overrides it and is never passed to
-    the inner LLM. Windows are UTC days and months; money is exact ``Decimal``. In strict
-    mode the hold covers every LLM below that may serve, each up to its own output cap
-    (`output_cap`: the call's ``max_tokens``,
-    ``max_completion_tokens`` or ``max_output_tokens``, else the LLM's own field of those
-    names, else its ``metadata.num_output``, else 4,096), at its own price.
-
-    Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
-    non-text ``scope``, an ``inner`` that is not an ``LLM``, or a keyword it does not
-    take (naming the closest); calls raise
-    [`BudgetExceededError`][llm_resilience.BudgetExceededError] (``window``, ``limit``,
-    ``spend``) once spend has reached a limit. Tools, structured output and metadata
-    pass through to ``inner``.
+class MeteredLLM(DelegatingLLM):
+    """Base of the LLM layers that meter each call: what a response, a stream or a stream
+    closed early used, read from LlamaIndex's responses and settled on the call object
+    ``_begin`` returns (a `_Call` over anything shaped as the core's
+    [`MeteredCall`][llm_resilience.metering.MeteredCall]). Subclasses define ``_begin``,
+    ``_abegin`` and ``_meter`` (the [`Meter`][llm_resilience.metering.Meter] that names
+    who served and opens a hedged chain's inbox).
     """
 
-    budget: Any = Field(exclude=True, description="The llm_resilience.CostBudget applied.")
-    ledger: Any = Field(exclude=True, description="Where spend is recorded and read back.")
-    scope: str | None = Field(default=None, description="Budget scope of every call.")
-
-    _call_options = (BUDGET_SCOPE_KWARG,)
     _meter: Meter = PrivateAttr()
 
-    def __init__(
-        self,
-        *,
-        inner: LLM,
-        budget: CostBudget,
-        ledger: CostLedger | None = None,
-        scope: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        meter = Meter(
-            budget,
-            ledger,
-            stack=inner,
-            name_of=llm_name,
-            documented_cap=num_output,
-            scope=scope,
-        )
-        super().__init__(
-            inner=inner, budget=budget, ledger=meter.gate.ledger, scope=scope, **kwargs
-        )
-        self._meter = meter
+    def __init__(self, *, inner: LLM, **kwargs: Any) -> None:
+        super().__init__(inner=inner, **kwargs)
 
     @classmethod
     def class_name(cls) -> str:
-        return "CostTrackedLLM"
-
-    @property
-    def gate(self) -> BudgetGate:
-        """The budget gate every call of this layer passes."""
-        return self._meter.gate
-
-    # -- hooks ----------------------------------------------------------------------------
-
-    def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
-        prompt = prompt_pairs(request)
-        return _Call(self._meter.begin(kwargs, prompt=prompt))
-
-    async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
-        prompt = prompt_pairs(request)
-        return _Call(await self._meter.abegin(kwargs, prompt=prompt))
+        return "MeteredLLM"
 
     # A hedged FallbackLLM below reports the attempt that lost to the inbox each call
     # opens here; its ticket records it as a "hedge" entry (see llm_resilience.metering).
@@ -262,6 +191,95 @@ class CostTrackedLLM(DelegatingLLM):
             details=details,
         )
         return usage, model
+
+
+class CostTrackedLLM(MeteredLLM):
+    """An LLM that refuses calls once a spend limit is reached, and records each call's cost.
+
+    Example:
+
+    ```python
+    from llama_index.core import Settings
+    from llama_index.llms.openai import OpenAI
+    from llama_index.resilience import CostTrackedLLM
+    from llm_resilience import CostBudget
+    from llm_resilience.ledger import SqlCostLedger
+
+    llm = CostTrackedLLM(
+        inner=OpenAI(model="gpt-4o"),
+        budget=CostBudget(input_price_per_mtok="2.50", output_price_per_mtok=10,
+                          daily_limit=25),
+        ledger=SqlCostLedger("sqlite:///spend.db"),
+    )
+    Settings.llm = llm                            # query engines and agents are gated
+    llm.complete("Hi", budget_scope="tenant-7")  # counts toward tenant-7's limits
+    ```
+
+    ``budget`` is a [`CostBudget`][]; this layer keeps one
+    [`BudgetGate`][] over it. ``ledger`` may be shared by every
+    layer of the process (None: a new in-memory ledger, with a warning naming
+    ``SqlCostLedger``). ``scope`` (a tenant, a user, a hash of a key; None: unscoped) applies to
+    every call; a call's ``budget_scope=`` keyword overrides it and is never passed to
+    the inner LLM. Windows are UTC days and months; money is exact ``Decimal``. In strict
+    mode the hold covers every LLM below that may serve, each up to its own output cap
+    (`output_cap`: the call's ``max_tokens``,
+    ``max_completion_tokens`` or ``max_output_tokens``, else the LLM's own field of those
+    names, else its ``metadata.num_output``, else 4,096), at its own price.
+
+    Raises ``TypeError`` for a ``budget`` that is not a ``CostBudget``, an empty or
+    non-text ``scope``, an ``inner`` that is not an ``LLM``, or a keyword it does not
+    take (naming the closest); calls raise
+    [`BudgetExceededError`][llm_resilience.BudgetExceededError] (``window``, ``limit``,
+    ``spend``) once spend has reached a limit. Tools, structured output and metadata
+    pass through to ``inner``.
+    """
+
+    budget: Any = Field(exclude=True, description="The llm_resilience.CostBudget applied.")
+    ledger: Any = Field(exclude=True, description="Where spend is recorded and read back.")
+    scope: str | None = Field(default=None, description="Budget scope of every call.")
+
+    _call_options = (BUDGET_SCOPE_KWARG,)
+
+    def __init__(
+        self,
+        *,
+        inner: LLM,
+        budget: CostBudget,
+        ledger: CostLedger | None = None,
+        scope: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        meter = Meter(
+            budget,
+            ledger,
+            stack=inner,
+            name_of=llm_name,
+            documented_cap=num_output,
+            scope=scope,
+        )
+        super().__init__(
+            inner=inner, budget=budget, ledger=meter.gate.ledger, scope=scope, **kwargs
+        )
+        self._meter = meter
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CostTrackedLLM"
+
+    @property
+    def gate(self) -> BudgetGate:
+        """The budget gate every call of this layer passes."""
+        return self._meter.gate
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
+        prompt = prompt_pairs(request)
+        return _Call(self._meter.begin(kwargs, prompt=prompt))
+
+    async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
+        prompt = prompt_pairs(request)
+        return _Call(await self._meter.abegin(kwargs, prompt=prompt))
 
 
 class CostTrackedEmbedding(DelegatingEmbedding):

@@ -85,6 +85,7 @@ from llm_resilience.fallback import (
 from llm_resilience.layers import Probeable
 from llm_resilience.redact import redacted_fields
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.retry_budget import RetryBudget
 from llm_resilience.served import SERVED_BY_KEY, served_mark
 from llm_resilience.usage import StreamUsage, Usage, reported_usage
 
@@ -172,6 +173,9 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
     member_retry: Any | None = _option(
         "llm_resilience.RetryPolicy retrying a member on 429/5xx first, or None.", True
     )
+    retry_budget: Any | None = _option(
+        "llm_resilience.RetryBudget the chain's retries and hedges draw from, or None.", True
+    )
     member_profiles: Any | None = _option(
         "Per LLM, a MemberProfile (or None) overriding what its metadata says.", True
     )
@@ -204,6 +208,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         member_retry: RetryPolicy | None = None,
         mid_stream: str = "restart",
         hedge_after: float | timedelta | None = None,
+        retry_budget: RetryBudget | None = None,
         **kwargs: Any,
     ) -> None:
         # The engine validates first, so its errors (naming the option and the allowed
@@ -222,6 +227,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
             profile_of=_known_profile,
             member_retry=member_retry,
             hedge_after=hedge_after,
+            retry_budget=retry_budget,
         )
         for position, member in enumerate(chain.clients):
             if not isinstance(member, LLM):
@@ -235,6 +241,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
             classifier=classifier,
             member_profiles=member_profiles,
             member_retry=member_retry,
+            retry_budget=retry_budget,
             mid_stream=chain.mid_stream,
             **chain.durations,
             **kwargs,

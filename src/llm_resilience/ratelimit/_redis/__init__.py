@@ -16,13 +16,13 @@ for a connection instead of failing as if Redis were down.
 redis-py is an optional extra (``pip install 'llm-resilience[redis]'``) and is imported
 only when a limiter is built.
 
-One job per module: ``_script`` (the Lua script), ``_clients`` (redis-py clients, their
-time bounds and connection slots), ``_outage`` (the outage breaker) and ``_limiter``
+One job per module: ``_script`` (the Lua script), ``_outage`` (the outage breaker, on
+`llm_resilience._redis`, whose clients and bounds it shares) and ``_limiter``
 ([`RedisTokenBucketRateLimiter`][]).
 """
 
+from llm_resilience._redis import DEFAULT_MAX_CONNECTIONS
 from llm_resilience.checks import MAX_OPERATION_TIMEOUT
-from llm_resilience.ratelimit._redis._clients import DEFAULT_MAX_CONNECTIONS
 from llm_resilience.ratelimit._redis._limiter import (
     DEFAULT_KEY_PREFIX,
     DEFAULT_OPERATION_TIMEOUT,

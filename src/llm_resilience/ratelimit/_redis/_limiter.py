@@ -7,10 +7,10 @@ import logging
 import threading
 import time
 from datetime import timedelta
-from importlib import import_module
 from typing import Any, Final, get_args
 
 from llm_resilience import telemetry
+from llm_resilience._redis import connect, pool_size
 from llm_resilience.checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
 from llm_resilience.errors import (
     RateLimitQueueFullError,
@@ -25,16 +25,6 @@ from llm_resilience.ratelimit._protocol import (
     non_negative_int,
     optional_positive_int,
     per_period,
-)
-from llm_resilience.ratelimit._redis._clients import (
-    DEFAULT_MAX_CONNECTIONS,
-    LoopClients,
-    _async_twin,
-    _cap_timeouts,
-    _load_redis,
-    _no_retry,
-    _pool_size,
-    _unbounded_settings,
 )
 from llm_resilience.ratelimit._redis._outage import BackendErrorMode, OutageBreaker
 from llm_resilience.ratelimit._redis._script import (
@@ -224,55 +214,21 @@ class RedisTokenBucketRateLimiter(BucketArithmetic, PermitContext):
             self._capacity, self._permits_per_period = self._rpm, per_period(self._rpm)
         self._tokens_per_period = None if self._tpm is None else per_period(self._tpm)
 
-        redis = _load_redis()
-        # OSError includes TimeoutError, which the async round trips' deadline raises.
-        self._redis_error: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        self._no_script_error: type[BaseException] = redis.exceptions.NoScriptError
-        if client is None:
-            options: dict[str, Any] = {
-                "socket_timeout": timeout,
-                "socket_connect_timeout": timeout,
-                "max_connections": DEFAULT_MAX_CONNECTIONS,
-            }
-            # A URL is parsed here (a bad one fails now); no connection is made until a call.
-            self._client = redis.Redis.from_url(
-                redis_url, retry=_no_retry(import_module("redis.retry")), **options
-            )
-            _cap_timeouts(self._client, timeout)
-            self._owns_client = True
-            url = redis_url
-
-            def async_factory() -> Any:
-                asyncio_redis = import_module("redis.asyncio")
-                retry = _no_retry(import_module("redis.asyncio.retry"))
-                built = asyncio_redis.Redis.from_url(url, retry=retry, **options)
-                _cap_timeouts(built, timeout)
-                return built
-        else:
-            if not callable(getattr(client, "evalsha", None)):
-                raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
-            self._client = client
-            self._owns_client = False
-            loose = _unbounded_settings(client, timeout)
-            if loose:
-                logger.warning(
-                    "Shared limiter %r: the client passed has %s, so a silent Redis can "
-                    "hold a sync acquire() longer than operation_timeout (%ss); build it "
-                    "with socket_timeout and socket_connect_timeout <= %s and "
-                    "retry=Retry(NoBackoff(), 0). The async methods keep the bound.",
-                    name,
-                    ", ".join(loose),
-                    timeout,
-                    timeout,
-                )
-
-            def async_factory() -> Any:
-                return _async_twin(client)
-
-        #: Per event loop: its redis.asyncio client and the slots its round trips take.
-        self._async_clients = LoopClients(async_factory)
+        connected = connect(
+            redis_url if client is None else None,
+            client,
+            timeout,
+            who="RedisTokenBucketRateLimiter",
+            label=f"Shared limiter {name!r}",
+            logger=logger,
+        )
+        self._redis_error: tuple[type[BaseException], ...] = connected.errors
+        self._no_script_error: type[BaseException] = connected.no_script
+        self._client = connected.sync
+        self._owns_client = connected.owned
+        self._async_clients = connected.loops
         #: The sync round trips' slots: one per connection of the client's pool.
-        self._gate = threading.BoundedSemaphore(_pool_size(self._client))
+        self._gate = threading.BoundedSemaphore(pool_size(self._client))
         self._lock = threading.Lock()
         #: Callers of this process sleeping on a reservation.
         self._waiting = 0

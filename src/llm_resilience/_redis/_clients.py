@@ -1,26 +1,31 @@
-"""Redis client plumbing: bounded timeouts, connection slots, one async client per loop."""
+"""Redis client plumbing: bounded timeouts, connection slots, one async client per loop.
+
+Shared by the rate limiter's bucket and the fallback chain's circuit store, so both bound
+every round trip the same way: `connect` builds the clients from a URL or wraps the
+caller's, and says when a caller's client lets a sync round trip outlast the bound.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Final
 
-#: methods) unless the URL says otherwise (``?max_connections=64``).
+#: Connections per pool of a client built from a URL (one pool for the sync methods, one per
+#: event loop for the async methods) unless the URL says otherwise (``?max_connections=64``).
 DEFAULT_MAX_CONNECTIONS: Final = 16
 
 
-def _load_redis() -> Any:
+def _load_redis(who: str = "RedisTokenBucketRateLimiter") -> Any:
     # Typed loosely on purpose: redis is an optional extra, and the core type-checks
     # without it installed.
     try:
         return import_module("redis")
     except ImportError as exc:
-        raise ImportError(
-            "RedisTokenBucketRateLimiter needs redis-py: pip install 'llm-resilience[redis]'"
-        ) from exc
+        raise ImportError(f"{who} needs redis-py: pip install 'llm-resilience[redis]'") from exc
 
 
 class LoopClients:
@@ -184,3 +189,71 @@ def _async_twin(client: Any) -> Any:
     # spelled so that redis 5.0 understands it too).
     twin.auto_close_connection_pool = True
     return twin
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """The clients `connect` built (or wrapped) and the errors that mean "Redis failed"."""
+
+    #: The sync ``redis.Redis``.
+    sync: Any
+    #: One ``redis.asyncio`` client per event loop.
+    loops: LoopClients
+    #: Whether closing is ours (a client built from a URL) or the caller's.
+    owned: bool
+    #: redis-py's errors and ``OSError`` (which includes the deadline's ``TimeoutError``).
+    errors: tuple[type[BaseException], ...]
+    #: The error of an EVALSHA whose script the server lost (then EVAL sends it).
+    no_script: type[BaseException]
+
+
+def connect(
+    url: str | None, client: Any, timeout: float, *, who: str, label: str, logger: Any
+) -> Connected:
+    """Clients bounded by ``timeout``: built from ``url`` (retries off, connect and read
+    timeouts capped), or ``client`` wrapped, with a WARNING on ``logger`` when its own
+    settings let a sync round trip outlast ``timeout``. Nothing connects here."""
+    redis = _load_redis(who)
+    errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+    if client is None:
+        assert url is not None
+        options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "max_connections": DEFAULT_MAX_CONNECTIONS,
+        }
+        # A URL is parsed here (a bad one fails now); no connection is made until a call.
+        sync = redis.Redis.from_url(url, retry=_no_retry(import_module("redis.retry")), **options)
+        _cap_timeouts(sync, timeout)
+
+        def async_factory() -> Any:
+            asyncio_redis = import_module("redis.asyncio")
+            retry = _no_retry(import_module("redis.asyncio.retry"))
+            built = asyncio_redis.Redis.from_url(url, retry=retry, **options)
+            _cap_timeouts(built, timeout)
+            return built
+
+        return Connected(
+            sync, LoopClients(async_factory), True, errors, redis.exceptions.NoScriptError
+        )
+    if not callable(getattr(client, "evalsha", None)):
+        raise TypeError(f"client must be a redis.Redis, got {type(client).__name__}")
+    loose = _unbounded_settings(client, timeout)
+    if loose:
+        logger.warning(
+            "%s: the client passed has %s, so a silent Redis can hold a sync call longer "
+            "than operation_timeout (%ss); build it with socket_timeout and "
+            "socket_connect_timeout <= %s and retry=Retry(NoBackoff(), 0). The async "
+            "methods keep the bound.",
+            label,
+            ", ".join(loose),
+            timeout,
+            timeout,
+        )
+    return Connected(
+        client,
+        LoopClients(lambda: _async_twin(client)),
+        False,
+        errors,
+        redis.exceptions.NoScriptError,
+    )

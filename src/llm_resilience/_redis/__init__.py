@@ -1,0 +1,26 @@
+"""Redis plumbing shared by the parts that keep state in Redis (storage layer: no policy).
+
+[`RedisTokenBucketRateLimiter`][] and [`RedisCircuitStore`][] both build their clients
+here (`connect`: every round trip bounded by ``operation_timeout``, redis-py's retries
+off, one ``redis.asyncio`` client per event loop with its connection slots) and both
+skip a failing Redis the same way (`Outage`: one WARNING per outage, an INFO on
+recovery). redis-py is an optional extra, imported only when a client is built.
+"""
+
+from llm_resilience._redis._clients import (
+    DEFAULT_MAX_CONNECTIONS,
+    Connected,
+    LoopClients,
+    connect,
+)
+from llm_resilience._redis._clients import _pool_size as pool_size
+from llm_resilience._redis._outage import Outage
+
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "Connected",
+    "LoopClients",
+    "Outage",
+    "connect",
+    "pool_size",
+]

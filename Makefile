@@ -33,8 +33,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two pytest-xdist workers (the suite is CPU-bound): each takes its own Redis database
+# (conftest.py), the PostgreSQL tests each their own schema. --dist loadfile keeps each
+# test file on one worker, so a module fixture (the packaging builds, the notebooks' run)
+# runs once. PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 unit: $(STAMP)
-	$(UNIT_ENV) $(BIN)/python -m pytest -q
+	$(UNIT_ENV) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # The docs build strict before the suite, and tests/test_docs_site.py reads that site
 # instead of building its own (it builds one when run any other way).

@@ -23,9 +23,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_PAGES = sorted(path.stem for path in (ROOT / "docs" / "reference").glob("*.md"))
-# One worker under pytest-xdist (`make test`: --dist loadgroup) runs the module: a site it
-# builds itself is built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("docs_site")
 
 _ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|exc|data|obj|ref|const|any):")
 _DIRECTIVE = re.compile(r"\.\. [\w-]+::")

@@ -9,9 +9,6 @@ from typing import Any
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
-# One worker under pytest-xdist (`make test`: --dist loadgroup) runs them all: the module
-# fixture runs the notebooks once, not once per worker.
-pytestmark = pytest.mark.xdist_group("notebooks")
 
 
 def test_there_are_notebooks_to_run() -> None:

@@ -29,9 +29,7 @@ from pathlib import Path
 
 import pytest
 
-# One worker under pytest-xdist (`make test`: --dist loadgroup) runs the module: its
-# builds and fresh venv are made once, not once per worker.
-pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("packaging")]
+pytestmark = pytest.mark.packaging
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTS = {

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, SqlCostLedger
     from llm_resilience.ratelimit import RedisTokenBucketRateLimiter, TokenBucketRateLimiter
     from llm_resilience.retry import RetryPolicy
-    from llm_resilience.retry_budget import RetryBudget
+    from llm_resilience.retry_budget import RedisRetryBudgetStore, RetryBudget
     from llm_resilience.runs import AttemptCap, AttemptEvent
     from llm_resilience.tokens import count_tokens
     from llm_resilience.transient import TransientClassifier, is_budget_exhausted, is_transient
@@ -77,6 +77,7 @@ __all__ = [
     "RateLimitBackendError",
     "RateLimitQueueFullError",
     "RedisCircuitStore",
+    "RedisRetryBudgetStore",
     "RedisTokenBucketRateLimiter",
     "RequestExceedsCapacityError",
     "RequestNeeds",

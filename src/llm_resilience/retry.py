@@ -62,6 +62,7 @@ from llm_resilience.errors import (
 from llm_resilience.retry_budget import (
     CallAttempts,
     RetryBudget,
+    acall_attempts,
     call_attempts,
     retry_budget_option,
 )
@@ -327,16 +328,34 @@ class RetryPolicy:
                 return False
             if calls.may_retry():
                 return True
-            logger.warning(
-                "Attempt %d of %d failed (%s); the retry budget refuses a retry, so it is "
-                "raised at once.",
-                state.attempt_number,
-                self.attempts,
-                type(state.outcome.exception()).__name__ if state.outcome else "?",
-            )
+            self._refused(state)
             return False
 
         return retry
+
+    def _abudgeted(
+        self, calls: CallAttempts
+    ) -> Callable[[tenacity.RetryCallState], Awaitable[bool]]:
+        """Async [`_budgeted`][]: awaits the shared budget's grant (if any)."""
+
+        async def retry(state: tenacity.RetryCallState) -> bool:
+            if not self._retry(state) or state.attempt_number >= self.attempts:
+                return False
+            if await calls.amay_retry():
+                return True
+            self._refused(state)
+            return False
+
+        return retry
+
+    def _refused(self, state: tenacity.RetryCallState) -> None:
+        logger.warning(
+            "Attempt %d of %d failed (%s); the retry budget refuses a retry, so it is "
+            "raised at once.",
+            state.attempt_number,
+            self.attempts,
+            type(state.outcome.exception()).__name__ if state.outcome else "?",
+        )
 
     def _log(self, state: tenacity.RetryCallState) -> None:
         outcome = state.outcome
@@ -350,13 +369,16 @@ class RetryPolicy:
             wait,
         )
 
-    def _kwargs(self, sleep: Any, calls: CallAttempts | None = None) -> dict[str, Any]:
+    def _kwargs(
+        self, sleep: Any, calls: CallAttempts | None = None, *, asynchronous: bool = False
+    ) -> dict[str, Any]:
         if self._tenacity is not None:
             return dict(self._tenacity)
+        budgeted = self._abudgeted if asynchronous else self._budgeted
         return {
             "stop": tenacity.stop_after_attempt(self.attempts),
             "wait": self._wait,
-            "retry": self._retry if calls is None else self._budgeted(calls),
+            "retry": self._retry if calls is None else budgeted(calls),
             "reraise": True,
             "sleep": sleep,
             "before_sleep": self._log,
@@ -375,8 +397,8 @@ class RetryPolicy:
     async def acall(self, function: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Async [`call`][]: awaits ``function(*args, **kwargs)`` under this policy."""
         args, kwargs = materialise_once(args, kwargs)
-        calls = self._open_call()
-        retrying = tenacity.AsyncRetrying(**self._kwargs(self.asleep, calls))
+        calls = await self._aopen_call()
+        retrying = tenacity.AsyncRetrying(**self._kwargs(self.asleep, calls, asynchronous=True))
         if calls is not None:
             function = calls.acounted(function)
         result: T = await retrying(function, *args, **kwargs)
@@ -385,6 +407,10 @@ class RetryPolicy:
     def _open_call(self) -> CallAttempts | None:
         # A custom tenacity configuration owns its whole schedule: no budget applies.
         return call_attempts(self.budget) if self._tenacity is None else None
+
+    async def _aopen_call(self) -> CallAttempts | None:
+        """Async [`_open_call`][]: awaits the shared budget's count (if any)."""
+        return await acall_attempts(self.budget) if self._tenacity is None else None
 
 
 def policy_option(value: object) -> RetryPolicy:

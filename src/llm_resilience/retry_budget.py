@@ -22,7 +22,10 @@ attempt's own error.
 
 The window is kept in 10 slices of ``window / 10`` seconds, so a count leaves the window
 within one slice of its age (bounded memory, whatever the traffic). The counts are this
-process's (thread-safe); a budget shared by the fleet through Redis is not built yet.
+process's (thread-safe), unless ``shared=`` a [`RedisRetryBudgetStore`][]: then the fleet's
+calls and retries are counted together in Redis (one round trip per decision), so
+``ratio`` applies to the fleet's traffic, and this process's own counts decide only while
+Redis is away.
 
 Examples:
     >>> clock = [0.0]
@@ -45,12 +48,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from llm_resilience import checks
+from llm_resilience._retry_budget_store import RedisRetryBudgetStore
 
 __all__ = [
     "SLICES",
     "BudgetCounts",
     "CallAttempts",
+    "RedisRetryBudgetStore",
     "RetryBudget",
+    "acall_attempts",
     "call_attempts",
     "retry_budget_option",
 ]
@@ -86,10 +92,16 @@ class RetryBudget:
 
     ``ratio`` (0 to 1; default 0.2): retries allowed per call in the window.
     ``min_per_second`` (>= 0; default 0.1): retries per second allowed whatever the
-    traffic, so a quiet service can still retry. ``window`` (seconds or ``timedelta``,
-    > 0; default 60). ``max_attempts_per_call`` (None, the default, or >= 1): attempts of
-    every kind one call may make. ``clock`` is the monotonic clock of the counts.
-    Thread-safe; usable from sync and async code alike (a decision never waits).
+    traffic, so a quiet service can still retry. ``window`` (seconds or a
+    ``timedelta``, above 0; default 60). ``max_attempts_per_call`` (None, the default,
+    or >= 1): attempts of every kind one call may make. ``shared`` (None, the default,
+    or a [`RedisRetryBudgetStore`][]): count the fleet's calls and retries in Redis, so
+    the window holds every worker's traffic and the floor is the fleet's; while Redis is
+    away (one WARNING per outage) this budget's own counts decide, and no decision waits
+    more than the store's ``operation_timeout``. ``clock`` is the monotonic clock of the
+    local counts (a shared window runs on Redis's clock). Thread-safe; usable from sync
+    and async code alike (a refusal never waits; the async layers await the shared
+    decision with [`acall_started`][] and [`atry_retry`][]).
     """
 
     __slots__ = (
@@ -102,6 +114,7 @@ class RetryBudget:
         "max_attempts_per_call",
         "min_per_second",
         "ratio",
+        "shared",
         "window",
     )
 
@@ -112,6 +125,7 @@ class RetryBudget:
         min_per_second: float = 0.1,
         window: float | Any = 60.0,
         max_attempts_per_call: int | None = None,
+        shared: RedisRetryBudgetStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: Retries allowed per call started in the window (0 to 1).
@@ -128,6 +142,13 @@ class RetryBudget:
             if max_attempts_per_call is None
             else checks.whole("RetryBudget.max_attempts_per_call", max_attempts_per_call, minimum=1)
         )
+        if shared is not None and not isinstance(shared, RedisRetryBudgetStore):
+            raise checks.OptionTypeError(
+                f"RetryBudget.shared must be None or an "
+                f"llm_resilience.RedisRetryBudgetStore(...); got {type(shared).__name__}"
+            )
+        #: The store the fleet's counts are kept in, or None (this process's own).
+        self.shared = shared
         if not callable(clock):
             raise checks.OptionTypeError(f"RetryBudget.clock must be callable; got {clock!r}")
         self._clock = clock
@@ -141,7 +162,9 @@ class RetryBudget:
     def __repr__(self) -> str:
         return (
             f"RetryBudget(ratio={self.ratio:g}, min_per_second={self.min_per_second:g}, "
-            f"window={self.window}, max_attempts_per_call={self.max_attempts_per_call})"
+            f"window={self.window}, max_attempts_per_call={self.max_attempts_per_call}"
+            + ("" if self.shared is None else f", shared={self.shared!r}")
+            + ")"
         )
 
     @property
@@ -153,11 +176,58 @@ class RetryBudget:
 
     def call_started(self) -> None:
         """Count one call (its first attempt); every layer calls it once per call."""
+        self._count_call()
+        if self.shared is not None:
+            self.shared.call(self.window, SLICES)
+
+    async def acall_started(self) -> None:
+        """Async [`call_started`][]: awaits the shared store's count (if any)."""
+        self._count_call()
+        if self.shared is not None:
+            await self.shared.acall(self.window, SLICES)
+
+    def try_retry(self) -> bool:
+        """Grant one retry if the window allows it (and count it); never waits.
+
+        Shared: the fleet's window decides (one round trip); while Redis is away, this
+        budget's own counts do."""
+        if self.shared is not None:
+            granted = self.shared.retry(self.window, SLICES, self.ratio, self.floor)
+            if granted is not None:
+                return self._noted(granted)
+        return self._try_local()
+
+    async def atry_retry(self) -> bool:
+        """Async [`try_retry`][]: awaits the shared store's decision (if any)."""
+        if self.shared is not None:
+            granted = await self.shared.aretry(self.window, SLICES, self.ratio, self.floor)
+            if granted is not None:
+                return self._noted(granted)
+        return self._try_local()
+
+    def counts(self) -> BudgetCounts:
+        """The calls and retries in the window now, and the retries it allows (the
+        fleet's when shared and Redis answers; this process's otherwise)."""
+        held = None if self.shared is None else self.shared.read(self.window, SLICES)
+        if held is None:
+            with self._lock:
+                held = self._sums()
+        calls, retries = held
+        return BudgetCounts(calls, retries, self.ratio * calls + self.floor)
+
+    def _count_call(self) -> None:
         with self._lock:
             self._calls[self._slot()] += 1
 
-    def try_retry(self) -> bool:
-        """Grant one retry if the window allows it (and count it); never waits."""
+    def _noted(self, granted: bool) -> bool:
+        # The fleet granted a retry: this process's own counts learn it too, so they are
+        # current the moment Redis goes away.
+        if granted:
+            with self._lock:
+                self._retries[self._slot()] += 1
+        return granted
+
+    def _try_local(self) -> bool:
         with self._lock:
             calls, retries = self._sums()
             if retries + 1 > self.ratio * calls + self.floor:
@@ -165,15 +235,14 @@ class RetryBudget:
             self._retries[self._slot()] += 1
             return True
 
-    def counts(self) -> BudgetCounts:
-        """The calls and retries in the window now, and the retries it allows."""
-        with self._lock:
-            calls, retries = self._sums()
-        return BudgetCounts(calls, retries, self.ratio * calls + self.floor)
-
     def open_call(self) -> CallAttempts:
-        """Count a call and return its attempt counter (see [`CallAttempts`][])."""
+        """Count a call and return its attempt counter (a ``CallAttempts``)."""
         self.call_started()
+        return CallAttempts(self)
+
+    async def aopen_call(self) -> CallAttempts:
+        """Async [`open_call`][]: awaits the shared count (if any)."""
+        await self.acall_started()
         return CallAttempts(self)
 
     # -- the sliding window ---------------------------------------------------------
@@ -236,6 +305,13 @@ class CallAttempts:
                 return False
         return self.budget.try_retry()
 
+    async def amay_retry(self) -> bool:
+        """Async [`may_retry`][]: awaits the shared budget's grant (if any)."""
+        with self._lock:
+            if not self._room():
+                return False
+        return await self.budget.atry_retry()
+
     def counted(self, attempt: Callable[..., T]) -> Callable[..., T]:
         """``attempt`` counting each of its calls as an attempt started."""
 
@@ -258,6 +334,11 @@ class CallAttempts:
 def call_attempts(budget: RetryBudget | None) -> CallAttempts | None:
     """A call's attempt counter on ``budget`` (the call counted), or None without one."""
     return None if budget is None else budget.open_call()
+
+
+async def acall_attempts(budget: RetryBudget | None) -> CallAttempts | None:
+    """Async [`call_attempts`][]: awaits the shared count (if any)."""
+    return None if budget is None else await budget.aopen_call()
 
 
 def retry_budget_option(value: object, option: str = "retry_budget") -> RetryBudget | None:

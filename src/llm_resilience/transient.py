@@ -35,7 +35,7 @@ An error is transient when trying the same request elsewhere (or later) may succ
 * it says the account's money or quota upstream is used up ([`is_budget_exhausted`][]:
   HTTP 402, OpenAI's ``insufficient_quota`` 429, Anthropic's ``billing_error``, a
   gateway's ``budget_exceeded``): asking the same member again cannot succeed, so
-  [`is_retryable`][llm_resilience.retry.is_retryable] never retries it, but another
+  ``is_retryable`` never retries it, but another
   member, paid from another account, may well answer, so a chain moves on, whatever
   ``status_codes`` says.
 
@@ -345,7 +345,7 @@ def is_budget_exhausted(exc: BaseException) -> bool:
     ``billing_error`` (Anthropic) or ``budget_exceeded`` (LiteLLM's proxy), for Bedrock's
     ``ServiceQuotaExceededException``, and for Anthropic's 400 "Your credit balance is too
     low"; the error's explicit causes are looked at too. Such an error is never retried on
-    the same member ([`is_retryable`][llm_resilience.retry.is_retryable], ``member_retry``),
+    the same member (``is_retryable``, ``member_retry``),
     and a fallback chain moves on to the next member ([`TransientClassifier`][]).
 
     Examples:

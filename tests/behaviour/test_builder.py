@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from decimal import Decimal
 from pathlib import Path
@@ -11,8 +12,16 @@ from typing import Any
 import pytest
 from driver import Mode
 
-from llm_resilience import BudgetExceededError, CostBudget, SqlCostLedger, TokenBucketRateLimiter
+from llm_resilience import (
+    BudgetExceededError,
+    CostBudget,
+    RetryBudget,
+    RetryPolicy,
+    SqlCostLedger,
+    TokenBucketRateLimiter,
+)
 from llm_resilience.ledger import LedgerEntry
+from llm_resilience.retry_budget import BudgetCounts
 
 BUDGET = CostBudget(input_price_per_mtok=3, output_price_per_mtok=15, daily_limit=25)
 
@@ -233,3 +242,39 @@ def test_a_surface_of_the_wrong_framework_type_is_refused_at_registration(driver
         TypeError, match=rf"register_vector_store\(vector_store\) must be a {title}"
     ):
         driver.builder().register_vector_store("not a store")
+
+
+def test_use_fallback_chain_forwards_a_retry_budget_and_refuses_a_misspelled_one(
+    driver: Any,
+) -> None:
+    budget = RetryBudget(ratio=0.1)
+    primary, secondary = driver.answering(model="a"), driver.answering(model="b")
+    chat = driver.builder().use_fallback_chain([primary, secondary], retry_budget=budget)
+    assert chat.build().chat._chain.retry_budget is budget
+    with pytest.raises(TypeError, match="did you mean 'retry_budget'"):
+        driver.builder().use_fallback_chain([primary, secondary], retry_budgt=budget)
+    with pytest.raises(TypeError, match="retry_budget"):
+        driver.builder().use_fallback_chain([primary, secondary], retry_budget=0.2)
+
+
+@pytest.mark.parametrize("mode", ["call", "acall"])
+async def test_a_built_chain_draws_its_member_retries_from_the_retry_budget(
+    driver: Any, mode: Mode
+) -> None:
+    spent = RetryBudget(ratio=0, min_per_second=0)  # no retry at all
+    primary = driver.failing(model="a")
+    secondary = driver.answering("the backup", model="b")
+    chat = (
+        driver.builder()
+        .use_fallback_chain(
+            [primary, secondary],
+            member_retry=RetryPolicy(attempts=3, base_delay=5, jitter=0),
+            retry_budget=spent,
+        )
+        .build()
+        .chat
+    )
+    started = time.monotonic()
+    assert (await driver.run(chat, mode)).text == "the backup"
+    assert time.monotonic() - started < 1  # no 5 s wait: the refused retry moved on at once
+    assert spent.counts() == BudgetCounts(calls=1, retries=0, allowed=0.0)

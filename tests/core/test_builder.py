@@ -526,3 +526,13 @@ def test_a_layer_missing_from_the_table_cannot_be_built() -> None:
     )
     with pytest.raises(NotImplementedError, match="cannot build a RateLimitLayer"):
         plan.build()
+
+
+def test_the_core_plan_forwards_a_retry_budget_to_its_chain_and_refuses_a_misspelled_one() -> None:
+    from llm_resilience import RetryBudget
+
+    budget = RetryBudget(ratio=0.1)
+    stack = Plan().use_fallback_chain(["a", "b"], retry_budget=budget).build()
+    assert stack.chat.retry_budget is budget
+    with pytest.raises(TypeError, match="did you mean 'retry_budget'"):
+        Plan().use_fallback_chain(["a", "b"], retry_budgt=budget)

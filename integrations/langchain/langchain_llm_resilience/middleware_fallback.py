@@ -55,6 +55,7 @@ from llm_resilience.fallback import (
     without_cache_control,
 )
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.retry_budget import RetryBudget
 from llm_resilience.runs import AttemptCap, AttemptEvent, superseded_reason, timed_out_by
 
 __all__ = ["RUN_KEY", "FallbackMiddleware"]
@@ -96,7 +97,10 @@ class FallbackMiddleware(AgentMiddleware[Any, Any, Any], KnownKeywords):
     the core's rules: a transient failure (429, 503, a dropped connection, a timeout)
     moves on at once, anything else propagates; ``member_retry`` retries a member first
     (waiting out a ``Retry-After`` within its ``max_delay``); ``cooldown`` skips a member
-    that keeps failing, its state kept across the agent's calls. The time limits
+    that keeps failing, its state kept across the agent's calls; ``retry_budget`` (a
+    [`RetryBudget`][llm_resilience.RetryBudget], local or shared by the fleet through
+    Redis) bounds the same-member retries and hedges of every model call as a share of
+    the traffic (a refused retry moves on at once). The time limits
     (seconds or ``timedelta``; None: off) are the chain's: ``per_client_timeout`` bounds
     each attempt, ``first_token_timeout`` the wait for its first streamed token (a call
     that is not streamed: its whole answer), ``idle_timeout`` each silence once tokens
@@ -130,6 +134,7 @@ class FallbackMiddleware(AgentMiddleware[Any, Any, Any], KnownKeywords):
         classifier: Callable[[BaseException], bool] | None = None,
         cooldown: Cooldown | None = None,
         member_retry: RetryPolicy | None = None,
+        retry_budget: RetryBudget | None = None,
         max_attempts_per_run: int = 10,
         name: str | None = None,
     ) -> None:
@@ -149,6 +154,7 @@ class FallbackMiddleware(AgentMiddleware[Any, Any, Any], KnownKeywords):
             "classifier": classifier,
             "cooldown": cooldown,
             "member_retry": member_retry,
+            "retry_budget": retry_budget,
         }
         # Checked now, on a chain whose primary stands in for the request's model.
         template = self._new_chain(_Placeholder(), fallback_models)

@@ -27,6 +27,7 @@ from langchain_llm_resilience import FallbackMiddleware
 from langchain_llm_resilience.testing import FailingChatModel, ScriptedChatModel
 from llm_resilience import AttemptCapExceededError, BudgetExceededError, NoCapableMemberError
 from llm_resilience.retry import RetryPolicy
+from llm_resilience.retry_budget import RetryBudget
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 QUESTION = "what is magic_function(3)?"
@@ -311,6 +312,31 @@ def test_a_hung_first_token_is_superseded_as_a_first_token_timeout(mode: str) ->
         assert reasons == ["first_token_timeout", "first_token_timeout"]
     else:
         assert parts["messages"][-1].content == BACKUP_ANSWER
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_retry_budget_that_refuses_moves_the_model_call_on_at_once(mode: str) -> None:
+    spent = RetryBudget(ratio=0, min_per_second=0)  # no retry at all
+    recorder = Recorder()
+    middleware = FallbackMiddleware(
+        ScriptedChatModel(),
+        member_retry=RetryPolicy(attempts=3, base_delay=5, jitter=0),
+        retry_budget=spent,
+    )
+    assert middleware._chain_for(ScriptedChatModel()).retry_budget is spent
+    agent = create_agent(
+        FailingChatModel(), tools=[magic_function], middleware=[middleware, recorder]
+    )
+    started = time.monotonic()
+    run_agent(agent, mode)
+    assert time.monotonic() - started < 2  # no 5 s wait before retrying the primary
+    names = [request.model.model_name for request in recorder.requests]
+    assert names.count("failing-chat") == 2  # once per model call, never retried
+    assert spent.counts().calls == 2
+    with pytest.raises(TypeError, match="did you mean 'retry_budget'"):
+        FallbackMiddleware(ScriptedChatModel(), retry_budgt=spent)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="retry_budget"):
+        FallbackMiddleware(ScriptedChatModel(), retry_budget=0.2)  # type: ignore[arg-type]
 
 
 def test_the_middleware_refuses_a_misspelled_option_and_no_fallback() -> None:

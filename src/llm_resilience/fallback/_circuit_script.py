@@ -10,8 +10,19 @@ braces are a Redis Cluster hash tag, so every key of a namespace lives on one no
   ``retry_after`` or ``probe_failed``), ``opened_at`` and ``opened_by``;
 * ``f:<member key>``, a sorted set of the fleet's failures in the window, scored by
   server milliseconds;
+* ``i:<member key>``, a sorted set of the requests in flight to the member that a call
+  tries first, one entry per request, scored by when its lease lapses (server
+  milliseconds: the chain's per-attempt timeout, else ``duration``), so a lost outcome
+  frees its place; the outcome (failure, success, or a release after a healthy success)
+  removes it;
 * ``members``, a hash of every member key seen to its ``window`` in milliseconds (what
   ``llm-resilience health`` lists).
+
+Admission: a closed member the call would try first always takes an in-flight entry, but
+only while it is *suspect* (at least one failure counted in the window) is it refused when
+``failures counted + requests in flight >= failures``; a refused member is skipped as if
+open (``BUSY``). So the fleet never sends a dead member more than ``failures`` requests
+beyond those already in flight when its first failure arrived, and those are counted too.
 
 Time is the Redis server's (``TIME``), so the hosts' clocks never matter. Every key but
 ``members`` expires: a hash one window plus one duration after its cooldown ends (the
@@ -27,6 +38,7 @@ from typing import Final
 ORDER: Final = "order"
 FAILED: Final = "failed"
 SUCCEEDED: Final = "succeeded"
+RELEASE: Final = "release"
 READ: Final = "read"
 
 #: Codes of the ``order`` reply, per member.
@@ -34,13 +46,19 @@ CLOSED: Final = 0  # try it in order
 OPEN: Final = 1  # skip it
 PROBE: Final = 2  # half-open, and this worker now owns the probe: try it
 PROBE_OUT: Final = 3  # half-open, another call owns the probe: leave it for last
+BUSY: Final = 4  # suspect, and the fleet's failures plus requests in flight fill it: skip
 
-# KEYS[1] is the ``members`` hash; then a (hash, failure set) pair per member.
-# order:     ARGV = mode, worker, duration_ms, window_ms, then one member key per pair
-#            -> {now, code_1, open_until_1, failures_1, code_2, ...}
-# failed:    ARGV = mode, worker, duration_ms, window_ms, failures, retry_after_ms, entry
+# KEYS[1] is the ``members`` hash; then a (hash, failure set, in-flight set) triple per
+# member.
+# order:     ARGV = mode, worker, duration_ms, window_ms, failures, lease_ms, request id,
+#            then one member key per triple
+#            -> {now, code_1, open_until_1, failures_1, held_1, code_2, ...} (held: 1
+#            when the request took an in-flight entry of that member under its id)
+# failed:    ARGV = mode, worker, duration_ms, window_ms, failures, retry_after_ms, entry,
+#            released request id ('' for none)
 #            -> {now, open_until, opened (1 when this failure opened it), failures}
-# succeeded: ARGV = mode -> {now, was_half_open}
+# succeeded: ARGV = mode, released request id -> {now, was_half_open}
+# release:   ARGV = mode, request ids -> {now}
 # read:      ARGV = mode, window_ms per pair
 #            -> {now, then per member: open_until, half_open, probe_owner, probe_until,
 #                reason, opened_at, failures}
@@ -54,9 +72,12 @@ if mode == 'order' then
   local worker = ARGV[2]
   local duration = tonumber(ARGV[3])
   local window = tonumber(ARGV[4])
-  for i = 1, (#KEYS - 1) / 2 do
-    local h, f = KEYS[2 * i], KEYS[2 * i + 1]
-    redis.call('HSET', KEYS[1], ARGV[4 + i], window)
+  local threshold = tonumber(ARGV[5])
+  local lease = tonumber(ARGV[6])
+  local first = true
+  for i = 1, (#KEYS - 1) / 3 do
+    local h, f, q = KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
+    redis.call('HSET', KEYS[1], ARGV[7 + i], window)
     local s = redis.call('HMGET', h, 'open_until', 'half_open', 'probe_until')
     local open_until = tonumber(s[1]) or 0
     local code = 0
@@ -71,10 +92,25 @@ if mode == 'order' then
       end
     end
     local failures = 0
+    local held = 0
     if code == 0 then failures = redis.call('ZCOUNT', f, '(' .. (now - window), '+inf') end
+    if code == 0 and first then
+      redis.call('ZREMRANGEBYSCORE', q, '-inf', now)
+      if failures > 0 and failures + redis.call('ZCARD', q) >= threshold then
+        code = 4
+      else
+        redis.call('ZADD', q, now + lease, ARGV[7])
+        redis.call('PEXPIRE', q, lease)
+        held = 1
+        first = false
+      end
+    elseif code == 2 then
+      first = false
+    end
     table.insert(out, code)
     table.insert(out, open_until)
     table.insert(out, failures)
+    table.insert(out, held)
   end
   return out
 end
@@ -86,6 +122,7 @@ if mode == 'failed' then
   local window = tonumber(ARGV[4])
   local threshold = tonumber(ARGV[5])
   local retry_after = tonumber(ARGV[6])
+  if ARGV[8] ~= '' then redis.call('ZREM', KEYS[4], ARGV[8]) end
   local s = redis.call('HMGET', h, 'open_until', 'half_open')
   local open_until = tonumber(s[1]) or 0
   local was_open = open_until > now
@@ -125,15 +162,21 @@ if mode == 'failed' then
 end
 
 if mode == 'succeeded' then
+  if ARGV[2] ~= '' then redis.call('ZREM', KEYS[4], ARGV[2]) end
   local was = redis.call('HGET', KEYS[2], 'half_open')
   redis.call('DEL', KEYS[2], KEYS[3])
   if was == '1' then return {now, 1} end
   return {now, 0}
 end
 
+if mode == 'release' then
+  redis.call('ZREM', KEYS[4], unpack(ARGV, 2))
+  return out
+end
+
 if mode == 'read' then
-  for i = 1, (#KEYS - 1) / 2 do
-    local h, f = KEYS[2 * i], KEYS[2 * i + 1]
+  for i = 1, (#KEYS - 1) / 3 do
+    local h, f = KEYS[3 * i - 1], KEYS[3 * i]
     local s = redis.call('HMGET', h, 'open_until', 'half_open', 'probe_owner', 'probe_until',
       'reason', 'opened_at')
     local window = tonumber(ARGV[1 + i])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import socket
 import threading
 import uuid
@@ -19,6 +20,7 @@ from llm_resilience.fallback._circuit_script import (
     FAILED,
     ORDER,
     READ,
+    RELEASE,
     SCRIPT,
     SCRIPT_SHA,
     SUCCEEDED,
@@ -47,6 +49,8 @@ class OrderView:
     open_until_ms: int
     #: The fleet's failures in the window (counted only when closed).
     failures: int
+    #: Whether this request took an in-flight entry of the member (released by its outcome).
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +107,20 @@ class RedisCircuitStore:
     lapses after one ``duration`` if its outcome never comes back), the others keep
     skipping the member; and a success closes it for all.
 
+    **In flight.** The member a request tries first takes an entry in the fleet's count
+    of requests in flight to it (leased for the chain's per-attempt timeout, else
+    ``duration``, so a lost outcome frees it); once the member has a failure counted, a
+    request is admitted only while failures plus requests in flight stay below
+    ``failures`` (refused, it skips the member as if open). So a dead member receives at
+    most ``failures`` requests, or as many as were in flight at once when it died, before
+    it opens, whatever the number of workers.
+
     **Cost.** Each decision is one round trip (one Lua script, ``EVALSHA``): one when a
-    request is ordered; one per transient failure; one on a success only when the fleet
-    had failures counted for that member or it was half-open. So a healthy call costs
-    one round trip (docs/benchmarks.md measures it against a bare ``PING``).
+    request is ordered; one per transient failure; one on a success. A success on a
+    member with nothing counted only releases its in-flight entry, after the answer is
+    returned (async: a task of its own; sync: this store's releasing thread), so the
+    call waits for one round trip (docs/benchmarks.md measures it against a bare
+    ``PING``).
 
     **Redis away** (refused, reset, silent, slower than ``operation_timeout``, a failing
     script): the chain uses its own local breaker (which always learns this worker's
@@ -146,6 +160,8 @@ class RedisCircuitStore:
         "_outage",
         "_owns_client",
         "_prefix",
+        "_releaser_pid",
+        "_releases",
         "_url",
         "_worker_id",
         "namespace",
@@ -205,6 +221,8 @@ class RedisCircuitStore:
         self._outage = Outage(
             self._label, "each worker uses its own breaker", self.outage_cooldown, logger
         )
+        self._releases: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._releaser_pid = 0
 
     # -- reading back ----------------------------------------------------------------
 
@@ -223,6 +241,8 @@ class RedisCircuitStore:
 
     def close(self) -> None:
         """Close the connections of a client this store built (not one you passed)."""
+        self._releaser_pid = 0  # the releasing thread, if any, ends
+        self._releases.put(("", ""))
         if self._owns_client:
             self._client.close()
 
@@ -235,17 +255,36 @@ class RedisCircuitStore:
     def _keys(self, members: Sequence[str]) -> list[str]:
         keys = [self._prefix + "members"]
         for member in members:
-            keys += [self._prefix + "m:" + member, self._prefix + "f:" + member]
+            keys += [
+                self._prefix + "m:" + member,
+                self._prefix + "f:" + member,
+                self._prefix + "i:" + member,
+            ]
         return keys
 
     def _order_args(
-        self, members: Sequence[str], duration: float, window: float
+        self, members: Sequence[str], duration: float, window: float, failures: int, lease: float
     ) -> tuple[list[str], list[object]]:
-        args: list[object] = [ORDER, self.worker_id, _ms(duration), _ms(window), *members]
+        args: list[object] = [
+            ORDER,
+            self.worker_id,
+            _ms(duration),
+            _ms(window),
+            failures,
+            max(1, _ms(lease)),
+            uuid.uuid4().hex,
+            *members,
+        ]
         return self._keys(members), args
 
     def _failed_args(
-        self, member: str, duration: float, window: float, failures: int, retry_after: float
+        self,
+        member: str,
+        duration: float,
+        window: float,
+        failures: int,
+        retry_after: float,
+        release: str | None,
     ) -> tuple[list[str], list[object]]:
         entry = uuid.uuid4().hex  # two failures in one millisecond both count
         args: list[object] = [
@@ -256,47 +295,115 @@ class RedisCircuitStore:
             failures,
             _ms(retry_after),
             entry,
+            release or "",
         ]
         return self._keys([member]), args
 
     def order(
-        self, members: Sequence[str], duration: float, window: float
-    ) -> tuple[int, list[OrderView]] | None:
+        self,
+        members: Sequence[str],
+        duration: float,
+        window: float,
+        failures: int = 1,
+        lease: float = 30.0,
+    ) -> tuple[str, int, list[OrderView]] | None:
         """The fleet's view of ``members`` (claiming the probe of each whose cooldown
-        ended and whose probe is free), with the server's time in milliseconds."""
-        return _order_reply(self._call(*self._order_args(members, duration, window)))
+        ended and whose probe is free, and an in-flight entry of the one tried first),
+        with the request's id (what releases the entry) and the server's time (ms)."""
+        keys, args = self._order_args(members, duration, window, failures, lease)
+        return _order_reply(str(args[6]), self._call(keys, args))
 
     async def aorder(
-        self, members: Sequence[str], duration: float, window: float
-    ) -> tuple[int, list[OrderView]] | None:
+        self,
+        members: Sequence[str],
+        duration: float,
+        window: float,
+        failures: int = 1,
+        lease: float = 30.0,
+    ) -> tuple[str, int, list[OrderView]] | None:
         """Async [`order`][]."""
-        return _order_reply(await self._acall(*self._order_args(members, duration, window)))
+        keys, args = self._order_args(members, duration, window, failures, lease)
+        return _order_reply(str(args[6]), await self._acall(keys, args))
 
     def failed(
-        self, member: str, *, duration: float, window: float, failures: int, retry_after: float
+        self,
+        member: str,
+        *,
+        duration: float,
+        window: float,
+        failures: int,
+        retry_after: float,
+        release: str | None = None,
     ) -> FailedReply | None:
-        """Count a transient failure of ``member`` (and its ``Retry-After``, 0: none)."""
+        """Count a transient failure of ``member`` (and its ``Retry-After``, 0: none),
+        releasing the in-flight entry of request ``release``."""
         return _failed_reply(
-            self._call(*self._failed_args(member, duration, window, failures, retry_after))
+            self._call(*self._failed_args(member, duration, window, failures, retry_after, release))
         )
 
     async def afailed(
-        self, member: str, *, duration: float, window: float, failures: int, retry_after: float
+        self,
+        member: str,
+        *,
+        duration: float,
+        window: float,
+        failures: int,
+        retry_after: float,
+        release: str | None = None,
     ) -> FailedReply | None:
         """Async [`failed`][]."""
         return _failed_reply(
-            await self._acall(*self._failed_args(member, duration, window, failures, retry_after))
+            await self._acall(
+                *self._failed_args(member, duration, window, failures, retry_after, release)
+            )
         )
 
-    def succeeded(self, member: str) -> bool | None:
-        """Close ``member`` for the fleet; whether it was half-open (None: Redis away)."""
-        raw = self._call(self._keys([member]), [SUCCEEDED])
+    def succeeded(self, member: str, release: str | None = None) -> bool | None:
+        """Close ``member`` for the fleet (releasing request ``release``'s in-flight
+        entry); whether it was half-open (None: Redis away)."""
+        raw = self._call(self._keys([member]), [SUCCEEDED, release or ""])
         return None if raw is None else bool(int(raw[1]))
 
-    async def asucceeded(self, member: str) -> bool | None:
+    async def asucceeded(self, member: str, release: str | None = None) -> bool | None:
         """Async [`succeeded`][]."""
-        raw = await self._acall(self._keys([member]), [SUCCEEDED])
+        raw = await self._acall(self._keys([member]), [SUCCEEDED, release or ""])
         return None if raw is None else bool(int(raw[1]))
+
+    async def arelease(self, member: str, request: str) -> None:
+        """Release request ``request``'s in-flight entry of ``member`` (a healthy success)."""
+        await self._acall(self._keys([member]), [RELEASE, request])
+
+    def release_later(self, member: str, request: str) -> None:
+        """[`arelease`][] from sync code without waiting: this store's releasing thread
+        (a daemon, one per process, started at the first release) sends it, batched with
+        any others queued meanwhile; a release lost with the process lapses with its lease."""
+        self._releases.put((member, request))
+        if self._releaser_pid != os.getpid():
+            self._releaser_pid = os.getpid()
+            threading.Thread(
+                target=self._release_queued, name="llm-resilience-circuit-release", daemon=True
+            ).start()
+
+    def _release_queued(self) -> None:
+        pid = os.getpid()
+        while self._releaser_pid == pid:
+            batch: dict[str, list[str]] = {}
+            member, request = self._releases.get()
+            batch.setdefault(member, []).append(request)
+            try:
+                while True:
+                    member, request = self._releases.get_nowait()
+                    batch.setdefault(member, []).append(request)
+            except queue.Empty:
+                pass
+            batch.pop("", None)  # close()'s wake-up
+            for member, requests in batch.items():
+                if self._releaser_pid != pid:
+                    return
+                try:
+                    self._call(self._keys([member]), [RELEASE, *requests])
+                except Exception:
+                    return
 
     def read(
         self, members: Sequence[str], windows: Sequence[float]
@@ -367,12 +474,15 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _order_reply(raw: Any) -> tuple[int, list[OrderView]] | None:
+def _order_reply(request: str, raw: Any) -> tuple[str, int, list[OrderView]] | None:
     if raw is None:
         return None
     values = [int(v) for v in raw]
-    views = [OrderView(values[i], values[i + 1], values[i + 2]) for i in range(1, len(values), 3)]
-    return values[0], views
+    views = [
+        OrderView(values[i], values[i + 1], values[i + 2], bool(values[i + 3]))
+        for i in range(1, len(values), 4)
+    ]
+    return request, values[0], views
 
 
 def _failed_reply(raw: Any) -> FailedReply | None:

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Generic, TypeVar
 
+from llm_resilience.checks import KnownKeywords
 from llm_resilience.errors import PerClientTimeoutError, StreamInterruptedError
 from llm_resilience.fallback._breaker import MemberHealth, _Breaker, _closed
 from llm_resilience.fallback._continuation import (
@@ -66,6 +67,7 @@ from llm_resilience.retry import RetryPolicy
 from llm_resilience.retry_budget import (
     CallAttempts,
     RetryBudget,
+    acall_attempts,
     call_attempts,
     retry_budget_option,
 )
@@ -88,7 +90,7 @@ def _may_fail_over(calls: CallAttempts | None) -> bool:
     return calls is None or calls.may_fail_over()
 
 
-class FallbackChain(Generic[ClientT]):
+class FallbackChain(KnownKeywords, Generic[ClientT]):
     """Try ``clients`` in order; fall through to the next one on transient failures.
 
     ``clients`` needs at least 2 entries. Three time limits, each None (off, the
@@ -232,7 +234,7 @@ class FallbackChain(Generic[ClientT]):
         self._breaker: _Breaker | _SharedBreaker | None = None
         if cooldown is not None and cooldown.shared is not None:
             keys = member_keys(cooldown, self.clients)
-            self._breaker = _SharedBreaker(cooldown, keys, clock)
+            self._breaker = _SharedBreaker(cooldown, keys, clock, self._timeout)
         elif cooldown is not None:
             self._breaker = _Breaker(cooldown, len(self.clients), clock)
         self._on_restart = on_restart
@@ -365,6 +367,10 @@ class FallbackChain(Generic[ClientT]):
         """One call's attempt counter on the chain's retry budget (the call counted)."""
         return call_attempts(self._retry_budget)
 
+    async def _aopen_call(self) -> CallAttempts | None:
+        """Async [`_open_call`][]: awaits the shared budget's count (if any)."""
+        return await acall_attempts(self._retry_budget)
+
     @property
     def retry_budget(self) -> RetryBudget | None:
         """The [`RetryBudget`][] the chain's retries and hedges draw from, or None."""
@@ -476,7 +482,7 @@ class FallbackChain(Generic[ClientT]):
         if self.hedge_after is not None:
             return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
         order = await self._aorder(needs)
-        calls = self._open_call()
+        calls = await self._aopen_call()
         if calls is not None:
             attempt = calls.counted(attempt)
         if self._member_retry is not None:
@@ -673,7 +679,7 @@ class FallbackChain(Generic[ClientT]):
                 await hedged.aclose()  # closed with this stream: no attempt outlives it
             return
         order = await self._aorder(needs)
-        calls = self._open_call()
+        calls = await self._aopen_call()
         plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
             plain = self._member_retry.astream(plain, calls)

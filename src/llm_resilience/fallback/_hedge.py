@@ -148,6 +148,14 @@ class Members:
         logger.warning("The retry budget refuses a hedge; the first attempt goes on alone.")
         return False
 
+    async def agrant_hedge(self) -> bool:
+        """Async [`grant_hedge`][]: awaits the shared budget's grant (if any)."""
+        if self.calls is None or await self.calls.amay_retry():
+            return True
+        self.hedge_refused = True
+        logger.warning("The retry budget refuses a hedge; the first attempt goes on alone.")
+        return False
+
     def next(self) -> int | None:
         if self.calls is not None and not self.calls.may_fail_over():
             return None  # the call's attempt cap is reached: no member is left to it
@@ -353,8 +361,9 @@ async def hedged_ainvoke(
 ) -> ResultT:
     """[`FallbackChain.ainvoke`][] with ``hedge_after``: see the module's docs."""
     assert chain.hedge_after is not None
-    calls = chain._open_call()
-    members = Members(await chain._aorder(needs), calls)
+    order = await chain._aorder(needs)
+    calls = await chain._aopen_call()
+    members = Members(order, calls)
     if calls is not None:
         attempt = calls.counted(attempt)
     if chain._member_retry is not None:
@@ -393,7 +402,7 @@ async def hedged_ainvoke(
             )
             if not done:
                 (only,) = tasks.values()
-                if not members.grant_hedge():
+                if not await members.agrant_hedge():
                     continue
                 warn_hedging(chain, only.index, members.next())  # type: ignore[arg-type]
                 start()

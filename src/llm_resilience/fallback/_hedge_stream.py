@@ -294,8 +294,9 @@ async def hedged_astream(
     is yielded, and no task outlives the stream.
     """
     assert chain.hedge_after is not None
-    calls = chain._open_call()
-    members = Members(await chain._aorder(needs), calls)
+    order = await chain._aorder(needs)
+    calls = await chain._aopen_call()
+    members = Members(order, calls)
     if calls is not None:
         attempt = calls.counted(attempt)
     if chain._member_retry is not None:
@@ -361,7 +362,7 @@ async def hedged_astream(
                     (only,) = tasks
                     hedge_at = only.started + chain.hedge_after
                     if now >= hedge_at:
-                        if not members.grant_hedge():
+                        if not await members.agrant_hedge():
                             continue
                         warn_hedging(chain, only.index, members.next())  # type: ignore[arg-type]
                         start()

@@ -114,15 +114,29 @@ class _MemberRetry:
         if self._budget is not None and self._clock() - began + wait >= self._budget:
             return None  # the wait would spend the attempt's time: move on now
         if calls is not None and not calls.may_retry():
-            logger.warning(
-                "Client %d failed (%s, status %s); the retry budget refuses a retry of the "
-                "same client.",
-                index,
-                type(error).__name__,
-                status,
-            )
+            self._refused(index, error)
             return None
         return wait
+
+    async def _await_wait_before_retry(
+        self, error: BaseException, tries: int, began: float, index: int, calls: CallAttempts | None
+    ) -> float | None:
+        """Async [`_wait_before_retry`][]: awaits the shared budget's grant (if any)."""
+        wait = self._wait_before_retry(error, tries, began, index)
+        if wait is not None and calls is not None and not await calls.amay_retry():
+            self._refused(index, error)
+            return None
+        return wait
+
+    @staticmethod
+    def _refused(index: int, error: BaseException) -> None:
+        logger.warning(
+            "Client %d failed (%s, status %s); the retry budget refuses a retry of the "
+            "same client.",
+            index,
+            type(error).__name__,
+            status_code_of(error),
+        )
 
     def _log(self, index: int, error: BaseException, tries: int, wait: float) -> None:
         logger.warning(
@@ -169,7 +183,7 @@ class _MemberRetry:
                 try:
                     return await attempt(index, client)
                 except Exception as error:
-                    wait = self._wait_before_retry(error, tries, began, index, calls)
+                    wait = await self._await_wait_before_retry(error, tries, began, index, calls)
                     if wait is None:
                         raise
                     self._log(index, error, tries, wait)
@@ -229,7 +243,7 @@ class _MemberRetry:
                 except BaseException as error:
                     if iterator is not None:
                         await _aclose(iterator)
-                    wait = self._wait_before_retry(error, tries, began, index, calls)
+                    wait = await self._await_wait_before_retry(error, tries, began, index, calls)
                     if wait is None:
                         raise
                     self._log(index, error, tries, wait)

@@ -71,11 +71,10 @@ class Cooldown:
     derived, or repeat, is refused at construction with a ``ValueError`` naming
     ``Cooldown.keys``.
 
-    ```pycon
-    >>> Cooldown(failures=3, window=60, duration=30)
-    Cooldown(failures=3, window=60.0, duration=30.0, honor_retry_after=True, max_retry_after=300.0)
-
-    ```
+    Examples:
+        >>> Cooldown(failures=3, window=60, duration=30)  # doctest: +NORMALIZE_WHITESPACE
+        Cooldown(failures=3, window=60.0, duration=30.0, honor_retry_after=True,
+                 max_retry_after=300.0)
     """
 
     #: Transient failures within ``window`` that open the breaker (>= 1).

@@ -28,7 +28,7 @@ from llm_resilience.fallback._breaker import (
     _Breaker,
     retry_after_wait,
 )
-from llm_resilience.fallback._circuit_script import CLOSED, OPEN, PROBE, PROBE_OUT
+from llm_resilience.fallback._circuit_script import BUSY, CLOSED, OPEN, PROBE, PROBE_OUT
 from llm_resilience.fallback._circuit_store import FailedReply, RedisCircuitStore
 from llm_resilience.fallback._options import Cooldown
 
@@ -139,14 +139,22 @@ class _SharedBreaker:
         "_clock",
         "_config",
         "_dirty",
+        "_held",
         "_keys",
+        "_lease",
         "_local",
         "_store",
         "_tasks",
         "chain_id",
     )
 
-    def __init__(self, config: Cooldown, keys: tuple[str, ...], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        config: Cooldown,
+        keys: tuple[str, ...],
+        clock: Callable[[], float],
+        lease: float | None = None,
+    ) -> None:
         assert config.shared is not None
         self._config = config
         self._store: RedisCircuitStore = config.shared
@@ -156,6 +164,11 @@ class _SharedBreaker:
         # Whether a success must be told to the fleet: it had failures counted, or the
         # member was open or half-open when last seen (unknown at first).
         self._dirty = [True] * len(keys)
+        # The ids of this process's requests holding an in-flight entry of each member
+        # (interchangeable: an outcome releases any one of them), and how long an entry
+        # is leased for (the chain's per-attempt timeout, else the cooldown's duration).
+        self._held: list[list[str]] = [[] for _ in keys]
+        self._lease = lease if lease is not None else config.duration
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Distinguishes chains in the circuit-state metric.
         self.chain_id = self._local.chain_id
@@ -169,7 +182,11 @@ class _SharedBreaker:
             return []
         config = self._config
         reply = self._store.order(
-            [self._keys[i] for i in candidates], config.duration, config.window
+            [self._keys[i] for i in candidates],
+            config.duration,
+            config.window,
+            config.failures,
+            self._lease,
         )
         return self._ordered(candidates, reply)
 
@@ -179,18 +196,30 @@ class _SharedBreaker:
             return []
         config = self._config
         reply = await self._store.aorder(
-            [self._keys[i] for i in candidates], config.duration, config.window
+            [self._keys[i] for i in candidates],
+            config.duration,
+            config.window,
+            config.failures,
+            self._lease,
         )
         return self._ordered(candidates, reply)
 
     def _ordered(self, candidates: Sequence[int], reply: Any) -> list[int]:
         if reply is None:
             return self._local.order(candidates)
-        now_ms, views = reply
+        request, now_ms, views = reply
         ready: list[int] = []
         trial_out: list[int] = []
         cooling: list[tuple[int, int]] = []
         for index, view in zip(candidates, views, strict=True):
+            if view.held:
+                self._held[index].append(request)
+            if view.code == BUSY:
+                # Suspect, and the fleet's failures plus its requests in flight already
+                # reach ``failures``: skipped as if open (asked last when all are).
+                self._dirty[index] = True
+                cooling.append((index, now_ms))
+                continue
             if view.code == CLOSED:
                 self._dirty[index] = view.failures > 0
                 ready.append(index)
@@ -210,6 +239,13 @@ class _SharedBreaker:
                 cooling.append((index, view.open_until_ms))
         if ready or trial_out:
             for index, until_ms in cooling:
+                if until_ms == now_ms:
+                    logger.info(
+                        "Client %d is suspect and the fleet has enough requests out to it; "
+                        "skipping it.",
+                        index,
+                    )
+                    continue
                 logger.info(
                     "Client %d is cooling down for the fleet for another %.1fs; skipping it.",
                     index,
@@ -230,6 +266,7 @@ class _SharedBreaker:
             "window": config.window,
             "failures": config.failures,
             "retry_after": retry_after_wait(config, error),
+            "release": self._release(index),
         }
         key = self._keys[index]
         if self._in_loop():
@@ -253,18 +290,34 @@ class _SharedBreaker:
                 view="fleet",
             )
 
+    def _release(self, index: int) -> str | None:
+        held = self._held[index]
+        try:
+            return held.pop()
+        except IndexError:  # the member was not this request's first: it held nothing
+            return None
+
     def succeeded(self, index: int) -> None:
         self._local.succeeded(index)
-        if not self._dirty[index]:
-            return  # nothing counted against it when last seen: no round trip
         key = self._keys[index]
+        release = self._release(index)
+        if not self._dirty[index]:
+            # Nothing counted against it when last seen: only the in-flight entry goes,
+            # after the answer (the call never waits for it).
+            if release is None:
+                return
+            if self._in_loop():
+                self._spawn(self._store.arelease(key, release))
+            else:
+                self._store.release_later(key, release)
+            return
         if self._in_loop():
-            self._spawn(self._asucceeded(index, key))
+            self._spawn(self._asucceeded(index, key, release))
         else:
-            self._noted_success(index, self._store.succeeded(key))
+            self._noted_success(index, self._store.succeeded(key, release))
 
-    async def _asucceeded(self, index: int, key: str) -> None:
-        self._noted_success(index, await self._store.asucceeded(key))
+    async def _asucceeded(self, index: int, key: str, release: str | None) -> None:
+        self._noted_success(index, await self._store.asucceeded(key, release))
 
     def _noted_success(self, index: int, was_half_open: bool | None) -> None:
         if was_half_open is None:

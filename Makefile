@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck unit docs dist bench clean
+.PHONY: install demo test lint typecheck unit docs dist lint-docs-dist bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,16 +33,32 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two pytest-xdist workers (the suite is CPU-bound): each takes its own Redis database
+# (conftest.py), the PostgreSQL tests each their own schema. --dist loadfile keeps each
+# test file on one worker, so a module fixture (the packaging builds, the notebooks' run)
+# runs once. PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 unit: $(STAMP)
-	$(UNIT_ENV) $(BIN)/python -m pytest -q
+	$(UNIT_ENV) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-# The docs build strict before the suite, and tests/test_docs_site.py reads that site
-# instead of building its own (it builds one when run any other way).
-test: UNIT_ENV = LLM_RESILIENCE_DOCS_SITE=build/site
-test: lint typecheck docs unit dist
+# First the checks, mypy (one core for a minute or two) beside lint, docs and dist in
+# turn, each one's output printed whole when it ends; any failing stops make. Then the
+# suite on both cores. The docs build before the suite, and tests/test_docs_site.py reads
+# that site instead of building its own (it builds one when run any other way). dist never
+# runs beside the suite: tests/test_packaging.py builds the same sdists, whose release
+# trees setuptools makes in the source folder.
+test: $(STAMP)
+	$(MAKE) --no-print-directory --output-sync=target -j2 typecheck lint-docs-dist
+	$(MAKE) --no-print-directory unit UNIT_ENV=LLM_RESILIENCE_DOCS_SITE=build/site
 
+lint-docs-dist: $(STAMP)
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory docs
+	$(MAKE) --no-print-directory dist
+
+# Not --quiet: it hides the warnings from --strict too, and the build then passes with them.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 # The three distributions (each sdist, then its wheel built from the sdist) in build/dist,
 # checked as PyPI will: long description renders, metadata complete. The three build at

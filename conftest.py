@@ -16,7 +16,36 @@ import pytest
 POSTGRES_URL = os.environ.get(
     "LLM_RESILIENCE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-REDIS_URL = os.environ.get("LLM_RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _worker_redis_url(url: str, worker: str) -> str:
+    """``url`` with its database moved down by the pytest-xdist worker's number.
+
+    The Redis tests flush their database before and after each test, so two workers must
+    never share one: worker ``gw0`` keeps the URL's database (default 15), ``gw1`` takes
+    the one below it (14), and so on. Outside xdist (``worker`` empty) the URL is as given.
+    """
+    if not worker.startswith("gw"):
+        return url
+    base, _, database = url.rpartition("/")
+    if not database.isdigit() or not base.startswith("redis://"):
+        raise pytest.UsageError(
+            f"LLM_RESILIENCE_TEST_REDIS_URL must end in a database number under pytest-xdist "
+            f"(each worker takes its own), got {url!r}"
+        )
+    number = int(database) - int(worker[2:])
+    if number < 0:
+        raise pytest.UsageError(
+            f"pytest-xdist worker {worker} has no Redis database below {database}: "
+            f"run fewer workers or point LLM_RESILIENCE_TEST_REDIS_URL at a higher database"
+        )
+    return f"{base}/{number}"
+
+
+REDIS_URL = _worker_redis_url(
+    os.environ.get("LLM_RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"),
+    os.environ.get("PYTEST_XDIST_WORKER", ""),
+)
 
 
 def _reachable(host: str, port: int) -> bool:

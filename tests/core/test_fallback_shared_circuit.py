@@ -308,7 +308,7 @@ def test_a_silent_redis_bounds_each_call_by_operation_timeout_then_rejoins(
     redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with FaultProxy(("127.0.0.1", 6379)) as proxy:
-        url = f"redis://127.0.0.1:{proxy.port}/15"
+        url = f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
         store = RedisCircuitStore(
             url, namespace=namespace, operation_timeout=0.05, outage_cooldown=0.05
         )
@@ -546,7 +546,7 @@ def test_a_fleet_whose_redis_goes_silent_mid_outage_only_warns_and_its_local_bre
         FaultInjectingServer() as backup,
         FaultProxy(("127.0.0.1", 6379)) as proxy,
     ):
-        proxied = f"redis://127.0.0.1:{proxy.port}/15"
+        proxied = f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
         workers, start = _fleet(
             proxied, namespace, primary.openai_base_url, backup.openai_base_url, 1.5
         )

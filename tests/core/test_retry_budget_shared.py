@@ -209,7 +209,7 @@ async def test_a_silent_redis_bounds_each_decision_by_operation_timeout_then_rej
     redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture, asynchronous: bool
 ) -> None:
     with FaultProxy(("127.0.0.1", 6379)) as proxy:
-        url = f"redis://127.0.0.1:{proxy.port}/15"
+        url = f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}"
         store = RedisRetryBudgetStore(
             url, namespace=namespace, operation_timeout=0.05, outage_cooldown=0.05
         )

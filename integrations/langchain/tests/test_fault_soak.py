@@ -79,7 +79,7 @@ async def test_four_hundred_calls_under_random_faults_are_bounded_leave_no_hold_
     limiter = RedisTokenBucketRateLimiter(
         requests_per_minute=600_000,
         name=f"soak-{uuid.uuid4().hex}",
-        redis_url=f"redis://127.0.0.1:{proxy.port}/15",
+        redis_url=f"redis://127.0.0.1:{proxy.port}/{redis_url.rsplit('/', 1)[1]}",
     )
     faults = [Fault.status(429), Fault.status(503), Fault.drop_mid_stream(after_chunks=2)]
     with (

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from llm_resilience import Cooldown, FallbackChain, RedisCircuitStore
+from llm_resilience import Cooldown, FallbackChain, RedisCircuitStore, telemetry
 from llm_resilience.cli import main
 from llm_resilience.testing import Fault, FaultInjectingServer, FaultProxy
 
@@ -283,6 +283,50 @@ def test_a_suspect_member_admits_only_failures_minus_counted_minus_in_flight(
 
 
 # -- Redis away ----------------------------------------------------------------------------
+
+
+def _points(reader: Any) -> dict[str, dict[tuple[tuple[str, Any], ...], Any]]:
+    """Every point the reader holds, by metric (one read: counters are deltas)."""
+    found: dict[str, dict[tuple[tuple[str, Any], ...], Any]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                points = found.setdefault(metric.name, {})
+                for point in metric.data.data_points:
+                    points[tuple(sorted(point.attributes.items()))] = point.value
+    return found
+
+
+def test_a_fleet_opening_is_counted_once_and_the_gauge_shows_the_member_open_by_key(
+    store: RedisCircuitStore, redis_url: str, namespace: str, metric_reader: Any
+) -> None:
+    if metric_reader is None:
+        pytest.skip("another OpenTelemetry SDK provider is installed in this process")
+    other_store = RedisCircuitStore(redis_url, namespace=namespace)
+    first, second = chain_on(store), chain_on(other_store)
+    first.invoke(primary_down([]))
+    second.invoke(primary_down([]))  # the fleet's second failure opens the primary
+
+    points = _points(metric_reader)
+    ours = {"primary", "backup"}
+    states = {
+        (dict(attributes)["chain"], dict(attributes).get("member")): value
+        for attributes, value in points.get(telemetry.CIRCUIT_STATE, {}).items()
+        if dict(attributes).get("member") in ours
+    }
+    openings = [
+        (dict(attributes).get("member"), value)
+        for attributes, value in points.get(telemetry.CIRCUIT_OPENINGS, {}).items()
+        if dict(attributes).get("view") == "fleet"
+    ]
+    # Both workers' gauges show the primary open (2) and the backup closed (0) ...
+    for chain in (first, second):
+        assert states[(chain._breaker.chain_id, "primary")] == 2  # type: ignore[union-attr]
+        assert states[(chain._breaker.chain_id, "backup")] == 0  # type: ignore[union-attr]
+    # ... and the fleet counted one opening, by the worker whose failure opened it.
+    assert openings == [("primary", 1)]
+    other_store.close()
 
 
 def test_a_dead_redis_leaves_the_local_breaker_in_charge_with_one_warning(

@@ -37,6 +37,14 @@ redis = pytest.importorskip("redis")
 pytestmark = pytest.mark.redis
 
 LOGGER = "llm_resilience.ratelimit"
+
+
+def ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The limiter's own records: a client another test left for the collector may log
+    asyncio's "Task exception was never retrieved" meanwhile, which says nothing here."""
+    return [r for r in caplog.records if r.name.startswith(LOGGER)]
+
+
 #: The fault tests' operation_timeout; the documented bound of a faulted acquire is twice it.
 TIMEOUT = 0.25
 BOUND = 2 * TIMEOUT
@@ -227,7 +235,7 @@ async def test_a_thousand_concurrent_async_callers_queue_for_connections_and_get
         granted_at, origin_us / 1e6, 6000, 100, min([until, *cancelled_due])
     )
     assert_every_permit_is_accounted_for(db, limiter.key, origin_us, 6000, 100, len(stamps))
-    assert caplog.records == []  # no call was taken for a Redis failure
+    assert ours(caplog) == []  # no call was taken for a Redis failure
     assert limiter.queued == 0
     assert asyncio.all_tasks() == {asyncio.current_task()}
     await limiter.aclose()
@@ -268,7 +276,7 @@ def test_sixty_four_threads_on_one_limiter_get_the_configured_rate(
     origin_us = bucket_origin(db, limiter.key, before_us)
     assert_grants_follow_the_bucket(stamps, origin_us / 1e6, 6000, 100, until)
     assert_every_permit_is_accounted_for(db, limiter.key, origin_us, 6000, 100, len(stamps))
-    assert caplog.records == []
+    assert ours(caplog) == []
     limiter.close()
 
 
@@ -290,7 +298,7 @@ async def test_a_given_client_with_a_small_pool_queues_callers_instead_of_bypass
     assert in_threads + in_tasks == [True] * 532
     # Every one of them took its permit from Redis (no refill lands in 6000's full bucket).
     assert int(db.hget(limiter.key, "r")) == 6000 - 532
-    assert caplog.records == []
+    assert ours(caplog) == []
     await limiter.aclose()
     client.close()
 

@@ -16,14 +16,13 @@ its last write.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import threading
 from datetime import timedelta
 from typing import Any, Final
 
-from llm_resilience._redis import Outage, connect, pool_size
+from llm_resilience._redis import Outage, arun_script, connect, pool_size, run_script
 from llm_resilience.checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
 
 __all__ = [
@@ -263,42 +262,28 @@ class RedisRetryBudgetStore:
     # -- round trips -----------------------------------------------------------------
 
     def _call(self, keys: list[str], args: list[object]) -> Any:
-        if self._outage.skipping():
-            return None
-        failures_seen = self._outage.failures
-        with self._gate:
-            if self._outage.skipping(failures_seen):
-                return None
-            try:
-                try:
-                    raw = self._client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
-                except self._no_script:
-                    raw = self._client.eval(SCRIPT, len(keys), *keys, *args)
-            except self._errors as exc:
-                self._outage.note_failure(exc)
-                return None
-        self._outage.note_success()
-        return raw
+        return run_script(
+            self._outage,
+            self._gate,
+            self._client,
+            self._errors,
+            self._no_script,
+            (SCRIPT, SCRIPT_SHA),
+            keys,
+            args,
+        )
 
     async def _acall(self, keys: list[str], args: list[object]) -> Any:
-        if self._outage.skipping():
-            return None
-        failures_seen = self._outage.failures
-        try:
-            client, gate = await self._async_clients.get()
-            async with gate:
-                if self._outage.skipping(failures_seen):
-                    return None
-                async with asyncio.timeout(self.operation_timeout):
-                    try:
-                        raw = await client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
-                    except self._no_script:
-                        raw = await client.eval(SCRIPT, len(keys), *keys, *args)
-        except self._errors as exc:
-            self._outage.note_failure(exc)
-            return None
-        self._outage.note_success()
-        return raw
+        return await arun_script(
+            self._outage,
+            self._async_clients,
+            self.operation_timeout,
+            self._errors,
+            self._no_script,
+            (SCRIPT, SCRIPT_SHA),
+            keys,
+            args,
+        )
 
 
 def _counts(raw: Any) -> tuple[int, int] | None:

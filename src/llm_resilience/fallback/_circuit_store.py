@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import queue
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
-from llm_resilience._redis import Outage, connect, pool_size
+from llm_resilience._redis import Outage, arun_script, connect, pool_size, run_script
 from llm_resilience.checks import MAX_DURATION, MAX_OPERATION_TIMEOUT, seconds
 from llm_resilience.fallback._circuit_script import (
     FAILED,
@@ -428,42 +427,28 @@ class RedisCircuitStore:
     # -- round trips -----------------------------------------------------------------
 
     def _call(self, keys: list[str], args: list[object]) -> Any:
-        if self._outage.skipping():
-            return None
-        failures_seen = self._outage.failures
-        with self._gate:
-            if self._outage.skipping(failures_seen):
-                return None
-            try:
-                try:
-                    raw = self._client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
-                except self._no_script:
-                    raw = self._client.eval(SCRIPT, len(keys), *keys, *args)
-            except self._errors as exc:
-                self._outage.note_failure(exc)
-                return None
-        self._outage.note_success()
-        return raw
+        return run_script(
+            self._outage,
+            self._gate,
+            self._client,
+            self._errors,
+            self._no_script,
+            (SCRIPT, SCRIPT_SHA),
+            keys,
+            args,
+        )
 
     async def _acall(self, keys: list[str], args: list[object]) -> Any:
-        if self._outage.skipping():
-            return None
-        failures_seen = self._outage.failures
-        try:
-            client, gate = await self._async_clients.get()
-            async with gate:
-                if self._outage.skipping(failures_seen):
-                    return None
-                async with asyncio.timeout(self.operation_timeout):
-                    try:
-                        raw = await client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
-                    except self._no_script:
-                        raw = await client.eval(SCRIPT, len(keys), *keys, *args)
-        except self._errors as exc:
-            self._outage.note_failure(exc)
-            return None
-        self._outage.note_success()
-        return raw
+        return await arun_script(
+            self._outage,
+            self._async_clients,
+            self.operation_timeout,
+            self._errors,
+            self._no_script,
+            (SCRIPT, SCRIPT_SHA),
+            keys,
+            args,
+        )
 
 
 def _ms(value: float) -> int:

@@ -12,9 +12,15 @@ Two parts:
 2. **Cost.** In one process, the healthy path: ``p50`` of a bare ``PING``, of one
    ``order`` decision of the store (the one round trip a healthy call makes), and of a
    whole ``chain.invoke`` with a no-op attempt with and without the store; the ratio of
-   each to the ``PING``.
+   each to the ``PING``. Then the retry budget's decisions (a call counted, a retry
+   asked), local and shared through ``RedisRetryBudgetStore``.
+3. **A real call.** ``p50`` of one chat completion through the ``openai`` SDK against
+   the fault server on 127.0.0.1 (an answer at once: the cheapest real provider call
+   there is), made directly and through a chain with no breaker, a local ``Cooldown``,
+   a shared one, and a shared one plus a shared ``RetryBudget``; the ratio of each to
+   the direct call.
 
-    python benchmarks/bench_shared_circuit.py           # about 50 s on 2 CPUs
+    python benchmarks/bench_shared_circuit.py           # about 70 s on 2 CPUs
     python benchmarks/bench_shared_circuit.py --quick
 
 Uses database 15 of ``LLM_RESILIENCE_BENCH_REDIS_URL`` (default
@@ -25,6 +31,7 @@ Redis there it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -34,11 +41,19 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 import redis
 
-from llm_resilience import Cooldown, FallbackChain, RedisCircuitStore
+from llm_resilience import (
+    Cooldown,
+    FallbackChain,
+    RedisCircuitStore,
+    RedisRetryBudgetStore,
+    RetryBudget,
+)
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 URL = os.environ.get("LLM_RESILIENCE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -134,28 +149,14 @@ def _p50(samples: list[int]) -> float:
     return statistics.median(samples) / 1000.0
 
 
-def _cost(n: int) -> list[tuple[str, float]]:
-    namespace = f"bench-{uuid.uuid4().hex[:8]}"
-    client = redis.Redis.from_url(URL)
-    store = RedisCircuitStore(URL, namespace=namespace)
-    shared = FallbackChain(["a", "b"], cooldown=Cooldown(shared=store, keys=["bench-a", "bench-b"]))
-    local = FallbackChain(["a", "b"], cooldown=Cooldown())
-
-    def noop(index: int, member: str) -> str:
-        return member
-
-    operations = {
-        "PING": client.ping,
-        "store.order (one decision)": lambda: store.order(["bench-a", "bench-b"], 30.0, 60.0),
-        "invoke, local Cooldown": lambda: local.invoke(noop),
-        "invoke, shared Cooldown": lambda: shared.invoke(noop),
-    }
+def _sampled(operations: dict[str, Callable[[], object]], n: int) -> list[tuple[str, float]]:
+    """p50 (us) of each operation over ``n`` calls, in rounds whose order rotates."""
     samples: dict[str, list[int]] = {name: [] for name in operations}
     for _ in range(200):
         for operation in operations.values():
             operation()
     names = list(operations)
-    for round_number in range(n // 250):
+    for round_number in range(max(1, n // 250)):
         rotated = names[round_number % len(names) :] + names[: round_number % len(names)]
         for name in rotated:
             operation = operations[name]
@@ -163,10 +164,82 @@ def _cost(n: int) -> list[tuple[str, float]]:
                 began = time.perf_counter_ns()
                 operation()
                 samples[name].append(time.perf_counter_ns() - began)
+    return [(name, _p50(samples[name])) for name in names]
+
+
+def _cost(n: int) -> list[tuple[str, float]]:
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(URL)
+    store = RedisCircuitStore(URL, namespace=namespace)
+    budget_store = RedisRetryBudgetStore(URL, namespace=namespace)
+    shared = FallbackChain(["a", "b"], cooldown=Cooldown(shared=store, keys=["bench-a", "bench-b"]))
+    local = FallbackChain(["a", "b"], cooldown=Cooldown())
+    # ratio 1 and a floor far above what the loop asks: every retry is granted.
+    local_budget = RetryBudget(ratio=1, min_per_second=1000)
+    shared_budget = RetryBudget(ratio=1, min_per_second=1000, shared=budget_store)
+
+    def noop(index: int, member: str) -> str:
+        return member
+
+    rows = _sampled(
+        {
+            "PING": client.ping,
+            "store.order (one decision)": lambda: store.order(["bench-a", "bench-b"], 30.0, 60.0),
+            "invoke, local Cooldown": lambda: local.invoke(noop),
+            "invoke, shared Cooldown": lambda: shared.invoke(noop),
+            "budget call, local": local_budget.call_started,
+            "budget call, shared": shared_budget.call_started,
+            "budget retry, local": local_budget.try_retry,
+            "budget retry, shared": shared_budget.try_retry,
+        },
+        n,
+    )
     store.close()
+    budget_store.close()
     client.close()
     _drop(namespace)
-    return [(name, _p50(samples[name])) for name in names]
+    return rows
+
+
+def _real_call(n: int) -> list[tuple[str, float]]:
+    import openai
+
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
+    store = RedisCircuitStore(URL, namespace=namespace)
+    budget_store = RedisRetryBudgetStore(URL, namespace=namespace)
+    with FaultInjectingServer() as server:
+        members = [
+            openai.OpenAI(base_url=server.openai_base_url, api_key="bench", max_retries=0)
+            for _ in range(2)
+        ]
+        keys = ["bench-openai-a", "bench-openai-b"]
+        messages: list[Any] = [{"role": "user", "content": "hi"}]
+
+        def ask(index: int, member: openai.OpenAI) -> object:
+            return member.chat.completions.create(model="m", messages=messages)
+
+        chains = {
+            "chain, no breaker": FallbackChain(members),
+            "chain, local Cooldown": FallbackChain(members, cooldown=Cooldown()),
+            "chain, shared Cooldown": FallbackChain(
+                members, cooldown=Cooldown(shared=store, keys=keys)
+            ),
+            "chain, shared Cooldown + budget": FallbackChain(
+                members,
+                cooldown=Cooldown(shared=store, keys=keys),
+                retry_budget=RetryBudget(shared=budget_store),
+            ),
+        }
+        operations: dict[str, Callable[[], object]] = {
+            "direct (openai SDK)": lambda: ask(0, members[0])
+        }
+        for name, chain in chains.items():
+            operations[name] = functools.partial(chain.invoke, ask)
+        rows = _sampled(operations, n)
+    store.close()
+    budget_store.close()
+    _drop(namespace)
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -200,6 +273,12 @@ def main(argv: list[str]) -> int:
     anchor = rows[0][1]
     for name, p50 in rows:
         print(f"{name:<28} {p50:>9.1f} us  {p50 / anchor:>5.2f}x PING")
+    n = 1000 if quick else 4000
+    print(f"\nA real call (openai SDK, fault server on 127.0.0.1), p50 of {n} calls each:\n")
+    rows = _real_call(n)
+    anchor = rows[0][1]
+    for name, p50 in rows:
+        print(f"{name:<32} {p50:>9.1f} us  {p50 / anchor:>5.2f}x direct")
     return 0
 
 

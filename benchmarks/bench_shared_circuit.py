@@ -270,16 +270,18 @@ def main(argv: list[str]) -> int:
     n = 2000 if quick else 10000
     print(f"\nHealthy path, p50 of {n} calls each (microseconds):\n")
     rows = _cost(n)
-    anchor = rows[0][1]
-    for name, p50 in rows:
-        print(f"{name:<28} {p50:>9.1f} us  {p50 / anchor:>5.2f}x PING")
+    _print_against(rows, "PING")
     n = 1000 if quick else 4000
     print(f"\nA real call (openai SDK, fault server on 127.0.0.1), p50 of {n} calls each:\n")
-    rows = _real_call(n)
+    _print_against(_real_call(n), "direct")
+    return 0
+
+
+def _print_against(rows: list[tuple[str, float]], anchor_name: str) -> None:
+    """One line a row: its p50 and its ratio to the first row's."""
     anchor = rows[0][1]
     for name, p50 in rows:
-        print(f"{name:<32} {p50:>9.1f} us  {p50 / anchor:>5.2f}x direct")
-    return 0
+        print(f"{name:<32} {p50:>9.1f} us  {p50 / anchor:>5.2f}x {anchor_name}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A layer (fallback, rate limit, spend budget) is a ``BaseChatModel`` whose ``_generate``
 and ``_stream`` call the inner model's ``_generate_with_cache``/``_stream`` with the
 layer's own run manager, so a whole stack is one LLM run in callbacks and traces, while
-the inner model's own cache and ``rate_limiter`` still apply. An inner model that is
+the inner model's own cache and ``rate_limiter`` still apply (a plain call, with no cache
+and no streaming asked, skips the method's probes: `_plain_call`). An inner model that is
 itself one of these layers, with no cache or limiter of its own, is called at its
 ``_generate`` directly: LangChain's per-call machinery (cache lookup, signature check,
 stream detection) already ran once for the whole stack at the outermost layer. Tools
@@ -36,6 +37,7 @@ from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, 
 from langchain_core.utils._merge import merge_dicts
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_llm_resilience._plain_call import aplain_generate, plain_generate
 from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
 from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
@@ -238,7 +240,7 @@ def generate_inner(
         if method is not None:  # skips building the bound call with its signature
             return method(model, messages, stop=stop, run_manager=run_manager, **kwargs)  # type: ignore[no-any-return]
         return model._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-    return model._generate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+    return plain_generate(model, messages, stop, run_manager, kwargs)
 
 
 async def agenerate_inner(
@@ -254,7 +256,7 @@ async def agenerate_inner(
         if method is not None:
             return await method(model, messages, stop=stop, run_manager=run_manager, **kwargs)  # type: ignore[no-any-return]
         return await model._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
-    return await model._agenerate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+    return await aplain_generate(model, messages, stop, run_manager, kwargs)
 
 
 def stream_inner(

@@ -194,8 +194,11 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
     )
 
     _chain: FallbackChain[LLM] = PrivateAttr()
-    #: The members' facts, ``member_profiles`` and their merge, as `metadata` last read them.
-    _merged_metadata: tuple[Any, Any, dict[str, Any]] | None = PrivateAttr(default=None)
+    #: The members' facts, ``member_profiles``, and `metadata`'s fields and dump as they
+    #: were last merged.
+    _merged_metadata: tuple[Any, Any, dict[str, Any], dict[str, Any]] | None = PrivateAttr(
+        default=None
+    )
 
     def __init__(
         self,
@@ -292,29 +295,45 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         ``is_chat_model``/``is_function_calling_model``: true only if true for every
         member. ``model_name``: ``"fallback(a,b)"``. ``system_role``: the first member's.
         """
+        return LLMMetadata(**self._merged_metadata_fields()[0])
+
+    def to_payload(self) -> dict[str, Any]:
+        """What LlamaIndex's events carry of this LLM: LlamaIndex's own payload (the class
+        name and the `metadata`), its dump kept while the members' facts stay the same."""
+        return {"class_name": self.class_name(), **self._merged_metadata_fields()[1]}
+
+    def _merged_metadata_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """`metadata`'s fields and their dump. Read on every call (LlamaIndex's events
+        carry them): the members' facts are read each time, merged again only when they
+        changed."""
         members = [member.metadata for member in self.llms]
-        # Read on every call (LlamaIndex's events carry it): the members' facts are read
-        # each time, and merged again only when they changed.
-        facts = tuple(tuple(getattr(m, name) for name in _MERGED_METADATA) for m in members)
+        facts = (
+            tuple(
+                (*(getattr(member, name) for name in _MERGED_METADATA), member.model_name)
+                for member in members
+            ),
+            members[0].system_role,
+        )
         declared = self.member_profiles
         known = _private(self)["_merged_metadata"]
         if known is not None and known[0] == facts and known[1] is declared:
-            merged = known[2]
-        else:
-            merged = merge_capabilities(
-                [dict(zip(_MERGED_METADATA, values, strict=True)) for values in facts],
-                declared,
-                {"context_window": "context_window", "tool_calling": "is_function_calling_model"},
-            )
-            self._merged_metadata = (facts, declared, merged)
-        return LLMMetadata(
-            context_window=merged.get("context_window", -1),
-            num_output=merged.get("num_output", -1),
-            is_chat_model=merged.get("is_chat_model", False),
-            is_function_calling_model=merged.get("is_function_calling_model", False),
-            model_name=f"fallback({','.join(m.model_name for m in members)})",
-            system_role=members[0].system_role,
+            return known[2], known[3]
+        merged = merge_capabilities(
+            [dict(zip(_MERGED_METADATA, values, strict=False)) for values in facts[0]],
+            declared,
+            {"context_window": "context_window", "tool_calling": "is_function_calling_model"},
         )
+        fields = {
+            "context_window": merged.get("context_window", -1),
+            "num_output": merged.get("num_output", -1),
+            "is_chat_model": merged.get("is_chat_model", False),
+            "is_function_calling_model": merged.get("is_function_calling_model", False),
+            "model_name": f"fallback({','.join(m.model_name for m in members)})",
+            "system_role": members[0].system_role,
+        }
+        dumped = LLMMetadata(**fields).model_dump()
+        self._merged_metadata = (facts, declared, fields, dumped)
+        return fields, dumped
 
     # -- chat ---------------------------------------------------------------------
 
@@ -677,7 +696,9 @@ def _relay(
     stream = open_stream()
     try:
         for chunk in stream:
-            yield _served(_after_prefill(chunk, prefill), index)
+            if prefill is not None:
+                chunk = _after_prefill(chunk, prefill)
+            yield _served(chunk, index)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
@@ -693,7 +714,9 @@ async def _arelay(
     stream = await opened if inspect.isawaitable(opened) else opened
     try:
         async for chunk in stream:
-            yield _served(_after_prefill(chunk, prefill), index)
+            if prefill is not None:
+                chunk = _after_prefill(chunk, prefill)
+            yield _served(chunk, index)
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:

@@ -599,6 +599,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                 source = _ThreadedSource(current, index, client)
             else:
                 source = _DirectSource(current, index, client)
+            pull = source.next
             clock = _AttemptClock(self._limits)
             started = False
             content = 0
@@ -607,7 +608,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                     wait = clock.next_wait() if timed else None
                     began = time.monotonic() if timed else 0.0
                     try:
-                        chunk = source.next(None if wait is None else wait[0])
+                        chunk = pull(None if wait is None else wait[0])
                     except StopIteration:
                         break
                     except _AttemptTimedOut as timed_out:

@@ -22,6 +22,7 @@ from langchain_core.globals import set_llm_cache
 from langchain_core.language_models import BaseChatModel
 from langchain_core.outputs import ChatResult
 from langchain_core.rate_limiters import InMemoryRateLimiter
+from langchain_core.runnables import RunnableLambda
 from langchain_core.utils.utils import LC_ID_PREFIX
 
 from langchain_llm_resilience import (
@@ -262,6 +263,33 @@ def test_a_stream_restart_below_two_wrappers_reaches_the_callers_callbacks() -> 
     assert "".join(str(chunk.content) for chunk in chunks).endswith("a b c")
     assert [name for name, _ in restarts.events] == [STREAM_RESTART_EVENT]
     assert restarts.events[0][1]["failed_client"] == 0
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["chain", "stack"])
+def test_a_restart_streamed_inside_a_runnable_reaches_the_parent_runs_callbacks(
+    stacked: bool,
+) -> None:
+    # The model is streamed without a config: its callbacks come from the parent run's
+    # context, which the event must reach too (it is completed there when sent).
+    restarts = _Restarts()
+    model: BaseChatModel = (
+        _restarting_stack()
+        if stacked
+        else FallbackChatModel(
+            models=[
+                FailingChatModel(chunks_before_error=2),
+                ScriptedChatModel(responses=["a b c"]),
+            ]
+        )
+    )
+
+    def inner(text: str) -> str:
+        return "".join(str(chunk.content) for chunk in model.stream(text))
+
+    answer = RunnableLambda(inner).invoke("hi", {"callbacks": [restarts]})
+
+    assert answer.endswith("a b c")
+    assert [name for name, _ in restarts.events] == [STREAM_RESTART_EVENT]
 
 
 async def test_an_async_stream_restart_below_two_wrappers_reaches_callbacks_and_events() -> None:

@@ -150,12 +150,15 @@ class Meter:
             scope = checks.scope(BUDGET_SCOPE_KWARG, call.pop(BUDGET_SCOPE_KWARG))
         args: dict[str, Any] = {"scope": scope, "model": self.model, "texts": texts}
         if self.surface == "chat":
-            # The call's own cap reaches every model below; each model's own is in may_serve.
-            args["max_output_tokens"] = output_cap(call or {})
             args["may_serve"] = self.may_serve
-            # Only a strict hold counts the prompt's tokens: the gate reads nothing else.
-            if self.gate.budget.strict and prompt is not None:
-                args["prompt"] = prompt() if callable(prompt) else prompt
+            # Only a strict hold reads the output cap and counts the prompt's tokens: the
+            # default gate reads neither.
+            if self.gate.budget.strict:
+                # The call's own cap reaches every model below; each model's own is in
+                # may_serve.
+                args["max_output_tokens"] = output_cap(call or {})
+                if prompt is not None:
+                    args["prompt"] = prompt() if callable(prompt) else prompt
         return args
 
     def begin(

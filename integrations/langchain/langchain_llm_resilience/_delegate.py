@@ -3,7 +3,8 @@
 A layer (fallback, rate limit, spend budget) is a ``BaseChatModel`` whose ``_generate``
 and ``_stream`` call the inner model's ``_generate_with_cache``/``_stream`` with the
 layer's own run manager, so a whole stack is one LLM run in callbacks and traces, while
-the inner model's own cache and ``rate_limiter`` still apply. An inner model that is
+the inner model's own cache and ``rate_limiter`` still apply (a plain call, with no cache
+and no streaming asked, skips the method's probes: `_plain_call`). An inner model that is
 itself one of these layers, with no cache or limiter of its own, is called at its
 ``_generate`` directly: LangChain's per-call machinery (cache lookup, signature check,
 stream detection) already ran once for the whole stack at the outermost layer. Tools
@@ -36,6 +37,7 @@ from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, 
 from langchain_core.utils._merge import merge_dicts
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_llm_resilience._plain_call import aplain_generate, plain_generate
 from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
 from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
@@ -193,6 +195,20 @@ def _marked(cls: type[Any], marker: str) -> bool:
     return bool(getattr(cls, marker, False))
 
 
+def invocation_params(
+    layer: BaseChatModel, stop: list[str] | None, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """What ``BaseChatModel._get_invocation_params`` returns for ``layer``, without the
+    deprecated ``dict()`` hop it makes (a warnings filter set and restored, ~3 µs a call)
+    when ``layer``'s class overrides none of ``dict``, ``asdict``, ``_dict_for_compat``."""
+    if not _plain_dict(type(layer)):
+        return BaseChatModel._get_invocation_params(layer, stop=stop, **kwargs)
+    params = dict(layer._identifying_params)
+    params["_type"] = layer._llm_type
+    params["stop"] = stop
+    return {**params, **kwargs}
+
+
 def _restarts_below(layer: DelegatingChatModel) -> bool:
     """Whether a stream through ``layer`` reaches a fallback chain (which may restart it)
     through layers of ours only: the chain then sends its restart event to the sink."""
@@ -238,7 +254,7 @@ def generate_inner(
         if method is not None:  # skips building the bound call with its signature
             return method(model, messages, stop=stop, run_manager=run_manager, **kwargs)  # type: ignore[no-any-return]
         return model._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-    return model._generate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+    return plain_generate(model, messages, stop, run_manager, kwargs)
 
 
 async def agenerate_inner(
@@ -254,7 +270,7 @@ async def agenerate_inner(
         if method is not None:
             return await method(model, messages, stop=stop, run_manager=run_manager, **kwargs)  # type: ignore[no-any-return]
         return await model._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
-    return await model._agenerate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+    return await aplain_generate(model, messages, stop, run_manager, kwargs)
 
 
 def stream_inner(
@@ -478,14 +494,7 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
         self, stop: list[str] | None = None, **kwargs: Any
     ) -> builtins.dict[str, Any]:
         kwargs.pop(SINK_KWARG, None)
-        if not _plain_dict(type(self)):
-            return super()._get_invocation_params(stop=stop, **kwargs)
-        # LangChain's own, without the deprecated ``dict()`` hop it makes (a warnings
-        # filter set and restored, ~3 µs a call): nothing here overrides ``dict``.
-        params = builtins.dict(self._identifying_params)
-        params["_type"] = self._llm_type
-        params["stop"] = stop
-        return {**params, **kwargs}
+        return invocation_params(self, stop, kwargs)
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         kwargs.pop(SINK_KWARG, None)
@@ -518,9 +527,11 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
         if _restarts_below(self) and SINK_KWARG not in kwargs:
             config, sink = RestartSink.attach(self, config)
             kwargs[SINK_KWARG] = sink
-        yield from super().stream(input, config, stop=stop, **kwargs)
+        # LangChain's own (lazy) stream, returned rather than re-yielded: one generator
+        # frame fewer per chunk.
+        return super().stream(input, config, stop=stop, **kwargs)
 
-    async def astream(
+    def astream(  # type: ignore[override]  # returns LangChain's async generator as is
         self,
         input: LanguageModelInput,
         config: RunnableConfig | None = None,
@@ -531,8 +542,7 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
         if _restarts_below(self) and SINK_KWARG not in kwargs:
             config, sink = RestartSink.attach(self, config)
             kwargs[SINK_KWARG] = sink
-        async for chunk in super().astream(input, config, stop=stop, **kwargs):
-            yield chunk
+        return super().astream(input, config, stop=stop, **kwargs)
 
     @signature_precomputed
     def _generate(

@@ -12,9 +12,10 @@ chain's ``on_restart`` hooks. The event's data is the core's
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -25,6 +26,7 @@ from langchain_core.callbacks import (
 from langchain_core.callbacks.manager import ahandle_event, handle_event
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig, ensure_config
+from langchain_core.utils.uuid import uuid7
 
 from llm_resilience.fallback import StreamRestart
 
@@ -43,12 +45,21 @@ SINK_KWARG = "_llm_resilience_restart_sink"
 class RestartSink:
     """Sends the restart event to the callbacks of one stream call, under its run id."""
 
-    __slots__ = ("_config", "_model", "_run_id")
+    __slots__ = ("_config", "_context", "_model", "_run_id")
 
-    def __init__(self, model: BaseChatModel, config: RunnableConfig, run_id: UUID) -> None:
+    def __init__(
+        self,
+        model: BaseChatModel,
+        config: RunnableConfig,
+        run_id: UUID,
+        context: contextvars.Context | None = None,
+    ) -> None:
         self._model = model
         self._config = config
         self._run_id = run_id
+        #: The caller's context when the stream was asked for: the config is completed
+        #: (``ensure_config``) in it, only when an event is sent.
+        self._context = context
 
     def __repr__(self) -> str:  # shown nowhere user-facing; keep it free of callbacks
         return "RestartSink()"
@@ -57,13 +68,22 @@ class RestartSink:
     def attach(
         cls, model: BaseChatModel, config: RunnableConfig | None
     ) -> tuple[RunnableConfig, RestartSink]:
-        config = ensure_config(config)
-        run_id = config.get("run_id") or uuid4()
-        config = {**config, "run_id": run_id}
-        return config, cls(model, config, run_id)
+        # The id LangChain would give the run itself (a UUIDv7, which also costs half a
+        # uuid4): naming it here moves that work, it adds none. The config is completed
+        # by LangChain's ``stream`` for the run, and by the sink in the caller's context
+        # only when a restart sends the event (most streams never do).
+        run_id = (config.get("run_id") if config else None) or uuid7()
+        named: RunnableConfig = {**config, "run_id": run_id} if config else {"run_id": run_id}
+        return named, cls(model, named, run_id, contextvars.copy_context())
 
     def _configure(self, manager_cls: Any) -> Any:
-        config, model = self._config, self._model
+        model = self._model
+        context = self._context
+        config = (
+            ensure_config(self._config)
+            if context is None
+            else context.run(ensure_config, self._config)
+        )
         return manager_cls.configure(
             config.get("callbacks"),
             model.callbacks,

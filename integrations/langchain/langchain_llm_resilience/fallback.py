@@ -38,6 +38,7 @@ from langchain_llm_resilience._delegate import (
     agenerate_inner,
     as_chunk,
     generate_inner,
+    invocation_params,
     private_state,
     signature_precomputed,
     split_structured,
@@ -268,7 +269,9 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
 
     # LangChain's ``stream``/``astream`` do not hand ``_stream`` its run manager, so the
     # wrapper names the run itself and passes a sink for the restart event down through
-    # the call's keyword arguments (filtered out of traced parameters below).
+    # the call's keyword arguments (filtered out of traced parameters below). Each returns
+    # LangChain's own (lazy) stream rather than re-yielding it: a chunk then passes one
+    # generator frame fewer.
     def stream(
         self,
         input: LanguageModelInput,
@@ -278,9 +281,9 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
         config, sink = RestartSink.attach(self, config)
-        yield from super().stream(input, config, stop=stop, **{SINK_KWARG: sink}, **kwargs)
+        return super().stream(input, config, stop=stop, **{SINK_KWARG: sink}, **kwargs)
 
-    async def astream(
+    def astream(  # type: ignore[override]  # returns LangChain's async generator as is
         self,
         input: LanguageModelInput,
         config: RunnableConfig | None = None,
@@ -289,16 +292,13 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         config, sink = RestartSink.attach(self, config)
-        async for chunk in super().astream(
-            input, config, stop=stop, **{SINK_KWARG: sink}, **kwargs
-        ):
-            yield chunk
+        return super().astream(input, config, stop=stop, **{SINK_KWARG: sink}, **kwargs)
 
     def _get_invocation_params(
         self, stop: list[str] | None = None, **kwargs: Any
     ) -> dict[str, Any]:
         kwargs.pop(SINK_KWARG, None)
-        return super()._get_invocation_params(stop=stop, **kwargs)
+        return invocation_params(self, stop, kwargs)
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         kwargs.pop(SINK_KWARG, None)
@@ -395,7 +395,9 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
             yield _served_by_chunk(index, held.metadata)
 
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
-        yield from chain.stream(
+        # The chain's stream is lazy: returned, not re-yielded, so a chunk passes one
+        # generator frame fewer.
+        return chain.stream(
             attempt,
             is_content=_has_content,
             on_restart=restart_hook(kwargs, run_manager),
@@ -406,7 +408,7 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
             hedge_usage=self._loser_usage(chain, messages),
         )
 
-    async def _astream(
+    def _astream(  # type: ignore[override]  # returns the chain's async generator as is
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
@@ -432,7 +434,7 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
             yield _served_by_chunk(index, held.metadata)
 
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
-        async for chunk in chain.astream(
+        return chain.astream(
             attempt,
             is_content=_has_content,
             on_restart=arestart_hook(kwargs, run_manager),
@@ -441,8 +443,7 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
             continue_attempt=attempt,
             drop_text=_drop_text,
             hedge_usage=self._loser_usage(chain, messages),
-        ):
-            yield chunk
+        )
 
     def _loser_usage(
         self, chain: FallbackChain[BaseChatModel], messages: list[BaseMessage]

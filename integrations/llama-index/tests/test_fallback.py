@@ -457,6 +457,21 @@ def test_metadata_takes_the_declared_member_profiles_over_the_members_own() -> N
     assert metadata.is_function_calling_model is True
 
 
+def test_metadata_and_event_payload_follow_a_member_whose_facts_change() -> None:
+    member = FakeFunctionCallingLLM(model_name="a", context_window=8_000, num_output=512)
+    llm = FallbackLLM(llms=[member, FakeFunctionCallingLLM(model_name="b")])
+    before = (llm.metadata.context_window, llm.to_payload()["context_window"])
+
+    member.context_window = 4_000
+    member.model_name = "a2"
+
+    assert before == (8_000, 8_000)
+    assert llm.metadata.context_window == 4_000
+    assert llm.to_payload()["context_window"] == 4_000
+    assert llm.to_payload()["model_name"] == "fallback(a2,b)"
+    assert llm.to_payload() == {"class_name": "FallbackLLM", **llm.metadata.model_dump()}
+
+
 def test_serialising_the_wrapper_for_events_carries_no_member_secrets() -> None:
     payload = FallbackLLM(llms=[MockLLM(), MockLLM()]).to_payload()
 

@@ -599,6 +599,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                 source = _ThreadedSource(current, index, client)
             else:
                 source = _DirectSource(current, index, client)
+            pull = source.next
             clock = _AttemptClock(self._limits)
             started = False
             content = 0
@@ -607,7 +608,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                     wait = clock.next_wait() if timed else None
                     began = time.monotonic() if timed else 0.0
                     try:
-                        chunk = source.next(None if wait is None else wait[0])
+                        chunk = pull(None if wait is None else wait[0])
                     except StopIteration:
                         break
                     except _AttemptTimedOut as timed_out:
@@ -688,6 +689,9 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         position = 0
         prefill: str | None = None
         loop = asyncio.get_running_loop()
+        # Without time limits no wait is bounded: the clock is neither asked nor told.
+        timed = self._limits.any
+        keeps_text = self._keeps_text(text_of)
         while True:
             index = order[position]
             client = self.clients[index]
@@ -709,9 +713,9 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             content = 0
             try:
                 while True:
-                    wait = clock.next_wait()
+                    wait = clock.next_wait() if timed else None
                     scope: asyncio.Timeout | None = None
-                    began = loop.time()
+                    began = loop.time() if timed else 0.0
                     try:
                         if wait is None:
                             if iterator is None:
@@ -745,11 +749,12 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                     if trim is not None:
                         chunk = trim(chunk)
                     carries = is_content is None or is_content(chunk)
-                    clock.waited(loop.time() - began, content=carries)
+                    if timed:
+                        clock.waited(loop.time() - began, content=carries)
                     started = True
                     if carries:
                         content += 1
-                        held.add(self._kept_text(text_of, chunk))
+                        held.add(text_of(chunk) if text_of is not None and keeps_text else None)
                     yield chunk
             finally:
                 if iterator is not None:
@@ -766,11 +771,6 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
     def _keeps_text(self, text_of: Callable[[ChunkT], str] | None) -> bool:
         # Text is kept only where a policy reads it: "raise" reports it, "continue" sends it.
         return text_of is not None and self.mid_stream != "restart"
-
-    def _kept_text(self, text_of: Callable[[ChunkT], str] | None, chunk: ChunkT) -> str | None:
-        if text_of is None or not self._keeps_text(text_of):
-            return None
-        return text_of(chunk)
 
     def _after_stream_failure(
         self,

@@ -1,0 +1,275 @@
+"""Per-call overhead of every wrapper against the model it wraps, both frameworks.
+
+Each wrapper is timed, with no failure, against the model it wraps called directly (the
+floor), side by side in one run:
+
+* LangChain (`invoke`/`ainvoke`/`stream`/`astream`, 5 chunks consumed to the end):
+  ``FallbackChatModel([primary, secondary])``, ``RateLimitedChatModel`` and
+  ``CostTrackedChatModel`` (an ``InMemoryCostLedger``) over the fake chat model of
+  ``bench_fallback.py``, and LangChain's own ``primary.with_fallbacks([secondary])``;
+  a second LangChain table times the failover path (the primary raises a real
+  ``openai.RateLimitError`` on an ``httpx.Response(429)``), where the floor is the
+  secondary alone;
+* LlamaIndex (`chat`/`achat`/`stream_chat`/`astream_chat`): ``FallbackLLM``,
+  ``RateLimitedLLM`` and ``CostTrackedLLM`` (an ``InMemoryCostLedger``) over
+  ``MockLLM``.
+
+Limits are set so high that nobody waits or is refused. The method is
+``bench_fallback.py``'s: interleaved rounds in a rotating order, a cell the median
+per-call batch mean, a ratio the median of per-round ratios with its interquartile
+range.
+
+    python benchmarks/bench_wrappers.py            # ~70 s on 2 cores, 90 s at most
+    python benchmarks/bench_wrappers.py --quick    # ~10 s, for a smoke run
+    python benchmarks/bench_wrappers.py --profile fallback invoke  # cProfile one cell
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import langchain_core
+import llama_index.core
+from _timing import Samples, Settings, run_async, run_sync
+from bench_fallback import MESSAGES, FakeChat, RateLimitedChat, configure_logging
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import Runnable
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.llms import LLM
+from llama_index.core.llms.mock import MockLLM
+from llama_index.resilience import CostTrackedLLM, FallbackLLM, RateLimitedLLM
+
+from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, RateLimitedChatModel
+from llm_resilience import CostBudget
+from llm_resilience.ledger import InMemoryCostLedger
+
+#: Far above any rate a benchmark reaches: nobody waits, nobody is refused.
+REQUESTS_PER_MINUTE = 600_000_000
+DAILY_LIMIT = 10**12
+LLAMA_MESSAGES = [ChatMessage(role="user", content="Say ok.")]
+
+#: The wrappers of each table, in column order, after ``direct``.
+LANGCHAIN_OK = ("fallback", "with_fallbacks", "rate_limited", "cost_tracked")
+LANGCHAIN_FAILOVER = ("fallback", "with_fallbacks")
+LLAMA = ("fallback", "rate_limited", "cost_tracked")
+
+
+def _budget() -> CostBudget:
+    return CostBudget(3, 15, daily_limit=DAILY_LIMIT)
+
+
+# -- LangChain ---------------------------------------------------------------------------
+
+
+def langchain_contenders(path: str) -> dict[str, Runnable[Any, Any]]:
+    """The runnables for ``path`` ("ok" or "failover"), ``direct`` first."""
+    secondary = FakeChat()
+    primary: BaseChatModel = FakeChat() if path == "ok" else RateLimitedChat()
+    runnables: dict[str, Runnable[Any, Any]] = {
+        "direct": primary if path == "ok" else secondary,
+        "fallback": FallbackChatModel(models=[primary, secondary]),
+        "with_fallbacks": primary.with_fallbacks([secondary]),
+    }
+    if path == "ok":
+        runnables["rate_limited"] = RateLimitedChatModel(
+            inner=primary, requests_per_minute=REQUESTS_PER_MINUTE
+        )
+        runnables["cost_tracked"] = CostTrackedChatModel(
+            inner=primary, budget=_budget(), ledger=InMemoryCostLedger()
+        )
+    return runnables
+
+
+def langchain_sync(runnable: Runnable[Any, Any], shape: str) -> Callable[[], object]:
+    if shape == "invoke":
+        return lambda: runnable.invoke(MESSAGES)
+    return lambda: deque(runnable.stream(MESSAGES), maxlen=0)
+
+
+def langchain_async(runnable: Runnable[Any, Any], shape: str) -> Callable[[], Awaitable[object]]:
+    if shape == "invoke":
+        return lambda: runnable.ainvoke(MESSAGES)
+
+    async def consume() -> None:
+        async for _ in runnable.astream(MESSAGES):
+            pass
+
+    return consume
+
+
+# -- LlamaIndex --------------------------------------------------------------------------
+
+
+def llama_contenders() -> dict[str, LLM]:
+    """``MockLLM`` direct and each LlamaIndex wrapper over it."""
+    mock = MockLLM()
+    return {
+        "direct": mock,
+        "fallback": FallbackLLM(llms=[mock, MockLLM()]),
+        "rate_limited": RateLimitedLLM(inner=mock, requests_per_minute=REQUESTS_PER_MINUTE),
+        "cost_tracked": CostTrackedLLM(inner=mock, budget=_budget(), ledger=InMemoryCostLedger()),
+    }
+
+
+def llama_sync(llm: LLM, shape: str) -> Callable[[], object]:
+    if shape == "chat":
+        return lambda: llm.chat(LLAMA_MESSAGES)
+    return lambda: deque(llm.stream_chat(LLAMA_MESSAGES), maxlen=0)
+
+
+def llama_async(llm: LLM, shape: str) -> Callable[[], Awaitable[object]]:
+    if shape == "chat":
+        return lambda: llm.achat(LLAMA_MESSAGES)
+
+    async def consume() -> None:
+        async for _ in await llm.astream_chat(LLAMA_MESSAGES):
+            pass
+
+    return consume
+
+
+# -- reporting ---------------------------------------------------------------------------
+
+
+def _ratio(samples: Samples, top: str, bottom: str) -> str:
+    """Median over rounds of ``top``'s batch mean over ``bottom``'s, with the IQR."""
+    ratios = [a / b for a, b in zip(samples[top], samples[bottom], strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    return f"**{median:.2f}** ({q1:.2f}-{q3:.2f})"
+
+
+def table(title: str, wrappers: tuple[str, ...], results: dict[str, Samples]) -> str:
+    """One row per call; µs per contender, then each wrapper over ``direct`` (and
+    ``fallback`` over ``with_fallbacks`` when both ran)."""
+    anchored = "with_fallbacks" in wrappers
+    names = ("direct", *wrappers)
+    heads = [f"{name} µs" for name in names]
+    heads += [f"{name}/direct" for name in wrappers if name != "with_fallbacks"]
+    if anchored:
+        heads.append("fallback/with_fallbacks")
+    lines = [
+        f"### {title}",
+        "",
+        "| call | rounds | " + " | ".join(heads) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in heads) + " |",
+    ]
+    for call, samples in results.items():
+        cells = [f"{statistics.median(samples[name]) / 1000:.0f}" for name in names]
+        cells += [_ratio(samples, name, "direct") for name in wrappers if name != "with_fallbacks"]
+        if anchored:
+            cells.append(_ratio(samples, "fallback", "with_fallbacks"))
+        lines.append(f"| {call} | {len(samples['direct'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _load() -> str:
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+def machine() -> str:
+    return (
+        f"Python {platform.python_version()}, langchain-core {langchain_core.__version__}, "
+        f"llama-index-core {llama_index.core.__version__}, {os.cpu_count()} CPU(s), "
+        f"{platform.machine()} {platform.system()}; load average {_load()}"
+    )
+
+
+def benchmark(settings: Settings) -> str:
+    out = [f"Machine: {machine()}", ""]
+    for path, wrappers, title in (
+        ("ok", LANGCHAIN_OK, "LangChain, no failure"),
+        ("failover", LANGCHAIN_FAILOVER, "LangChain, failover (429)"),
+    ):
+        runnables = langchain_contenders(path)
+        results: dict[str, Samples] = {}
+        for shape in ("invoke", "stream"):
+            sync = {name: langchain_sync(runnables[name], shape) for name in ("direct", *wrappers)}
+            results[shape] = run_sync(sync, settings)
+            aio = {name: langchain_async(runnables[name], shape) for name in ("direct", *wrappers)}
+            results[f"a{shape}"] = run_async(aio, settings)
+        out += [table(title, wrappers, results), ""]
+    llms = llama_contenders()
+    results = {}
+    for shape in ("chat", "stream_chat"):
+        results[shape] = run_sync({n: llama_sync(llms[n], shape) for n in llms}, settings)
+        results[f"a{shape}"] = run_async({n: llama_async(llms[n], shape) for n in llms}, settings)
+    out += [table("LlamaIndex over MockLLM, no failure", LLAMA, results), ""]
+    return "\n".join(out)
+
+
+# -- profiling ---------------------------------------------------------------------------
+
+
+def profile(framework: str, name: str, shape: str, calls: int) -> None:
+    """cProfile ``calls`` sync and async calls of one contender; the 25 costliest
+    functions by own time. cProfile inflates cheap calls: read it for where, not how much."""
+    if framework == "llama":
+        target: Any = llama_contenders()[name]
+        sync, aio = llama_sync(target, shape), llama_async(target, shape)
+    else:
+        target = langchain_contenders("ok" if framework == "langchain" else "failover")[name]
+        sync, aio = langchain_sync(target, shape), langchain_async(target, shape)
+
+    async def repeat(n: int) -> None:
+        for _ in range(n):
+            await aio()
+
+    for label, run in (
+        ("sync", lambda n: [sync() for _ in range(n)]),
+        ("async", lambda n: asyncio.run(repeat(n))),
+    ):
+        run(200)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run(calls)
+        profiler.disable()
+        print(f"\n=== {framework} {name} {shape}, {label}, {calls} calls ===")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="short run (a few seconds)")
+    parser.add_argument(
+        "--profile",
+        nargs=3,
+        metavar=("FRAMEWORK", "CONTENDER", "SHAPE"),
+        help="cProfile one cell: langchain|failover|llama, a contender, invoke|stream|chat|"
+        "stream_chat",
+    )
+    args = parser.parse_args(argv)
+    # Offline and deterministic: no LangSmith tracer may attach itself.
+    for variable in ("LANGCHAIN_TRACING_V2", "LANGCHAIN_TRACING", "LANGSMITH_TRACING"):
+        os.environ.pop(variable, None)
+    configure_logging()
+    if args.profile:
+        profile(*args.profile, calls=3_000)
+        return 0
+    if args.quick:
+        settings = Settings(rounds=40, warmup=3, batch_ns=2_000_000, budget_s=1.0)
+    else:
+        settings = Settings(rounds=300, warmup=10, batch_ns=3_000_000, budget_s=6.0)
+    started = time.perf_counter()
+    print(benchmark(settings))
+    print(
+        f"Up to {settings.rounds} rounds (+{settings.warmup} warm-up) of ~"
+        f"{settings.batch_ns / 1e6:.0f} ms batches per contender, {settings.budget_s:.1f} s "
+        f"per call shape at most; {time.perf_counter() - started:.1f} s; load average at "
+        f"the end {_load()}."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,16 +29,21 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.chat_models import _gen_info_and_msg_metadata
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
-from langchain_core.tracers._streaming import (
-    _StreamingCallbackHandler,
-    _V2StreamingCallbackHandler,
-)
+from langchain_core.tracers import _streaming
 from langchain_core.utils.utils import LC_ID_PREFIX
 
 __all__ = ["aplain_generate", "plain_generate"]
 
-#: Handlers whose presence makes LangChain stream an ``invoke`` (v1 and v2 protocols).
-_STREAMING_HANDLERS = (_StreamingCallbackHandler, _V2StreamingCallbackHandler)
+#: Handlers whose presence makes LangChain stream an ``invoke``: the v1 protocol's, and
+#: the v2 protocol's where this langchain-core has it (1.0 does not).
+_STREAMING_HANDLERS: tuple[type, ...] = tuple(
+    handler
+    for handler in (
+        getattr(_streaming, "_StreamingCallbackHandler", None),
+        getattr(_streaming, "_V2StreamingCallbackHandler", None),
+    )
+    if handler is not None
+)
 
 
 @functools.cache

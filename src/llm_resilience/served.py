@@ -54,6 +54,8 @@ def served_mark(index: int, below: object = None) -> list[int]:
         >>> served_mark(0, [1]), served_mark(2, None)
         ([0, 1], [2])
     """
+    if below is None:  # a member that is no chain: most answers, one per streamed chunk
+        return [index]
     return [index, *(served_path(below) or ())]
 
 

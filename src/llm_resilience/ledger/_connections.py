@@ -37,6 +37,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 from llm_resilience import checks
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._readcache import ReadCache
 from llm_resilience.ledger._schema import (
     Run,
     driver_run,
@@ -190,8 +191,9 @@ class Connections:
         #: run on connections of our own (``direct_connection``), the rest on
         #: SQLAlchemy's pool.
         self.direct = not self.postgres and not self.memory and not echo
-        # Idle direct connections, each with the busy timeout (ms) last set on it.
-        self._idle: list[tuple[sqlite3.Connection, int | None]] = []
+        # Idle direct connections, each with the busy timeout (ms) last set on it and the
+        # gate reads made on it (see ``direct_reads``).
+        self._idle: list[tuple[sqlite3.Connection, int | None, ReadCache]] = []
         #: The SQLAlchemy engine: its pool serves every operation but the direct ones.
         self.engine = self._create_engine(parsed, echo=echo)
         #: The backend's name, for threads and log lines.
@@ -404,12 +406,32 @@ class Connections:
         back on an error. Errors come out as from the engine (SQLAlchemy's, parameters
         hidden), and ``LedgerTimeoutError`` past the deadline.
         """
+        with self._direct(operation, transaction=transaction) as (run, reads):
+            if transaction:
+                reads.unaccounted()  # a caller that does not say what it stored
+            yield run
+
+    @contextmanager
+    def direct_reads(
+        self, operation: Operation, *, transaction: bool = False
+    ) -> Iterator[tuple[Run, ReadCache]]:
+        """`direct_connection`, with the gate reads kept on that connection
+        (``_readcache``): valid while its ``PRAGMA data_version`` is unchanged. In a
+        transaction, tell them what it stores (``ReadCache.stored``,
+        ``ReadCache.unaccounted``); they are brought up to date when it commits."""
+        with self._direct(operation, transaction=transaction) as lent:
+            yield lent
+
+    @contextmanager
+    def _direct(
+        self, operation: Operation, *, transaction: bool
+    ) -> Iterator[tuple[Run, ReadCache]]:
         if operation.expired():
             raise operation.timeout_error()
         try:
-            driver, busy_ms = self._idle.pop()
+            driver, busy_ms, reads = self._idle.pop()
         except IndexError:
-            driver, busy_ms = None, None
+            driver, busy_ms, reads = None, None, ReadCache()
         kept = False
         interrupted = False
         try:
@@ -421,15 +443,25 @@ class Connections:
                 busy_ms = self._bound_direct_waits(driver, busy_ms, operation)
                 run: Run = functools.partial(driver_run, driver)
                 if transaction:
-                    run("BEGIN IMMEDIATE", ())
-                    yield run
-                    run("COMMIT", ())
+                    # Our own commit leaves this connection's data_version as it was: the
+                    # reads kept on it are brought up to date with what we store, if
+                    # nobody else committed since they were made, else forgotten.
+                    try:
+                        run("BEGIN IMMEDIATE", ())
+                        ((version,),) = run("PRAGMA data_version", ())
+                        reads.begin_write(version)
+                        yield run, reads
+                        run("COMMIT", ())
+                    except BaseException:
+                        reads.ended()
+                        raise
+                    reads.committed()
                 else:
-                    yield run
+                    yield run, reads
             finally:
                 interrupted = operation.detach()
             if not interrupted and len(self._idle) < POOL_SIZE:
-                self._idle.append((driver, busy_ms))
+                self._idle.append((driver, busy_ms, reads))
                 kept = True
         except Exception as error:
             _raise_past_deadline(error, operation, operation.detach() or interrupted)
@@ -478,7 +510,7 @@ class Connections:
 
     def _close_direct(self) -> None:
         while self._idle:
-            driver, _ = self._idle.pop()
+            driver, _, _ = self._idle.pop()
             with suppress(Exception):
                 driver.close()
 

@@ -72,6 +72,7 @@ from llm_resilience.ledger._protocol import (
     window_bounds,
     window_key,
 )
+from llm_resilience.money import EXACT
 
 __all__ = [
     "DECIMAL_ADD",
@@ -92,6 +93,8 @@ __all__ = [
     "sqlite_run",
     "sqlite_spend",
     "sqlite_spends",
+    "sqlite_spends_expiring",
+    "sqlite_time",
 ]
 
 #: Scope column value of the global (all scopes) running totals.
@@ -435,6 +438,8 @@ def _sqlite_bounds(window: Window, key: str, when: datetime) -> tuple[str, str]:
 def _decimal_add(total: object, amount: object) -> str:
     """SQLite function `DECIMAL_ADD`: the exact sum of two stored amounts, as the
     decimal text the ledger stores (SQLite's own ``+`` would add floats)."""
+    if type(total) is str and type(amount) is str:  # what the ledger stores: decimal text
+        return format(EXACT.add(Decimal(total), Decimal(amount)), "f")
     return format(exact_sum((_to_decimal(total), _to_decimal(amount))), "f")
 
 
@@ -543,9 +548,9 @@ def insert_entries(connection: Connection, entries: Sequence[LedgerEntry]) -> No
     connection.execute(_POSTGRES_BATCH, fields)
 
 
-def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
+def sqlite_insert(run: Run, entry: LedgerEntry) -> bool:
     """Store ``entry`` on SQLite and add its cost to its totals, unless its id is already
-    stored: two statements, inside the caller's transaction.
+    stored: two statements, inside the caller's transaction. True if it was stored.
 
     The totals are added in SQL by `DECIMAL_ADD` (exact decimal text, the stored
     form every release reads), so no read of them is needed first.
@@ -571,10 +576,18 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
         "thread_id": entry.thread_id,
     }
     if run(_SQLITE_INSERT, fields).rowcount == 0:
-        return  # written before (a write that failed late, or the same entry twice)
-    run(
-        _SQLITE_ADD, [(key, each, cost) for key, each in _totals_keys(entry.timestamp, entry.scope)]
-    )
+        return False  # written before (a write that failed late, or the same entry twice)
+    keys = _totals_keys(entry.timestamp, entry.scope)
+    run(_sqlite_add_rows(len(keys)), tuple(v for key, each in keys for v in (key, each, cost)))
+    return True
+
+
+@functools.cache
+def _sqlite_add_rows(count: int) -> str:
+    """`_SQLITE_ADD` for ``count`` totals in one statement (one execution, not one per
+    total), its parameters one tuple of every row's values."""
+    rows = ", ".join(["(?, ?, 0, ?)"] * count)
+    return _SQLITE_ADD.replace("(?, ?, 0, ?)", rows)
 
 
 _ENTRY_COLUMNS = (
@@ -757,6 +770,46 @@ def sqlite_spends(
     statement = _spends_statement(tuple(scope is not None for _, scope in windows))
     parameters = _spends_parameters(windows, when, sqlite=True)
     return _sum_slots(len(windows), run(statement, parameters))
+
+
+@functools.cache
+def _expiring_spends_statement(scoped: tuple[bool, ...]) -> str:
+    """`_spends_statement` on SQLite with a third column: each counted hold's expiry
+    (NULL on a running total)."""
+    parts: list[str] = []
+    for slot, has_scope in enumerate(scoped):
+        parts.append(
+            f"SELECT {slot} AS slot, total AS amount, NULL AS expires FROM cost_ledger_totals "
+            f"WHERE window_key = :key{slot} AND scope = :totals_scope{slot}"
+        )
+        live = (
+            f"SELECT {slot}, amount, expires FROM cost_ledger_reservations WHERE expires > :now "
+            f'AND "timestamp" >= :start{slot} AND "timestamp" < :end{slot}'
+        )
+        parts.append(live + (f" AND scope = :scope{slot}" if has_scope else ""))
+    return " UNION ALL ".join(parts)
+
+
+def sqlite_spends_expiring(
+    run: Run, windows: Sequence[tuple[Window, str | None]], when: datetime
+) -> tuple[list[Decimal], str | None]:
+    """`sqlite_spends`, and the earliest expiry (SQLite text) of the holds counted (None
+    when none is): until then, and while nothing is committed, the answer stands."""
+    statement = _expiring_spends_statement(tuple(scope is not None for _, scope in windows))
+    parameters = _spends_parameters(windows, when, sqlite=True)
+    amounts: list[list[Decimal]] = [[] for _ in windows]
+    first: str | None = None
+    for slot, amount, expires in run(statement, parameters):
+        amounts[slot].append(_to_decimal(amount))
+        if expires is not None and (first is None or expires < first):
+            first = expires
+    return [exact_sum(each) for each in amounts], first
+
+
+def sqlite_time(moment: datetime) -> str:
+    """A UTC instant as the SQLite ledger stores and compares it (``YYYY-MM-DD
+    HH:MM:SS.ffffff``)."""
+    return _sqlite_time(moment)
 
 
 def _as_stored(**fields: Any) -> LedgerEntry:

@@ -63,12 +63,14 @@ from llm_resilience.ledger._protocol import (
     window_key,
 )
 from llm_resilience.ledger._queries import Cursor, read_groups, read_page, read_run_spend
+from llm_resilience.ledger._readcache import ReadCache
 from llm_resilience.ledger._schema import (
+    Run,
     holds,
     read_spend,
     read_spends,
-    sqlite_spend,
-    sqlite_spends,
+    sqlite_spends_expiring,
+    sqlite_time,
 )
 from llm_resilience.ledger._watchdog import Operation
 from llm_resilience.ledger._writes import Writes
@@ -212,7 +214,7 @@ class SqlCostLedger:
         self._flusher = self._writes.flusher
         # Write-behind only: (windows, their keys) -> (stored amounts, read at, generation).
         self._stored: dict[tuple[Any, ...], tuple[tuple[Decimal, ...], float, int]] = {}
-        # Write-behind: (windows, day) -> windows checked and their keys (see _plan).
+        # (windows, day) -> windows checked and their keys (see _plan).
         self._plans: dict[tuple[Any, ...], tuple[tuple[SpendWindow, ...], tuple[str, ...]]] = {}
         try:
             self._db.open()
@@ -321,8 +323,9 @@ class SqlCostLedger:
             # Pending first: a write stored meanwhile is then counted twice, never missed.
             waiting = self._pending.unwritten_cost(key, scope)
             if self._db.direct:
-                with self._db.direct_connection(operation) as run:
-                    return exact_sum((sqlite_spend(run, window, scope, when), waiting))
+                with self._db.direct_reads(operation) as (run, reads):
+                    (stored,) = _versioned_spends(run, reads, ((window, scope),), (key,), when)
+                return exact_sum((stored, waiting))
             with self._db.connection(operation) as connection:
                 return exact_sum((read_spend(connection, window, scope, when), waiting))
 
@@ -356,8 +359,8 @@ class SqlCostLedger:
 
         def read_stored(operation: Operation) -> tuple[Decimal, ...]:
             if self._db.direct:
-                with self._db.direct_connection(operation) as run:
-                    return tuple(sqlite_spends(run, checked, when))
+                with self._db.direct_reads(operation) as (run, reads):
+                    return _versioned_spends(run, reads, checked, keys, when)
             with self._db.connection(operation) as connection:
                 return tuple(read_spends(connection, checked, when))
 
@@ -389,10 +392,10 @@ class SqlCostLedger:
     def _plan(
         self, windows: Sequence[SpendWindow], when: datetime
     ) -> tuple[tuple[SpendWindow, ...], tuple[str, ...]]:
-        """``windows`` checked, and the key of each at ``when``. With write-behind the
-        answer is remembered per ``windows`` and day: a gate asks the same all day."""
+        """``windows`` checked, and the key of each at ``when``, remembered per
+        ``windows`` and day: a gate asks the same all day."""
         memo: tuple[Any, ...] | None = None
-        if self._flusher is not None and type(windows) in (list, tuple):
+        if type(windows) in (list, tuple):
             try:
                 memo = (tuple(windows), when.year, when.month, when.day)
                 known = self._plans.get(memo)
@@ -807,6 +810,27 @@ class SqlCostLedger:
                 count,
                 money,
             )
+
+
+def _versioned_spends(
+    run: Run,
+    reads: ReadCache,
+    checked: tuple[SpendWindow, ...],
+    keys: tuple[str, ...],
+    when: datetime,
+) -> tuple[Decimal, ...]:
+    """The stored spends of ``checked`` on a direct SQLite connection: the connection's
+    last answer while no commit landed since (``PRAGMA data_version``, see
+    ``_readcache``), else one read."""
+    ((version,),) = run("PRAGMA data_version", ())
+    at = sqlite_time(when)
+    cache_key = (checked, keys)
+    stored = reads.get(cache_key, version, at)
+    if stored is None:
+        amounts, expires = sqlite_spends_expiring(run, checked, when)
+        stored = tuple(amounts)
+        reads.put(cache_key, version, at, stored, expires)
+    return stored
 
 
 def _write_behind(value: object) -> timedelta | None:

@@ -99,17 +99,19 @@ class Writes:
             self._apply_postgres(operation, writes)
             return
         if self._db.direct:
-            with self._db.direct_connection(operation, transaction=True) as run:
+            with self._db.direct_reads(operation, transaction=True) as (run, reads):
                 entries = [w.entry for w in writes if w.hold_id is None and w.entry is not None]
                 batch = SQLITE_RETURNING and 1 < len(entries) == len(writes)
                 if batch and all(entry.entry_id for entry in entries):
                     sqlite_insert_many(run, entries)  # a batch of records: one INSERT
+                    reads.unaccounted()
                     return
                 for write in writes:
                     if write.hold_id is not None:
                         sqlite_release(run, write.hold_id)
-                    if write.entry is not None:
-                        sqlite_insert(run, write.entry)
+                        reads.unaccounted()  # the hold's amount is not known here
+                    if write.entry is not None and sqlite_insert(run, write.entry):
+                        reads.stored(write.entry)
             return
         with self._db.connection(operation, transaction=True) as connection:
             for write in writes:

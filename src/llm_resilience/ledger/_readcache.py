@@ -21,11 +21,13 @@ no counted hold has expired since. Every other case reads the database again.
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 
 from llm_resilience.ledger._protocol import LedgerEntry, SpendWindow, exact_sum, window_key
+from llm_resilience.ledger._schema import Run, sqlite_spends_expiring, sqlite_time
 
-__all__ = ["MAX_CACHED_READS", "ReadCache"]
+__all__ = ["MAX_CACHED_READS", "ReadCache", "versioned_spends"]
 
 #: Distinct reads (windows and scopes, per day) kept per connection.
 MAX_CACHED_READS = 256
@@ -134,3 +136,24 @@ def _plus(key: ReadKey, amounts: tuple[Decimal, ...], entry: LedgerEntry) -> tup
         else amount
         for (window, scope), window_key_read, amount in zip(windows, keys, amounts, strict=True)
     )
+
+
+def versioned_spends(
+    run: Run,
+    reads: ReadCache,
+    checked: tuple[SpendWindow, ...],
+    keys: tuple[str, ...],
+    when: datetime,
+) -> tuple[Decimal, ...]:
+    """The stored spends of ``checked`` on a direct SQLite connection: the connection's
+    last answer while no commit landed since (``PRAGMA data_version``, see
+    ``_readcache``), else one read."""
+    ((version,),) = run("PRAGMA data_version", ())
+    at = sqlite_time(when)
+    cache_key = (checked, keys)
+    stored = reads.get(cache_key, version, at)
+    if stored is None:
+        amounts, expires = sqlite_spends_expiring(run, checked, when)
+        stored = tuple(amounts)
+        reads.put(cache_key, version, at, stored, expires)
+    return stored

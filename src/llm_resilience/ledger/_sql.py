@@ -11,12 +11,16 @@ exact decimal-text function registered on every connection (``_schema.DECIMAL_AD
 the stored totals stay the decimal text every release reads. On a SQLite file the
 per-call operations (``spend``, ``spends``, ``record``, ``settle``) run on ``sqlite3``
 connections the ledger keeps itself (no pool checkout per call); everything else goes
-through SQLAlchemy's pool. Both kinds are bounded alike. On PostgreSQL a record, and a
-batch of records, is one statement (insert the entries, add their costs to their
-totals) that locks the totals in key order, as every writer does, so writers never
-deadlock; one the database ends anyway (deadlock, serialisation failure) is retried
-(``_writes``). ``reserve`` and schema changes serialise on a transaction-scoped advisory
-lock. Any number of processes may open, write and migrate the same database at once.
+through SQLAlchemy's pool. Both kinds are bounded alike. On a SQLite file a gate read is
+kept per connection while ``PRAGMA data_version`` says nothing was committed since
+(``_readcache``). On PostgreSQL ``spend``, ``spends`` and ``record`` run on psycopg
+connections the ledger keeps itself likewise (no pool checkout, no SQLAlchemy compile
+per call); a record, and a batch of records, is one statement (``_postgres``: insert the
+entries, add their costs to their totals) that locks the totals in key order, as every
+writer does, so writers never deadlock; one the database ends anyway (deadlock,
+serialisation failure) is retried (``_writes``). ``reserve`` and schema changes serialise
+on a transaction-scoped advisory lock. Any number of processes may open, write and
+migrate the same database at once.
 
 Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
 called, ends within ``T`` plus the watchdog's reaction (docs/benchmarks.md has the
@@ -42,6 +46,7 @@ from llm_resilience import checks
 from llm_resilience.ledger._connections import Connections, parse_url, unavailable
 from llm_resilience.ledger._groups import Grouping, SpendReport, SpendRow, grouped_report
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
+from llm_resilience.ledger._postgres import psycopg_spends
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     EntryFilters,
@@ -63,14 +68,12 @@ from llm_resilience.ledger._protocol import (
     window_key,
 )
 from llm_resilience.ledger._queries import Cursor, read_groups, read_page, read_run_spend
-from llm_resilience.ledger._readcache import ReadCache
+from llm_resilience.ledger._readcache import versioned_spends
 from llm_resilience.ledger._schema import (
-    Run,
     holds,
     read_spend,
     read_spends,
-    sqlite_spends_expiring,
-    sqlite_time,
+    sum_slots,
 )
 from llm_resilience.ledger._watchdog import Operation
 from llm_resilience.ledger._writes import Writes
@@ -324,7 +327,10 @@ class SqlCostLedger:
             waiting = self._pending.unwritten_cost(key, scope)
             if self._db.direct:
                 with self._db.direct_reads(operation) as (run, reads):
-                    (stored,) = _versioned_spends(run, reads, ((window, scope),), (key,), when)
+                    (stored,) = versioned_spends(run, reads, ((window, scope),), (key,), when)
+                return exact_sum((stored, waiting))
+            if self._db.postgres_direct:
+                (stored,) = self._postgres_spends(operation, ((window, scope),), when)
                 return exact_sum((stored, waiting))
             with self._db.connection(operation) as connection:
                 return exact_sum((read_spend(connection, window, scope, when), waiting))
@@ -360,7 +366,9 @@ class SqlCostLedger:
         def read_stored(operation: Operation) -> tuple[Decimal, ...]:
             if self._db.direct:
                 with self._db.direct_reads(operation) as (run, reads):
-                    return _versioned_spends(run, reads, checked, keys, when)
+                    return versioned_spends(run, reads, checked, keys, when)
+            if self._db.postgres_direct:
+                return self._postgres_spends(operation, checked, when)
             with self._db.connection(operation) as connection:
                 return tuple(read_spends(connection, checked, when))
 
@@ -388,6 +396,16 @@ class SqlCostLedger:
                 self._stored.clear()
             self._stored[cache_key] = (stored, fresh, generation)
         return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
+
+    def _postgres_spends(
+        self, operation: Operation, windows: Sequence[SpendWindow], when: datetime
+    ) -> tuple[Decimal, ...]:
+        """The stored spends of ``windows`` on PostgreSQL: one statement on one of the
+        ledger's own psycopg connections."""
+        statement, parameters = psycopg_spends(windows, when)
+        with self._db.postgres_connection(operation) as driver:
+            rows = driver.execute(statement, parameters).fetchall()
+        return tuple(sum_slots(len(windows), rows))
 
     def _plan(
         self, windows: Sequence[SpendWindow], when: datetime
@@ -810,27 +828,6 @@ class SqlCostLedger:
                 count,
                 money,
             )
-
-
-def _versioned_spends(
-    run: Run,
-    reads: ReadCache,
-    checked: tuple[SpendWindow, ...],
-    keys: tuple[str, ...],
-    when: datetime,
-) -> tuple[Decimal, ...]:
-    """The stored spends of ``checked`` on a direct SQLite connection: the connection's
-    last answer while no commit landed since (``PRAGMA data_version``, see
-    ``_readcache``), else one read."""
-    ((version,),) = run("PRAGMA data_version", ())
-    at = sqlite_time(when)
-    cache_key = (checked, keys)
-    stored = reads.get(cache_key, version, at)
-    if stored is None:
-        amounts, expires = sqlite_spends_expiring(run, checked, when)
-        stored = tuple(amounts)
-        reads.put(cache_key, version, at, stored, expires)
-    return stored
 
 
 def _write_behind(value: object) -> timedelta | None:

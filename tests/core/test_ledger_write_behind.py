@@ -259,22 +259,35 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
 
-ledger = SqlCostLedger(f"sqlite:///{sys.argv[1]}", write_behind=60)
+ledger = SqlCostLedger(sys.argv[1], write_behind=60)
 for _ in range(3):
     ledger.record(LedgerEntry(datetime.now(UTC), "chat", 10, 5, Decimal("0.25")))
 # No close(): a normal exit must still store the queue.
 """
 
 
-def test_a_process_exiting_without_close_stores_its_queue(path: Path) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_process_exiting_without_close_stores_its_queue(
+    database: str, path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite:///{path}"
+        if database == "sqlite"
+        else request.getfixturevalue("postgres_schema_url")
+    )
     subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_AT_EXIT), str(path)],
+        [sys.executable, "-c", textwrap.dedent(_AT_EXIT), url],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    assert stored_costs(path) == ["0.25"] * 3
+    reader = SqlCostLedger(url)
+    try:
+        assert [entry.cost for entry in reader.entries()] == [Decimal("0.25")] * 3
+        assert reader.spend("day") == Decimal("0.75")  # and the totals: once each
+    finally:
+        reader.close()
 
 
 # Records an entry every millisecond, forever; prints (unbuffered, so a kill -9 loses

@@ -380,14 +380,27 @@ def steady_writer(url: str, behind: float | None, measure: Any, stop: Any, count
     """Records fresh entries as fast as it can until ``stop`` is set; reports how many
     it recorded while ``measure`` was set."""
     ledger = SqlCostLedger(url, write_behind=behind)
-    written = 0
+    written = recorded = 0
     while not stop.is_set():
         for _ in range(50):
             ledger.record(fresh_entry())
+        recorded += 50
         if measure.is_set():
             written += 50
     ledger.close()
-    counts.put(written)
+    counts.put((written, recorded))
+
+
+def stored_rows(url: str) -> int:
+    """Entries stored in the ledger at ``url``, counted without it."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.exec_driver_sql("SELECT count(*) FROM cost_ledger").scalar_one())
+    finally:
+        engine.dispose()
 
 
 def reads_under_load(url: str, repeats: int) -> list[str]:
@@ -398,6 +411,7 @@ def reads_under_load(url: str, repeats: int) -> list[str]:
     context = multiprocessing.get_context("spawn")
     rows = []
     for behind in (None, WRITE_BEHIND):
+        before = stored_rows(url)
         measure, stop, counts = context.Event(), context.Event(), context.Queue()
         workers = [
             context.Process(target=steady_writer, args=(url, behind, measure, stop, counts))
@@ -437,14 +451,17 @@ def reads_under_load(url: str, repeats: int) -> list[str]:
             measure.clear()
             elapsed = time.perf_counter() - began
             stop.set()
-            written = sum(counts.get(timeout=600) for _ in workers)
+            reports = [counts.get(timeout=600) for _ in workers]
             for worker in workers:
-                worker.join()
-        rate = written / elapsed
-        rows = [(*row[:5], rate) if len(row) == 5 else row for row in rows]
+                worker.join()  # each has closed its ledger and exited
+        rate = sum(written for written, _ in reports) / elapsed
+        recorded = sum(total for _, total in reports)
+        stored = f"{stored_rows(url) - before:,} / {recorded:,}"
+        rows = [(*row[:5], rate, stored) if len(row) == 5 else row for row in rows]
     return [
-        f"| {writers} | {WRITERS} | {rate:,.0f} | {reader} | {name} | {p50:.3f} | {p99:.3f} | {repeats} |"
-        for writers, reader, name, p50, p99, rate in rows
+        f"| {writers} | {WRITERS} | {rate:,.0f} | {stored} | {reader} | {name} | {p50:.3f} "
+        f"| {p99:.3f} | {repeats} |"
+        for writers, reader, name, p50, p99, rate, stored in rows
     ]
 
 
@@ -476,9 +493,9 @@ def main(argv: list[str]) -> int:
         "| --- | --- | ---: | ---: |",
     ]
     loaded = [
-        "| database | writers' mode | writer processes | records/s meanwhile | reader's ledger "
-        "| gate | p50 ms | p99 ms | calls |",
-        "| --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: |",
+        "| database | writers' mode | writer processes | records/s meanwhile "
+        "| stored / recorded (after close) | reader's ledger | gate | p50 ms | p99 ms | calls |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |",
     ]
     modes = ((None, "durable per record"), (WRITE_BEHIND, f"write-behind {WRITE_BEHIND} s"))
     with tempfile.TemporaryDirectory() as folder:

@@ -16,16 +16,24 @@ Three measurements per database:
   ``spends``. Both, and the whole gate (``begin`` + ``abandon``) each way, sync and
   async (one event loop, ``aspend``/``aspends`` in a worker thread).
 * **records per second**: 8 writer processes (``spawn``, each with its own ledger) and,
-  for reference, 1, each recording ``WRITES`` entries (2,000; 300 with ``--quick``),
-  timed from a barrier that releases them together to the last commit.
+  for reference, 1, each recording 2,000 fresh entries (300 with ``--quick``), timed
+  from a barrier that releases them together to the last ``close()`` (every entry
+  committed): durable (each record its own one-statement transaction before it returns)
+  and with ``write_behind=0.05`` (batches of up to 100, one statement each).
+* **gate reads under write load**: the gate with day and month limits (``begin`` +
+  ``abandon``, sync and async), read by this process on the loaded ledger while 8 writer
+  processes record fresh entries as fast as they can (durable, then write-behind), by
+  a default ledger (exact: every read reaches the database, SQLite's kept reads aside)
+  and by a write-behind one (the stored part reused for up to the interval).
 
 SQLite works in a temporary directory; PostgreSQL (``LLM_RESILIENCE_TEST_POSTGRES_URL``,
 default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``) in a fresh schema dropped at
 the end, skipped with a note when the server is not there. Prints markdown tables.
 
-    python benchmarks/bench_ledger.py            # ~100 s on 2 cores
+    python benchmarks/bench_ledger.py            # ~4 min on 2 cores
     python benchmarks/bench_ledger.py --quick    # ~30 s
     python benchmarks/bench_ledger.py --reads-only   # the reads, no writer processes
+    python benchmarks/bench_ledger.py --postgres-only  # no SQLite reads under load
 """
 
 from __future__ import annotations
@@ -60,7 +68,11 @@ POSTGRES_URL = os.environ.get(
     "LLM_RESILIENCE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 GOAL_P50_MS = 1.0
+#: Goal of issue 23: the gate's p99 under the write load of ``WRITERS`` processes.
+GOAL_LOADED_P99_MS = 1.0
 WRITERS = 8
+#: ``write_behind`` of the batching writers (and readers): committed at least this often.
+WRITE_BEHIND = 0.05
 COLUMNS = (
     "timestamp, kind, input_tokens, output_tokens, cost, pages, model, estimated, surface, scope"
 )
@@ -307,24 +319,53 @@ def gate_rows(ledger: SqlCostLedger, repeats: int) -> list[tuple[str, tuple[floa
     return rows
 
 
-def writer(url: str, start: Any, results: Any, writes: int) -> None:
-    ledger = SqlCostLedger(url)
-    now = datetime.now(UTC)
-    entry = LedgerEntry(now, "chat", 1200, 300, Decimal("0.0081"), model="gpt-4o-mini")
-    ledger.record(entry)  # connection open and warm before the clock starts
+def fresh_entry() -> LedgerEntry:
+    """A new entry (its own ``entry_id``: every record stores a row and adds to the
+    totals; the same entry recorded again would store nothing)."""
+    return LedgerEntry(datetime.now(UTC), "chat", 1200, 300, Decimal("0.0081"), model="gpt-4o-mini")
+
+
+def writer(url: str, start: Any, results: Any, writes: int, behind: float | None) -> None:
+    ledger = SqlCostLedger(url, write_behind=behind)
+    entries = [fresh_entry() for _ in range(writes)]  # made before the clock starts
+    ledger.spend("day")  # connection open and warm before the clock starts
     start.wait()
-    for _ in range(writes):
+    for entry in entries:
         ledger.record(entry)
+    ledger.close()  # with write-behind: stores what is still queued
     results.put(time.perf_counter())
-    ledger.close()
 
 
-def writes_per_second(url: str, processes: int, writes: int) -> float:
+def driver_writer(url: str, start: Any, results: Any, writes: int) -> None:
+    """The floor of a durable record on PostgreSQL: the ledger's own one-statement
+    record, run straight on one psycopg connection (autocommit), no ledger around it."""
+    import psycopg
+
+    from llm_resilience.ledger._postgres import psycopg_statements, record_parameters
+
+    statements, _ = psycopg_statements()
+    entries = [fresh_entry() for _ in range(writes)]
+    with psycopg.connect(**postgres_params(url), autocommit=True) as connection:
+        connection.execute("SET TIME ZONE 'UTC'")
+        start.wait()
+        for entry in entries:
+            connection.execute(statements[entry.scope is not None], record_parameters(entry))
+    results.put(time.perf_counter())
+
+
+def writes_per_second(
+    url: str, processes: int, writes: int, behind: float | None, *, floor: bool = False
+) -> float:
+    """Records per second stored by ``processes`` writers, from the barrier to the last
+    writer's ``close()`` (every entry committed); ``floor``: `driver_writer` instead."""
     context = multiprocessing.get_context("spawn")
     start, results = context.Barrier(processes + 1), context.Queue()
-    workers = [
-        context.Process(target=writer, args=(url, start, results, writes)) for _ in range(processes)
-    ]
+    target, args = (
+        (driver_writer, (url, start, results, writes))
+        if floor
+        else (writer, (url, start, results, writes, behind))
+    )
+    workers = [context.Process(target=target, args=args) for _ in range(processes)]
     for worker in workers:
         worker.start()
     start.wait()
@@ -335,10 +376,102 @@ def writes_per_second(url: str, processes: int, writes: int) -> float:
     return processes * writes / (finished - began)
 
 
+def steady_writer(url: str, behind: float | None, measure: Any, stop: Any, counts: Any) -> None:
+    """Records fresh entries as fast as it can until ``stop`` is set; reports how many
+    it recorded while ``measure`` was set."""
+    ledger = SqlCostLedger(url, write_behind=behind)
+    written = recorded = 0
+    while not stop.is_set():
+        for _ in range(50):
+            ledger.record(fresh_entry())
+        recorded += 50
+        if measure.is_set():
+            written += 50
+    ledger.close()
+    counts.put((written, recorded))
+
+
+def stored_rows(url: str) -> int:
+    """Entries stored in the ledger at ``url``, counted without it."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.exec_driver_sql("SELECT count(*) FROM cost_ledger").scalar_one())
+    finally:
+        engine.dispose()
+
+
+def reads_under_load(url: str, repeats: int) -> list[str]:
+    """Markdown rows: the gate (day and month limits) read sync and async by this
+    process while ``WRITERS`` processes record as fast as they can, durable per record
+    and with write-behind; the readers' ledger default, and with write-behind too."""
+    budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
+    context = multiprocessing.get_context("spawn")
+    rows = []
+    for behind in (None, WRITE_BEHIND):
+        before = stored_rows(url)
+        measure, stop, counts = context.Event(), context.Event(), context.Queue()
+        workers = [
+            context.Process(target=steady_writer, args=(url, behind, measure, stop, counts))
+            for _ in range(WRITERS)
+        ]
+        for worker in workers:
+            worker.start()
+        time.sleep(3)  # every writer up and writing
+        measure.set()
+        began = time.perf_counter()
+        try:
+            for reader_behind in (None, WRITE_BEHIND):
+                ledger = SqlCostLedger(url, write_behind=reader_behind)
+                gate = BudgetGate(budget, ledger)
+
+                async def gate_call() -> None:
+                    await (await gate.abegin("chat")).aabandon()  # noqa: B023
+
+                try:
+                    sync = percentiles(timed(lambda: gate.begin("chat").abandon(), repeats))  # noqa: B023
+                    aio = percentiles(atimed(gate_call, repeats))
+                finally:
+                    ledger.close()
+                for name, (p50, p99) in (("sync", sync), ("async", aio)):
+                    rows.append(
+                        (
+                            "durable" if behind is None else f"write-behind {behind} s",
+                            "default"
+                            if reader_behind is None
+                            else f"write-behind {reader_behind} s",
+                            name,
+                            p50,
+                            p99,
+                        )
+                    )
+        finally:
+            measure.clear()
+            elapsed = time.perf_counter() - began
+            stop.set()
+            reports = [counts.get(timeout=600) for _ in workers]
+            for worker in workers:
+                worker.join()  # each has closed its ledger and exited
+        rate = sum(written for written, _ in reports) / elapsed
+        recorded = sum(total for _, total in reports)
+        stored = f"{stored_rows(url) - before:,} / {recorded:,}"
+        rows = [(*row[:5], rate, stored) if len(row) == 5 else row for row in rows]
+    return [
+        f"| {writers} | {WRITERS} | {rate:,.0f} | {stored} | {reader} | {name} | {p50:.3f} "
+        f"| {p99:.3f} | {repeats} |"
+        for writers, reader, name, p50, p99, rate, stored in rows
+    ]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="100k rows, fewer repeats")
     parser.add_argument("--reads-only", action="store_true", help="skip the writer processes")
+    parser.add_argument(
+        "--postgres-only", action="store_true", help="no reads under load on SQLite"
+    )
     args = parser.parse_args(argv)
     logging.getLogger("llm_resilience").setLevel(logging.ERROR)
     rows = 100_000 if args.quick else 1_000_000
@@ -356,24 +489,42 @@ def main(argv: list[str]) -> int:
         "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     throughput = [
-        "| database | writer processes | records/s |",
-        "| --- | ---: | ---: |",
+        "| database | mode | writer processes | records/s |",
+        "| --- | --- | ---: | ---: |",
     ]
+    loaded = [
+        "| database | writers' mode | writer processes | records/s meanwhile "
+        "| stored / recorded (after close) | reader's ledger | gate | p50 ms | p99 ms | calls |",
+        "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |",
+    ]
+    modes = ((None, "durable per record"), (WRITE_BEHIND, f"write-behind {WRITE_BEHIND} s"))
     with tempfile.TemporaryDirectory() as folder:
         url = f"sqlite:///{Path(folder) / 'spend.db'}"
         reads += gate_reads("SQLite", url, rows, repeats, scans, now)
-        for processes in () if args.reads_only else (WRITERS, 1):
-            url = f"sqlite:///{Path(folder) / f'writers-{processes}.db'}"
-            rate = writes_per_second(url, processes, writes)
-            throughput.append(f"| SQLite | {processes} | {rate:,.0f} |")
+        if not args.reads_only and not args.postgres_only:
+            loaded += [f"| SQLite {row}" for row in reads_under_load(url, repeats)]
+        for behind, mode in () if args.reads_only else modes:
+            for processes in (WRITERS, 1):
+                url = f"sqlite:///{Path(folder) / f'writers-{processes}-{behind}.db'}"
+                rate = writes_per_second(url, processes, writes, behind)
+                throughput.append(f"| SQLite | {mode} | {processes} | {rate:,.0f} |")
     with postgres_schema() as postgres:
         if postgres is None:
             print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.\n")
         else:
             reads += gate_reads("PostgreSQL", postgres, rows, repeats, scans, now)
+            if not args.reads_only:
+                loaded += [f"| PostgreSQL {row}" for row in reads_under_load(postgres, repeats)]
             for processes in () if args.reads_only else (WRITERS, 1):
-                rate = writes_per_second(postgres, processes, writes)
-                throughput.append(f"| PostgreSQL | {processes} | {rate:,.0f} |")
+                rate = writes_per_second(postgres, processes, writes, None, floor=True)
+                throughput.append(
+                    f"| PostgreSQL | floor: the same one-statement record on psycopg, "
+                    f"no ledger | {processes} | {rate:,.0f} |"
+                )
+            for behind, mode in () if args.reads_only else modes:
+                for processes in (WRITERS, 1):
+                    rate = writes_per_second(postgres, processes, writes, behind)
+                    throughput.append(f"| PostgreSQL | {mode} | {processes} | {rate:,.0f} |")
 
     print("\n### Gate reads\n")
     print("\n".join(reads))
@@ -381,8 +532,18 @@ def main(argv: list[str]) -> int:
         f"\nGoal: p50 of our reads under {GOAL_P50_MS} ms. Our reads are exact Decimal "
         "(running totals plus live holds); the SQLite scan sums text as floats.\n"
     )
-    print(f"### Writes ({writes:,} records per process, each its own transaction)\n")
+    print(
+        f"### Writes ({writes:,} fresh entries per process; durable: each its own "
+        f"transaction, one statement; write-behind: batches, every {WRITE_BEHIND} s "
+        "or 100 entries; timed to the last close())\n"
+    )
     print("\n".join(throughput))
+    if len(loaded) > 2:
+        print(
+            f"\n### Gate reads under write load ({WRITERS} processes recording as fast as "
+            f"they can; goal p99 under {GOAL_LOADED_P99_MS} ms)\n"
+        )
+        print("\n".join(loaded))
     return 0
 
 

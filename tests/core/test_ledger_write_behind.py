@@ -259,22 +259,35 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from llm_resilience.ledger import LedgerEntry, SqlCostLedger
 
-ledger = SqlCostLedger(f"sqlite:///{sys.argv[1]}", write_behind=60)
+ledger = SqlCostLedger(sys.argv[1], write_behind=60)
 for _ in range(3):
     ledger.record(LedgerEntry(datetime.now(UTC), "chat", 10, 5, Decimal("0.25")))
 # No close(): a normal exit must still store the queue.
 """
 
 
-def test_a_process_exiting_without_close_stores_its_queue(path: Path) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_process_exiting_without_close_stores_its_queue(
+    database: str, path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = (
+        f"sqlite:///{path}"
+        if database == "sqlite"
+        else request.getfixturevalue("postgres_schema_url")
+    )
     subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_AT_EXIT), str(path)],
+        [sys.executable, "-c", textwrap.dedent(_AT_EXIT), url],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    assert stored_costs(path) == ["0.25"] * 3
+    reader = SqlCostLedger(url)
+    try:
+        assert [entry.cost for entry in reader.entries()] == [Decimal("0.25")] * 3
+        assert reader.spend("day") == Decimal("0.75")  # and the totals: once each
+    finally:
+        reader.close()
 
 
 # Records an entry every millisecond, forever; prints (unbuffered, so a kill -9 loses
@@ -296,33 +309,57 @@ log.setLevel(logging.DEBUG)
 log.addHandler(Flushes())
 log.propagate = False
 ledger = SqlCostLedger(sys.argv[1], write_behind=float(sys.argv[2]))
+process = int(sys.argv[3])  # the first hex digit of its ids: processes may share a database
 os.write(1, b"ready\\n")
 sequence = 0
 while True:
     sequence += 1
     made = time.time()
     ledger.record(
-        LedgerEntry(datetime.now(UTC), "chat", 1, 1, Decimal("0.01"), entry_id=f"{sequence:032x}")
+        LedgerEntry(
+            datetime.now(UTC), "chat", 1, 1, Decimal("0.01"), entry_id=f"{process:x}{sequence:031x}"
+        )
     )
     os.write(1, f"record {sequence} {made:.6f}\\n".encode())
     time.sleep(0.001)
 """
+
+
+def stored_ids(url: str) -> list[str]:
+    """Every ``entry_id`` stored in the ledger at ``url``, read without the ledger."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [i for (i,) in connection.exec_driver_sql("SELECT entry_id FROM cost_ledger")]
+    finally:
+        engine.dispose()
+
+
 #: What the writer thread may start late on a loaded machine, beyond its cadence.
 LATE = 0.05
 
 
-def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     # The promise (docs/cost-budgeting.md): a crash loses at most the entries recorded in
     # the last interval plus one flush's duration. Four processes, each killed at its own
-    # moment of the writer's cadence.
-    paths = [tmp_path / f"spend-{index}.db" for index in range(4)]
+    # moment of the writer's cadence: each with its own SQLite file, or all four on one
+    # PostgreSQL schema (their ids tell them apart).
+    if database == "sqlite":
+        urls = [f"sqlite:///{tmp_path / f'spend-{index}.db'}" for index in range(4)]
+    else:
+        urls = [request.getfixturevalue("postgres_schema_url")] * 4
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(_UNTIL_KILLED), f"sqlite:///{p}", str(INTERVAL)],
+            [sys.executable, "-c", textwrap.dedent(_UNTIL_KILLED), url, str(INTERVAL), str(index)],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for p in paths
+        for index, url in enumerate(urls)
     ]
     kills = []
     try:
@@ -339,14 +376,12 @@ def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(tmp_path: Path) 
             if child.poll() is None:
                 child.kill()
     losses = []
-    for child, path, killed in zip(children, paths, kills, strict=True):
+    for index, (child, url, killed) in enumerate(zip(children, urls, kills, strict=True)):
         assert child.stdout is not None
         lines = [line.split() for line in child.communicate(timeout=30)[0].splitlines()]
         made = {int(line[1]): float(line[2]) for line in lines if line[0] == "record"}
         flushes = [(float(line[1]), float(line[2]) / 1000) for line in lines if line[0] == "flush"]
-        with sqlite3.connect(path) as connection:
-            stored = {int(i, 16) for (i,) in connection.execute("SELECT entry_id FROM cost_ledger")}
-        connection.close()
+        stored = {int(each[1:], 16) for each in stored_ids(url) if int(each[0], 16) == index}
         lost = sorted(set(made) - stored)
         losses += lost
         assert flushes

@@ -37,6 +37,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 from llm_resilience import checks
 from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._connector import Connector
+from llm_resilience.ledger._readcache import ReadCache
 from llm_resilience.ledger._schema import (
     Run,
     driver_run,
@@ -152,6 +153,22 @@ def _raise_past_deadline(error: Exception, operation: Operation, interrupted: bo
         raise operation.timeout_error() from error
 
 
+def _as_sqlalchemy(error: Exception) -> Exception:
+    """A psycopg error as SQLAlchemy's error for it (parameters hidden), as the engine
+    raises it, so the ledger's checks (``unavailable``, ``must_retry``) read it alike."""
+    module = type(error).__module__
+    if not module.startswith("psycopg"):
+        return error
+    import psycopg
+
+    if not isinstance(error, psycopg.Error):
+        return error
+    wrapped: Exception = sa_exc.DBAPIError.instance(
+        None, None, error, psycopg.Error, hide_parameters=True
+    )
+    return wrapped
+
+
 def _sqlite_begin(connection: Connection) -> None:
     statement = connection.get_execution_options().get(_BEGIN, "BEGIN")
     if statement is not None:
@@ -190,8 +207,13 @@ class Connections:
         #: run on connections of our own (``direct_connection``), the rest on
         #: SQLAlchemy's pool.
         self.direct = not self.postgres and not self.memory and not echo
-        # Idle direct connections, each with the busy timeout (ms) last set on it.
-        self._idle: list[tuple[sqlite3.Connection, int | None]] = []
+        # Idle direct connections, each with the busy timeout (ms) last set on it and the
+        # gate reads made on it (see ``direct_reads``).
+        self._idle: list[tuple[sqlite3.Connection, int | None, ReadCache]] = []
+        # PostgreSQL without echo: the per-call operations (record, spends) run on
+        # psycopg connections of our own too (``postgres_connection``), idle ones here.
+        self.postgres_direct = self.postgres and not echo
+        self._postgres_idle: list[Any] = []
         #: The SQLAlchemy engine: its pool serves every operation but the direct ones.
         self.engine = self._create_engine(parsed, echo=echo)
         #: The backend's name, for threads and log lines.
@@ -243,6 +265,9 @@ class Connections:
         self.watchdog.stop()
         self.engine.dispose()
         self._close_direct()
+        while self._postgres_idle:
+            with suppress(Exception):
+                self._postgres_idle.pop().close()
 
     def current(self) -> Operation | None:
         operation: Operation | None = getattr(self._local, "operation", None)
@@ -296,7 +321,7 @@ class Connections:
         cursor.close()
         prepare_sqlite(dbapi_connection)
 
-    def _postgres_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+    def _postgres_connect(self, dbapi_connection: Any, record: ConnectionPoolEntry | None) -> None:
         # Session settings outside any transaction: UTC, so a first-release column of type
         # TIMESTAMP WITHOUT TIME ZONE stores UTC; and the server's own bounds, so a
         # statement or transaction we abandoned does not keep its locks.
@@ -404,12 +429,32 @@ class Connections:
         back on an error. Errors come out as from the engine (SQLAlchemy's, parameters
         hidden), and ``LedgerTimeoutError`` past the deadline.
         """
+        with self._direct(operation, transaction=transaction) as (run, reads):
+            if transaction:
+                reads.unaccounted()  # a caller that does not say what it stored
+            yield run
+
+    @contextmanager
+    def direct_reads(
+        self, operation: Operation, *, transaction: bool = False
+    ) -> Iterator[tuple[Run, ReadCache]]:
+        """`direct_connection`, with the gate reads kept on that connection
+        (``_readcache``): valid while its ``PRAGMA data_version`` is unchanged. In a
+        transaction, tell them what it stores (``ReadCache.stored``,
+        ``ReadCache.unaccounted``); they are brought up to date when it commits."""
+        with self._direct(operation, transaction=transaction) as lent:
+            yield lent
+
+    @contextmanager
+    def _direct(
+        self, operation: Operation, *, transaction: bool
+    ) -> Iterator[tuple[Run, ReadCache]]:
         if operation.expired():
             raise operation.timeout_error()
         try:
-            driver, busy_ms = self._idle.pop()
+            driver, busy_ms, reads = self._idle.pop()
         except IndexError:
-            driver, busy_ms = None, None
+            driver, busy_ms, reads = None, None, ReadCache()
         kept = False
         interrupted = False
         try:
@@ -421,15 +466,25 @@ class Connections:
                 busy_ms = self._bound_direct_waits(driver, busy_ms, operation)
                 run: Run = functools.partial(driver_run, driver)
                 if transaction:
-                    run("BEGIN IMMEDIATE", ())
-                    yield run
-                    run("COMMIT", ())
+                    # Our own commit leaves this connection's data_version as it was: the
+                    # reads kept on it are brought up to date with what we store, if
+                    # nobody else committed since they were made, else forgotten.
+                    try:
+                        run("BEGIN IMMEDIATE", ())
+                        ((version,),) = run("PRAGMA data_version", ())
+                        reads.begin_write(version)
+                        yield run, reads
+                        run("COMMIT", ())
+                    except BaseException:
+                        reads.ended()
+                        raise
+                    reads.committed()
                 else:
-                    yield run
+                    yield run, reads
             finally:
                 interrupted = operation.detach()
             if not interrupted and len(self._idle) < POOL_SIZE:
-                self._idle.append((driver, busy_ms))
+                self._idle.append((driver, busy_ms, reads))
                 kept = True
         except Exception as error:
             _raise_past_deadline(error, operation, operation.detach() or interrupted)
@@ -478,9 +533,72 @@ class Connections:
 
     def _close_direct(self) -> None:
         while self._idle:
-            driver, _ = self._idle.pop()
+            driver, _, _ = self._idle.pop()
             with suppress(Exception):
                 driver.close()
+
+    @contextmanager
+    def postgres_connection(self, operation: Operation) -> Iterator[Any]:
+        """A psycopg connection in autocommit for one step of ``operation`` on
+        PostgreSQL, kept by the ledger itself: no pool checkout, no SQLAlchemy
+        connection or statement compilation per call (each of the ledger's per-call
+        statements is one round trip, atomic on its own).
+
+        The same bounds as `connection`: opened on a helper thread within the deadline
+        (``Connector``) with the same session settings (UTC, the server-side
+        timeouts); the watchdog shuts its socket down past the deadline. A connection
+        that failed or was interrupted is closed, never reused. psycopg's errors come out
+        as SQLAlchemy's (parameters hidden), and ``LedgerTimeoutError`` past the deadline.
+        """
+        if operation.expired():
+            raise operation.timeout_error()
+        try:
+            driver = self._postgres_idle.pop()
+        except IndexError:
+            driver = None
+        kept = False
+        interrupted = False
+        try:
+            try:
+                if driver is None:
+                    driver = self._connect_postgres(operation)
+                operation.attach(driver)
+                yield driver
+            finally:
+                interrupted = operation.detach()
+            if not interrupted and len(self._postgres_idle) < POOL_SIZE:
+                self._postgres_idle.append(driver)
+                kept = True
+        except Exception as error:
+            wrapped = _as_sqlalchemy(error)
+            _raise_past_deadline(wrapped, operation, operation.detach() or interrupted)
+            if wrapped is error:
+                raise
+            raise wrapped from error
+        finally:
+            if driver is not None and not kept:
+                with suppress(Exception):
+                    driver.close()
+
+    def _connect_postgres(self, operation: Operation) -> Any:
+        """A new direct PostgreSQL connection, set up as the engine's, in autocommit."""
+        assert self._connector is not None
+        dialect = self.engine.dialect
+        cargs, cparams = dialect.create_connect_args(self.engine.url)
+        if "connect_timeout" not in cparams:
+            cparams["connect_timeout"] = max(2, math.ceil(self._connect_timeout))
+        driver = self._connector.connect(
+            lambda: dialect.connect(*cargs, **cparams), _close_quietly, operation
+        )
+        try:
+            operation.attach(driver)
+            self._postgres_connect(driver, None)
+            driver.autocommit = True
+        except BaseException:
+            operation.detach()
+            driver.close()
+            raise
+        return driver
 
     def lock_ledger(self, connection: Connection) -> None:
         """Serialise PostgreSQL writers that read then write (reserve, migration) on one

@@ -153,9 +153,22 @@ class PendingWrites:
     def _remove(self, through: int, *, dropped: bool) -> None:
         removed = 0
         with self._lock:
+            # The money of the writes removed, per window and scope, taken off the totals
+            # with one exact sum each: a write-behind batch holds 100 writes, and the
+            # writers recording meanwhile wait for this lock.
+            costs: dict[tuple[str, str | None], list[Decimal]] = {}
             while self._writes and self._writes[0].sequence <= through:
-                self._count(self._writes.popleft().entry, -1)
+                entry = self._writes.popleft().entry
                 removed += 1
+                if entry is not None:
+                    for window in self._windows(entry):
+                        costs.setdefault(window, []).append(entry.cost)
+            for window, amounts in costs.items():
+                total = exact_sum((self._totals.get(window, Decimal(0)), -exact_sum(amounts)))
+                if total:
+                    self._totals[window] = total
+                else:
+                    self._totals.pop(window, None)
             if dropped:
                 self.dropped += removed
             if removed:
@@ -165,11 +178,8 @@ class PendingWrites:
             if dropped:
                 record_ledger_dropped(removed, backend=self._backend)
 
-    def _count(self, entry: LedgerEntry | None, sign: int) -> None:
-        if entry is None:
-            return
-        amount = entry.cost if sign > 0 else -entry.cost
-        scopes = (None,) if entry.scope is None else (None, entry.scope)
+    def _windows(self, entry: LedgerEntry) -> list[tuple[str, str | None]]:
+        """The ``(window key, scope)`` totals ``entry`` counts in (under the lock)."""
         when = entry.timestamp
         day = (when.year, when.month, when.day)
         keys = self._keys.get(day)
@@ -177,10 +187,16 @@ class PendingWrites:
             if len(self._keys) > 64:
                 self._keys.clear()
             keys = self._keys[day] = tuple(window_key(window, when) for window in WINDOWS)
-        for key in keys:
-            for scope in scopes:
-                total = exact_sum((self._totals.get((key, scope), Decimal(0)), amount))
-                if total:
-                    self._totals[(key, scope)] = total
-                else:
-                    self._totals.pop((key, scope), None)
+        scopes = (None,) if entry.scope is None else (None, entry.scope)
+        return [(key, scope) for key in keys for scope in scopes]
+
+    def _count(self, entry: LedgerEntry | None, sign: int) -> None:
+        if entry is None:
+            return
+        amount = entry.cost if sign > 0 else -entry.cost
+        for window in self._windows(entry):
+            total = exact_sum((self._totals.get(window, Decimal(0)), amount))
+            if total:
+                self._totals[window] = total
+            else:
+                self._totals.pop(window, None)

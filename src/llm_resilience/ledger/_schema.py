@@ -1,4 +1,6 @@
-"""The SQL ledger's tables, the statements it runs, and the additive migration.
+"""The SQL ledger's tables, its reads and SQLite writes, and the additive migration.
+
+(PostgreSQL's write statements are in ``_postgres``.)
 
 Three tables, created on first open:
 
@@ -32,7 +34,6 @@ HH:MM:SS.ffffff`` text (which sorts in time order) on SQLite.
 from __future__ import annotations
 
 import functools
-import random
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -72,15 +73,20 @@ from llm_resilience.ledger._protocol import (
     window_bounds,
     window_key,
 )
+from llm_resilience.money import EXACT
 
 __all__ = [
     "DECIMAL_ADD",
+    "Money",
+    "UtcTime",
+    "spends_parameters",
+    "spends_statement",
+    "sum_slots",
     "GLOBAL_SCOPE",
     "POSTGRES_TOTALS_SHARDS",
     "Run",
     "driver_run",
     "holds",
-    "insert_entries",
     "insert_entry",
     "is_current",
     "migrate",
@@ -92,6 +98,8 @@ __all__ = [
     "sqlite_run",
     "sqlite_spend",
     "sqlite_spends",
+    "sqlite_spends_expiring",
+    "sqlite_time",
 ]
 
 #: Scope column value of the global (all scopes) running totals.
@@ -143,7 +151,7 @@ def _utc_day(value: object) -> str:
     return _to_utc(value).date().isoformat()
 
 
-class _Money(TypeDecorator[Decimal]):
+class Money(TypeDecorator[Decimal]):
     """Exact money: unconstrained ``NUMERIC`` on PostgreSQL, decimal text on SQLite."""
 
     impl = Numeric  # for SQL arithmetic (``total + excluded.total``); SQLite gets Text
@@ -163,7 +171,7 @@ class _Money(TypeDecorator[Decimal]):
         return _to_decimal(value)
 
 
-class _UtcTime(TypeDecorator[datetime]):
+class UtcTime(TypeDecorator[datetime]):
     """UTC instants: ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL, sortable text on SQLite."""
 
     impl = DateTime
@@ -191,11 +199,11 @@ _ledger = Table(
     _metadata,
     # INTEGER PRIMARY KEY is SQLite's rowid alias; BIGSERIAL on PostgreSQL.
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
-    Column("timestamp", _UtcTime(), nullable=False),
+    Column("timestamp", UtcTime(), nullable=False),
     Column("kind", Text, nullable=False),
     Column("input_tokens", Integer, nullable=False),
     Column("output_tokens", Integer, nullable=False),
-    Column("cost", _Money(), nullable=False),
+    Column("cost", Money(), nullable=False),
     Column("pages", Integer, nullable=False, server_default=text("0")),
     Column("model", Text),
     Column("estimated", Boolean(create_constraint=False), nullable=False, server_default=false()),
@@ -228,17 +236,17 @@ _totals = Table(
     Column("scope", Text, primary_key=True),  # GLOBAL_SCOPE for the global total
     # PostgreSQL spreads each total over POSTGRES_TOTALS_SHARDS rows (SQLite uses shard 0).
     Column("shard", Integer, primary_key=True),
-    Column("total", _Money(), nullable=False),
+    Column("total", Money(), nullable=False),
 )
 #: Strict mode's live holds.
 holds = Table(
     "cost_ledger_reservations",
     _metadata,
     Column("id", Text, primary_key=True),
-    Column("amount", _Money(), nullable=False),
+    Column("amount", Money(), nullable=False),
     Column("scope", Text),
-    Column("timestamp", _UtcTime(), nullable=False),
-    Column("expires", _UtcTime(), nullable=False),
+    Column("timestamp", UtcTime(), nullable=False),
+    Column("expires", UtcTime(), nullable=False),
     Index("ix_cost_ledger_reservations_expires", "expires"),
 )
 
@@ -280,110 +288,6 @@ _SPEND = {False: _spend_statement(False), True: _spend_statement(True)}
 _TOTALS_KEY = [_totals.c.window_key, _totals.c.scope, _totals.c.shard]
 
 
-def _postgres_record_statement(scoped: bool) -> TextClause:
-    """Insert an entry and add its cost to its totals in one statement: one round trip,
-    atomic without a transaction. An entry whose id is already stored inserts nothing and
-    adds nothing. Totals are locked in key order, so two writers never wait for each other
-    in a cycle."""
-    # '' is GLOBAL_SCOPE.
-    totals = "(:day, ''), (:month, '')" + (", (:day, :scope), (:month, :scope)" if scoped else "")
-    return text(
-        f"""
-        WITH entry AS (
-            INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost,
-                                     pages, model, estimated, surface, scope, entry_id,
-                                     cache_read_tokens, cache_write_tokens,
-                                     cache_write_1h_tokens, reasoning_tokens,
-                                     run_id, thread_id)
-            VALUES (:timestamp, :kind, :input_tokens, :output_tokens, :cost,
-                    :pages, :model, :estimated, :surface, :scope, :entry_id,
-                    :cache_read_tokens, :cache_write_tokens,
-                    :cache_write_1h_tokens, :reasoning_tokens,
-                    :run_id, :thread_id)
-            ON CONFLICT (entry_id) DO NOTHING
-            RETURNING cost
-        )
-        INSERT INTO cost_ledger_totals (window_key, scope, shard, total)
-        SELECT totals.window_key, totals.scope, :shard, entry.cost
-        FROM entry CROSS JOIN (VALUES {totals}) AS totals (window_key, scope)
-        ORDER BY totals.window_key, totals.scope
-        ON CONFLICT (window_key, scope, shard)
-        DO UPDATE SET total = cost_ledger_totals.total + EXCLUDED.total
-        """
-    ).bindparams(
-        bindparam("timestamp", type_=_UtcTime()),
-        bindparam("cost", type_=_Money()),
-        bindparam("estimated", type_=Boolean()),
-    )
-
-
-_POSTGRES_RECORD = {
-    False: _postgres_record_statement(False),
-    True: _postgres_record_statement(True),
-}
-#: The columns of ``cost_ledger`` a write fills, and the array type each is sent as.
-_POSTGRES_COLUMNS = (
-    ("timestamp", "timestamptz"),
-    ("kind", "text"),
-    ("input_tokens", "bigint"),
-    ("output_tokens", "bigint"),
-    ("cost", "numeric"),
-    ("pages", "bigint"),
-    ("model", "text"),
-    ("estimated", "boolean"),
-    ("surface", "text"),
-    ("scope", "text"),
-    ("entry_id", "text"),
-    *((name, "bigint") for name in DETAIL_COLUMNS),
-    *((name, "text") for name in RUN_COLUMNS),
-)
-
-
-def _postgres_batch_statement() -> TextClause:
-    """Insert a batch of entries and add their costs to their totals in one statement.
-
-    Each column comes as one array (``unnest``), with the day and month key of each
-    entry beside them. Entries whose id is already stored insert nothing and add
-    nothing. The costs are summed per total first (one upsert may not touch a row twice),
-    and the totals are then locked in key order, as by a single record
-    (`_postgres_record_statement`): writers of batches and of single entries, in any
-    number of processes, take the totals' row locks in one order and never deadlock.
-    """
-    columns = ", ".join(f'"{name}"' for name, _ in _POSTGRES_COLUMNS)
-    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _POSTGRES_COLUMNS)
-    # '' is GLOBAL_SCOPE; a NULL scope adds to the global totals only.
-    return text(
-        f"""
-        WITH batch AS (
-            SELECT * FROM unnest({arrays}, CAST(:day AS text[]), CAST(:month AS text[]))
-            AS batch ({columns}, day, month)
-        ),
-        entry AS (
-            INSERT INTO cost_ledger ({columns})
-            SELECT {columns} FROM batch
-            ON CONFLICT (entry_id) DO NOTHING
-            RETURNING entry_id
-        ),
-        added AS (
-            SELECT totals.window_key, totals.scope, sum(batch.cost) AS total
-            FROM batch CROSS JOIN LATERAL (
-                VALUES (batch.day, ''), (batch.month, ''),
-                       (batch.day, batch.scope), (batch.month, batch.scope)
-            ) AS totals (window_key, scope)
-            WHERE totals.scope IS NOT NULL
-              AND (batch.entry_id IS NULL OR batch.entry_id IN (SELECT entry_id FROM entry))
-            GROUP BY totals.window_key, totals.scope
-        )
-        INSERT INTO cost_ledger_totals (window_key, scope, shard, total)
-        SELECT window_key, scope, :shard, total FROM added
-        ORDER BY window_key, scope
-        ON CONFLICT (window_key, scope, shard)
-        DO UPDATE SET total = cost_ledger_totals.total + EXCLUDED.total
-        """
-    )
-
-
-_POSTGRES_BATCH = _postgres_batch_statement()
 _SQLITE_INSERT = (
     'INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost, pages, '
     "model, estimated, surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
@@ -411,7 +315,7 @@ Run = Callable[[str, Any], Any]
 
 
 def _sqlite_time(moment: datetime) -> str:
-    """A UTC instant as `_UtcTime` stores it on SQLite: ``YYYY-MM-DD
+    """A UTC instant as `UtcTime` stores it on SQLite: ``YYYY-MM-DD
     HH:MM:SS.ffffff``, the year always four digits (``strftime("%Y")`` writes year 1 as
     ``1``, text that neither sorts nor parses back)."""
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
@@ -435,6 +339,8 @@ def _sqlite_bounds(window: Window, key: str, when: datetime) -> tuple[str, str]:
 def _decimal_add(total: object, amount: object) -> str:
     """SQLite function `DECIMAL_ADD`: the exact sum of two stored amounts, as the
     decimal text the ledger stores (SQLite's own ``+`` would add floats)."""
+    if type(total) is str and type(amount) is str:  # what the ledger stores: decimal text
+        return format(EXACT.add(Decimal(total), Decimal(amount)), "f")
     return format(exact_sum((_to_decimal(total), _to_decimal(amount))), "f")
 
 
@@ -486,66 +392,15 @@ def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str]]:
     return sorted((window_key(window, when), each) for window in WINDOWS for each in scopes)
 
 
-def insert_entry(connection: Connection, entry: LedgerEntry, *, postgres: bool) -> None:
-    """Store ``entry`` and add its cost to its totals, unless its id is already stored.
-
-    On PostgreSQL one statement (atomic on its own); on SQLite `sqlite_insert`.
-    """
-    if not postgres:
-        sqlite_insert(_runner(connection), entry)
-        return
-    fields = {
-        "timestamp": entry.timestamp,
-        "kind": entry.kind,
-        "input_tokens": entry.input_tokens,
-        "output_tokens": entry.output_tokens,
-        "cost": entry.cost,
-        "pages": entry.pages,
-        "model": entry.model,
-        "estimated": entry.estimated,
-        "surface": entry.surface,
-        "scope": entry.scope,
-        "entry_id": entry.entry_id,
-        "cache_read_tokens": entry.cache_read_tokens,
-        "cache_write_tokens": entry.cache_write_tokens,
-        "cache_write_1h_tokens": entry.cache_write_1h_tokens,
-        "reasoning_tokens": entry.reasoning_tokens,
-        "run_id": entry.run_id,
-        "thread_id": entry.thread_id,
-        "day": window_key("day", entry.timestamp),
-        "month": window_key("month", entry.timestamp),
-        "shard": random.randrange(POSTGRES_TOTALS_SHARDS),
-    }
-    connection.execute(_POSTGRES_RECORD[entry.scope is not None], fields)
+def insert_entry(connection: Connection, entry: LedgerEntry) -> None:
+    """Store ``entry`` on SQLite through ``connection`` and add its cost to its totals,
+    unless its id is already stored (`sqlite_insert`; PostgreSQL's is in ``_postgres``)."""
+    sqlite_insert(_runner(connection), entry)
 
 
-def insert_entries(connection: Connection, entries: Sequence[LedgerEntry]) -> None:
-    """Store ``entries`` on PostgreSQL and add their costs to their totals, in one
-    statement (atomic on its own), skipping any whose id is already stored or repeated.
-
-    One shard of each total for the whole batch (a random one, as for a single record),
-    and the totals locked in key order: see `_postgres_batch_statement`.
-    """
-    unique: list[LedgerEntry] = []
-    seen: set[str] = set()
-    for entry in entries:
-        if entry.entry_id is not None:
-            if entry.entry_id in seen:
-                continue  # a repeat within the batch: stored and counted once
-            seen.add(entry.entry_id)
-        unique.append(entry)
-    fields: dict[str, Any] = {
-        name: [getattr(entry, name) for entry in unique] for name, _ in _POSTGRES_COLUMNS
-    }
-    fields["day"] = [window_key("day", entry.timestamp) for entry in unique]
-    fields["month"] = [window_key("month", entry.timestamp) for entry in unique]
-    fields["shard"] = random.randrange(POSTGRES_TOTALS_SHARDS)
-    connection.execute(_POSTGRES_BATCH, fields)
-
-
-def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
+def sqlite_insert(run: Run, entry: LedgerEntry) -> bool:
     """Store ``entry`` on SQLite and add its cost to its totals, unless its id is already
-    stored: two statements, inside the caller's transaction.
+    stored: two statements, inside the caller's transaction. True if it was stored.
 
     The totals are added in SQL by `DECIMAL_ADD` (exact decimal text, the stored
     form every release reads), so no read of them is needed first.
@@ -571,10 +426,18 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> None:
         "thread_id": entry.thread_id,
     }
     if run(_SQLITE_INSERT, fields).rowcount == 0:
-        return  # written before (a write that failed late, or the same entry twice)
-    run(
-        _SQLITE_ADD, [(key, each, cost) for key, each in _totals_keys(entry.timestamp, entry.scope)]
-    )
+        return False  # written before (a write that failed late, or the same entry twice)
+    keys = _totals_keys(entry.timestamp, entry.scope)
+    run(_sqlite_add_rows(len(keys)), tuple(v for key, each in keys for v in (key, each, cost)))
+    return True
+
+
+@functools.cache
+def _sqlite_add_rows(count: int) -> str:
+    """`_SQLITE_ADD` for ``count`` totals in one statement (one execution, not one per
+    total), its parameters one tuple of every row's values."""
+    rows = ", ".join(["(?, ?, 0, ?)"] * count)
+    return _SQLITE_ADD.replace("(?, ?, 0, ?)", rows)
 
 
 _ENTRY_COLUMNS = (
@@ -693,7 +556,7 @@ def sqlite_spend(run: Run, window: Window, scope: str | None, when: datetime) ->
 
 
 @functools.cache
-def _spends_statement(scoped: tuple[bool, ...]) -> str:
+def spends_statement(scoped: tuple[bool, ...]) -> str:
     """Running totals plus live holds of several windows as one statement, each row
     tagged with its window's position: one round trip, one snapshot."""
     parts: list[str] = []
@@ -715,7 +578,7 @@ def _postgres_spends(statement: str) -> TextClause:
     return text(statement)
 
 
-def _spends_parameters(
+def spends_parameters(
     windows: Sequence[tuple[Window, str | None]], when: datetime, *, sqlite: bool
 ) -> dict[str, Any]:
     parameters: dict[str, Any] = {"now": _sqlite_time(when) if sqlite else when}
@@ -731,7 +594,7 @@ def _spends_parameters(
     return parameters
 
 
-def _sum_slots(count: int, rows: Iterable[tuple[int, Any]]) -> list[Decimal]:
+def sum_slots(count: int, rows: Iterable[tuple[int, Any]]) -> list[Decimal]:
     amounts: list[list[Decimal]] = [[] for _ in range(count)]
     for slot, amount in rows:
         amounts[slot].append(_to_decimal(amount))
@@ -745,18 +608,58 @@ def read_spends(
     statement: what `read_spend` returns for each, from one snapshot."""
     if connection.dialect.name == "sqlite":
         return sqlite_spends(_runner(connection), windows, when)
-    statement = _spends_statement(tuple(scope is not None for _, scope in windows))
-    parameters = _spends_parameters(windows, when, sqlite=False)
-    return _sum_slots(len(windows), connection.execute(_postgres_spends(statement), parameters))
+    statement = spends_statement(tuple(scope is not None for _, scope in windows))
+    parameters = spends_parameters(windows, when, sqlite=False)
+    return sum_slots(len(windows), connection.execute(_postgres_spends(statement), parameters))
 
 
 def sqlite_spends(
     run: Run, windows: Sequence[tuple[Window, str | None]], when: datetime
 ) -> list[Decimal]:
     """`read_spends` on SQLite, through ``run``."""
-    statement = _spends_statement(tuple(scope is not None for _, scope in windows))
-    parameters = _spends_parameters(windows, when, sqlite=True)
-    return _sum_slots(len(windows), run(statement, parameters))
+    statement = spends_statement(tuple(scope is not None for _, scope in windows))
+    parameters = spends_parameters(windows, when, sqlite=True)
+    return sum_slots(len(windows), run(statement, parameters))
+
+
+@functools.cache
+def _expiring_spends_statement(scoped: tuple[bool, ...]) -> str:
+    """`spends_statement` on SQLite with a third column: each counted hold's expiry
+    (NULL on a running total)."""
+    parts: list[str] = []
+    for slot, has_scope in enumerate(scoped):
+        parts.append(
+            f"SELECT {slot} AS slot, total AS amount, NULL AS expires FROM cost_ledger_totals "
+            f"WHERE window_key = :key{slot} AND scope = :totals_scope{slot}"
+        )
+        live = (
+            f"SELECT {slot}, amount, expires FROM cost_ledger_reservations WHERE expires > :now "
+            f'AND "timestamp" >= :start{slot} AND "timestamp" < :end{slot}'
+        )
+        parts.append(live + (f" AND scope = :scope{slot}" if has_scope else ""))
+    return " UNION ALL ".join(parts)
+
+
+def sqlite_spends_expiring(
+    run: Run, windows: Sequence[tuple[Window, str | None]], when: datetime
+) -> tuple[list[Decimal], str | None]:
+    """`sqlite_spends`, and the earliest expiry (SQLite text) of the holds counted (None
+    when none is): until then, and while nothing is committed, the answer stands."""
+    statement = _expiring_spends_statement(tuple(scope is not None for _, scope in windows))
+    parameters = spends_parameters(windows, when, sqlite=True)
+    amounts: list[list[Decimal]] = [[] for _ in windows]
+    first: str | None = None
+    for slot, amount, expires in run(statement, parameters):
+        amounts[slot].append(_to_decimal(amount))
+        if expires is not None and (first is None or expires < first):
+            first = expires
+    return [exact_sum(each) for each in amounts], first
+
+
+def sqlite_time(moment: datetime) -> str:
+    """A UTC instant as the SQLite ledger stores and compares it (``YYYY-MM-DD
+    HH:MM:SS.ffffff``)."""
+    return _sqlite_time(moment)
 
 
 def _as_stored(**fields: Any) -> LedgerEntry:

@@ -11,12 +11,16 @@ exact decimal-text function registered on every connection (``_schema.DECIMAL_AD
 the stored totals stay the decimal text every release reads. On a SQLite file the
 per-call operations (``spend``, ``spends``, ``record``, ``settle``) run on ``sqlite3``
 connections the ledger keeps itself (no pool checkout per call); everything else goes
-through SQLAlchemy's pool. Both kinds are bounded alike. On PostgreSQL a record, and a
-batch of records, is one statement (insert the entries, add their costs to their
-totals) that locks the totals in key order, as every writer does, so writers never
-deadlock; one the database ends anyway (deadlock, serialisation failure) is retried
-(``_writes``). ``reserve`` and schema changes serialise on a transaction-scoped advisory
-lock. Any number of processes may open, write and migrate the same database at once.
+through SQLAlchemy's pool. Both kinds are bounded alike. On a SQLite file a gate read is
+kept per connection while ``PRAGMA data_version`` says nothing was committed since
+(``_readcache``). On PostgreSQL ``spend``, ``spends`` and ``record`` run on psycopg
+connections the ledger keeps itself likewise (no pool checkout, no SQLAlchemy compile
+per call); a record, and a batch of records, is one statement (``_postgres``: insert the
+entries, add their costs to their totals) that locks the totals in key order, as every
+writer does, so writers never deadlock; one the database ends anyway (deadlock,
+serialisation failure) is retried (``_writes``). ``reserve`` and schema changes serialise
+on a transaction-scoped advisory lock. Any number of processes may open, write and
+migrate the same database at once.
 
 Time bounds (``T`` is ``operation_timeout``): every operation, from the moment it is
 called, ends within ``T`` plus the watchdog's reaction (docs/benchmarks.md has the
@@ -42,6 +46,7 @@ from llm_resilience import checks
 from llm_resilience.ledger._connections import Connections, parse_url, unavailable
 from llm_resilience.ledger._groups import Grouping, SpendReport, SpendRow, grouped_report
 from llm_resilience.ledger._pending import DEFAULT_MAX_PENDING, PendingWrite, PendingWrites
+from llm_resilience.ledger._postgres import psycopg_spends
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
     EntryFilters,
@@ -63,12 +68,12 @@ from llm_resilience.ledger._protocol import (
     window_key,
 )
 from llm_resilience.ledger._queries import Cursor, read_groups, read_page, read_run_spend
+from llm_resilience.ledger._readcache import versioned_spends
 from llm_resilience.ledger._schema import (
     holds,
     read_spend,
     read_spends,
-    sqlite_spend,
-    sqlite_spends,
+    sum_slots,
 )
 from llm_resilience.ledger._watchdog import Operation
 from llm_resilience.ledger._writes import Writes
@@ -212,7 +217,7 @@ class SqlCostLedger:
         self._flusher = self._writes.flusher
         # Write-behind only: (windows, their keys) -> (stored amounts, read at, generation).
         self._stored: dict[tuple[Any, ...], tuple[tuple[Decimal, ...], float, int]] = {}
-        # Write-behind: (windows, day) -> windows checked and their keys (see _plan).
+        # (windows, day) -> windows checked and their keys (see _plan).
         self._plans: dict[tuple[Any, ...], tuple[tuple[SpendWindow, ...], tuple[str, ...]]] = {}
         try:
             self._db.open()
@@ -321,8 +326,12 @@ class SqlCostLedger:
             # Pending first: a write stored meanwhile is then counted twice, never missed.
             waiting = self._pending.unwritten_cost(key, scope)
             if self._db.direct:
-                with self._db.direct_connection(operation) as run:
-                    return exact_sum((sqlite_spend(run, window, scope, when), waiting))
+                with self._db.direct_reads(operation) as (run, reads):
+                    (stored,) = versioned_spends(run, reads, ((window, scope),), (key,), when)
+                return exact_sum((stored, waiting))
+            if self._db.postgres_direct:
+                (stored,) = self._postgres_spends(operation, ((window, scope),), when)
+                return exact_sum((stored, waiting))
             with self._db.connection(operation) as connection:
                 return exact_sum((read_spend(connection, window, scope, when), waiting))
 
@@ -356,8 +365,10 @@ class SqlCostLedger:
 
         def read_stored(operation: Operation) -> tuple[Decimal, ...]:
             if self._db.direct:
-                with self._db.direct_connection(operation) as run:
-                    return tuple(sqlite_spends(run, checked, when))
+                with self._db.direct_reads(operation) as (run, reads):
+                    return versioned_spends(run, reads, checked, keys, when)
+            if self._db.postgres_direct:
+                return self._postgres_spends(operation, checked, when)
             with self._db.connection(operation) as connection:
                 return tuple(read_spends(connection, checked, when))
 
@@ -386,13 +397,23 @@ class SqlCostLedger:
             self._stored[cache_key] = (stored, fresh, generation)
         return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
 
+    def _postgres_spends(
+        self, operation: Operation, windows: Sequence[SpendWindow], when: datetime
+    ) -> tuple[Decimal, ...]:
+        """The stored spends of ``windows`` on PostgreSQL: one statement on one of the
+        ledger's own psycopg connections."""
+        statement, parameters = psycopg_spends(windows, when)
+        with self._db.postgres_connection(operation) as driver:
+            rows = driver.execute(statement, parameters).fetchall()
+        return tuple(sum_slots(len(windows), rows))
+
     def _plan(
         self, windows: Sequence[SpendWindow], when: datetime
     ) -> tuple[tuple[SpendWindow, ...], tuple[str, ...]]:
-        """``windows`` checked, and the key of each at ``when``. With write-behind the
-        answer is remembered per ``windows`` and day: a gate asks the same all day."""
+        """``windows`` checked, and the key of each at ``when``, remembered per
+        ``windows`` and day: a gate asks the same all day."""
         memo: tuple[Any, ...] | None = None
-        if self._flusher is not None and type(windows) in (list, tuple):
+        if type(windows) in (list, tuple):
             try:
                 memo = (tuple(windows), when.year, when.month, when.day)
                 known = self._plans.get(memo)

@@ -86,7 +86,16 @@ class Watchdog:
     watchdog's thread and must be quick.
     """
 
-    __slots__ = ("_condition", "_heap", "_name", "_sequence", "_thread", "_wakes_at")
+    __slots__ = (
+        "_arms",
+        "_condition",
+        "_heap",
+        "_linger",
+        "_name",
+        "_sequence",
+        "_thread",
+        "_wakes_at",
+    )
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -97,11 +106,19 @@ class Watchdog:
         self._sequence = itertools.count()
         self._thread: threading.Thread | None = None
         self._wakes_at = math.inf  # when the thread wakes up next unless notified
+        # Alarms armed so far, and the span (deadline - arm time) of the last one: with
+        # no alarm left the thread still sleeps that long before sleeping for good, so
+        # a steady stream of operations, each armed and cancelled in turn, never has to
+        # wake it (waking a thread per operation costs more than the operation's SQL).
+        self._arms = 0
+        self._linger = 0.0
 
     def arm(self, deadline: float, callback: Callable[[], None]) -> _Alarm:
         """Call ``callback`` at ``deadline`` unless `cancel` comes first."""
         alarm = _Alarm(deadline, next(self._sequence), callback)
         with self._condition:
+            self._arms += 1
+            self._linger = min(60.0, max(0.0, deadline - time.monotonic()))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"llm-resilience-watchdog-{self._name}", daemon=True
@@ -139,12 +156,22 @@ class Watchdog:
 
     def _run(self) -> None:
         me = threading.current_thread()
+        arms = -1  # the count of alarms when an empty heap was last seen
         with self._condition:
             while self._thread is me:
                 now = time.monotonic()
-                if not self._heap or self._heap[0].deadline > now:
-                    self._wakes_at = self._heap[0].deadline if self._heap else math.inf
-                    self._condition.wait(None if not self._heap else self._wakes_at - now)
+                if not self._heap:
+                    if arms == self._arms:  # nothing armed for a whole linger: sleep
+                        self._wakes_at = math.inf
+                        self._condition.wait()
+                    else:  # alarms come and go: sleep as long as one lasts, then look
+                        arms = self._arms
+                        self._wakes_at = now + self._linger
+                        self._condition.wait(self._linger)
+                    continue
+                if self._heap[0].deadline > now:
+                    self._wakes_at = self._heap[0].deadline
+                    self._condition.wait(self._wakes_at - now)
                     continue
                 alarm = heapq.heappop(self._heap)
                 alarm.cancelled = True  # fired: a later cancel() is a no-op

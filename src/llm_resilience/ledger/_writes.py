@@ -23,11 +23,17 @@ from llm_resilience.errors import LedgerTimeoutError
 from llm_resilience.ledger._behind import Flusher
 from llm_resilience.ledger._connections import Connections, must_retry, unavailable
 from llm_resilience.ledger._pending import PendingWrite, PendingWrites
+from llm_resilience.ledger._postgres import (
+    batch_parameters,
+    psycopg_statements,
+    record_entries,
+    record_entry,
+    record_parameters,
+)
 from llm_resilience.ledger._protocol import LedgerEntry
 from llm_resilience.ledger._schema import (
     SQLITE_RETURNING,
     holds,
-    insert_entries,
     insert_entry,
     sqlite_insert,
     sqlite_insert_many,
@@ -40,6 +46,9 @@ __all__ = ["FLUSH_BATCH", "Writes"]
 # The ledger's own logger: its warnings keep the name users filter on.
 logger = logging.getLogger("llm_resilience.ledger._sql")
 
+# PostgreSQL's record (by whether the entry has a scope) and batch statements, as run on
+# the ledger's own psycopg connections.
+_RECORD, _BATCH = psycopg_statements()
 #: Pending writes stored per transaction when the database answers again.
 FLUSH_BATCH = 100
 #: Tries of a PostgreSQL write the database asks to be retried (a deadlock or a
@@ -99,24 +108,26 @@ class Writes:
             self._apply_postgres(operation, writes)
             return
         if self._db.direct:
-            with self._db.direct_connection(operation, transaction=True) as run:
+            with self._db.direct_reads(operation, transaction=True) as (run, reads):
                 entries = [w.entry for w in writes if w.hold_id is None and w.entry is not None]
                 batch = SQLITE_RETURNING and 1 < len(entries) == len(writes)
                 if batch and all(entry.entry_id for entry in entries):
                     sqlite_insert_many(run, entries)  # a batch of records: one INSERT
+                    reads.unaccounted()
                     return
                 for write in writes:
                     if write.hold_id is not None:
                         sqlite_release(run, write.hold_id)
-                    if write.entry is not None:
-                        sqlite_insert(run, write.entry)
+                        reads.unaccounted()  # the hold's amount is not known here
+                    if write.entry is not None and sqlite_insert(run, write.entry):
+                        reads.stored(write.entry)
             return
         with self._db.connection(operation, transaction=True) as connection:
             for write in writes:
                 if write.hold_id is not None:
                     connection.execute(delete(holds).where(holds.c.id == write.hold_id))
                 if write.entry is not None:
-                    insert_entry(connection, write.entry, postgres=False)
+                    insert_entry(connection, write.entry)
 
     def _apply_postgres(self, operation: Operation, writes: Sequence[PendingWrite]) -> None:
         """`_apply` on PostgreSQL: the holds released first, then every entry in
@@ -128,17 +139,25 @@ class Writes:
         released = [write.hold_id for write in writes if write.hold_id is not None]
 
         def store() -> None:
+            if not released and self._db.postgres_direct:
+                with self._db.postgres_connection(operation) as driver:  # one statement
+                    if len(entries) == 1:
+                        entry = entries[0]
+                        driver.execute(_RECORD[entry.scope is not None], record_parameters(entry))
+                    else:
+                        driver.execute(_BATCH, batch_parameters(entries))
+                return
             if not released:
                 with self._db.connection(operation) as connection:  # one statement: atomic
                     if len(entries) == 1:
-                        insert_entry(connection, entries[0], postgres=True)
+                        record_entry(connection, entries[0])
                     else:
-                        insert_entries(connection, entries)
+                        record_entries(connection, entries)
                 return
             with self._db.connection(operation, transaction=True) as connection:
                 connection.execute(delete(holds).where(holds.c.id.in_(released)))
                 if entries:
-                    insert_entries(connection, entries)
+                    record_entries(connection, entries)
 
         attempt = 1
         while True:

@@ -42,7 +42,9 @@ from typing import Any
 import langchain_core
 import llama_index.core
 from _timing import Samples, Settings, run_async, run_sync
-from bench_fallback import MESSAGES, FakeChat, RateLimitedChat, configure_logging
+from bench_fallback import FakeChat, RateLimitedChat, configure_logging
+from bench_fallback import async_call as langchain_async
+from bench_fallback import sync_call as langchain_sync
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
 from llama_index.core.base.llms.types import ChatMessage
@@ -89,23 +91,6 @@ def langchain_contenders(path: str) -> dict[str, Runnable[Any, Any]]:
             inner=primary, budget=_budget(), ledger=InMemoryCostLedger()
         )
     return runnables
-
-
-def langchain_sync(runnable: Runnable[Any, Any], shape: str) -> Callable[[], object]:
-    if shape == "invoke":
-        return lambda: runnable.invoke(MESSAGES)
-    return lambda: deque(runnable.stream(MESSAGES), maxlen=0)
-
-
-def langchain_async(runnable: Runnable[Any, Any], shape: str) -> Callable[[], Awaitable[object]]:
-    if shape == "invoke":
-        return lambda: runnable.ainvoke(MESSAGES)
-
-    async def consume() -> None:
-        async for _ in runnable.astream(MESSAGES):
-            pass
-
-    return consume
 
 
 # -- LlamaIndex --------------------------------------------------------------------------
@@ -254,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.pop(variable, None)
     configure_logging()
     if args.profile:
-        profile(*args.profile, calls=3_000)
+        framework, name, shape = args.profile
+        profile(framework, name, shape, calls=3_000)
         return 0
     if args.quick:
         settings = Settings(rounds=40, warmup=3, batch_ns=2_000_000, budget_s=1.0)

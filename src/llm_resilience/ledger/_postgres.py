@@ -36,6 +36,7 @@ from llm_resilience.ledger._schema import (
     POSTGRES_TOTALS_SHARDS,
     Money,
     UtcTime,
+    entry_columns,
     spends_parameters,
     spends_statement,
 )
@@ -164,28 +165,11 @@ def record_entry(connection: Connection, entry: LedgerEntry) -> None:
 
 def record_parameters(entry: LedgerEntry) -> dict[str, Any]:
     """The parameters of the PostgreSQL statement that records ``entry``."""
-    return {
-        "timestamp": entry.timestamp,
-        "kind": entry.kind,
-        "input_tokens": entry.input_tokens,
-        "output_tokens": entry.output_tokens,
-        "cost": entry.cost,
-        "pages": entry.pages,
-        "model": entry.model,
-        "estimated": entry.estimated,
-        "surface": entry.surface,
-        "scope": entry.scope,
-        "entry_id": entry.entry_id,
-        "cache_read_tokens": entry.cache_read_tokens,
-        "cache_write_tokens": entry.cache_write_tokens,
-        "cache_write_1h_tokens": entry.cache_write_1h_tokens,
-        "reasoning_tokens": entry.reasoning_tokens,
-        "run_id": entry.run_id,
-        "thread_id": entry.thread_id,
-        "day": window_key("day", entry.timestamp),
-        "month": window_key("month", entry.timestamp),
-        "shard": random.randrange(POSTGRES_TOTALS_SHARDS),
-    }
+    parameters = entry_columns(entry)
+    parameters["day"] = window_key("day", entry.timestamp)
+    parameters["month"] = window_key("month", entry.timestamp)
+    parameters["shard"] = random.randrange(POSTGRES_TOTALS_SHARDS)
+    return parameters
 
 
 def record_entries(connection: Connection, entries: Sequence[LedgerEntry]) -> None:

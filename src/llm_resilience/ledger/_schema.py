@@ -392,6 +392,31 @@ def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str]]:
     return sorted((window_key(window, when), each) for window in WINDOWS for each in scopes)
 
 
+def entry_columns(entry: LedgerEntry) -> dict[str, Any]:
+    """``entry``'s values by column of ``cost_ledger`` (but ``id``), as the entry holds
+    them: each backend's statement converts what its driver needs (SQLite: the
+    timestamp's and the cost's text)."""
+    return {
+        "timestamp": entry.timestamp,
+        "kind": entry.kind,
+        "input_tokens": entry.input_tokens,
+        "output_tokens": entry.output_tokens,
+        "cost": entry.cost,
+        "pages": entry.pages,
+        "model": entry.model,
+        "estimated": entry.estimated,
+        "surface": entry.surface,
+        "scope": entry.scope,
+        "entry_id": entry.entry_id,
+        "cache_read_tokens": entry.cache_read_tokens,
+        "cache_write_tokens": entry.cache_write_tokens,
+        "cache_write_1h_tokens": entry.cache_write_1h_tokens,
+        "reasoning_tokens": entry.reasoning_tokens,
+        "run_id": entry.run_id,
+        "thread_id": entry.thread_id,
+    }
+
+
 def insert_entry(connection: Connection, entry: LedgerEntry) -> None:
     """Store ``entry`` on SQLite through ``connection`` and add its cost to its totals,
     unless its id is already stored (`sqlite_insert`; PostgreSQL's is in ``_postgres``)."""
@@ -406,25 +431,9 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> bool:
     form every release reads), so no read of them is needed first.
     """
     cost = format(entry.cost, "f")
-    fields = {
-        "timestamp": _sqlite_time(entry.timestamp),
-        "kind": entry.kind,
-        "input_tokens": entry.input_tokens,
-        "output_tokens": entry.output_tokens,
-        "cost": cost,
-        "pages": entry.pages,
-        "model": entry.model,
-        "estimated": entry.estimated,
-        "surface": entry.surface,
-        "scope": entry.scope,
-        "entry_id": entry.entry_id,
-        "cache_read_tokens": entry.cache_read_tokens,
-        "cache_write_tokens": entry.cache_write_tokens,
-        "cache_write_1h_tokens": entry.cache_write_1h_tokens,
-        "reasoning_tokens": entry.reasoning_tokens,
-        "run_id": entry.run_id,
-        "thread_id": entry.thread_id,
-    }
+    fields = entry_columns(entry)
+    fields["timestamp"] = _sqlite_time(entry.timestamp)
+    fields["cost"] = cost
     if run(_SQLITE_INSERT, fields).rowcount == 0:
         return False  # written before (a write that failed late, or the same entry twice)
     keys = _totals_keys(entry.timestamp, entry.scope)

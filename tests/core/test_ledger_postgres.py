@@ -277,10 +277,16 @@ def test_a_write_the_database_ends_as_a_deadlock_is_tried_again_and_stored(
                 recording.start()
                 with engine.connect() as watcher:  # until the record waits for a month row
                     deadline = time.monotonic() + 10
-                    while not watcher.exec_driver_sql(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND application_name = current_setting('application_name')"
-                    ).scalar_one():
+                    while True:
+                        waiting = watcher.exec_driver_sql(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND application_name = current_setting('application_name')"
+                        ).scalar_one()
+                        # A transaction reads pg_stat_activity once (stats_fetch_consistency
+                        # = cache): end it, so the next poll sees a record connected since.
+                        watcher.rollback()
+                        if waiting:
+                            break
                         assert time.monotonic() < deadline, "the record never waited"
                         time.sleep(0.01)
                 other.exec_driver_sql(

@@ -107,3 +107,13 @@ def _no_http_client_shared_across_tests() -> Iterator[None]:
             cached = getattr(module, name, None)
             if cached is not None and hasattr(cached, "cache_clear"):
                 cached.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses every connection for the whole run: bound and never
+    listening, so no server another test starts can take it meanwhile (a port that was
+    merely found free can be, and then answers)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])

@@ -12,7 +12,6 @@ A verdict is the pair (default rule with 429/503, ``with_server_errors()`` prese
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -199,17 +198,11 @@ def test_bedrock_says_input_is_too_long_with_a_validation_exception_that_is_an_o
     assert not is_context_overflow(_raised(server, _error("ValidationException", 400)))
 
 
-def _refused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_botocore_connection_failures_and_timeouts_are_transient(
-    server: FaultInjectingServer,
+    server: FaultInjectingServer, refused_port: int
 ) -> None:
     with pytest.raises(botocore.exceptions.EndpointConnectionError) as refused:
-        _converse(_client(f"http://127.0.0.1:{_refused_port()}"))
+        _converse(_client(f"http://127.0.0.1:{refused_port}"))
     with pytest.raises(botocore.exceptions.EndpointConnectionError) as dns:
         _converse(_client(f"http://nonexistent.invalid:{server.port}"))
     hung = _raised(server, Fault.hang(), read_timeout=0.2)

@@ -12,7 +12,6 @@ was asked exactly once. ``docs/providers.md`` is written from the same cells.
 from __future__ import annotations
 
 import importlib.util
-import socket
 import urllib.parse
 from collections.abc import Iterator
 
@@ -107,13 +106,6 @@ def _member(row: Row, endpoint: Endpoint, timeout: float, *, asynchronous: bool 
     return _members[key]
 
 
-def _refused_port() -> int:
-    # A port that was just free and has no listener: the connection is refused.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _status_along(exc: BaseException) -> int | None:
     current: BaseException | None = exc
     while current is not None:
@@ -141,6 +133,7 @@ def test_each_provider_failure_falls_back_or_propagates_as_the_matrix_says(
     cell: Cell,
     classifier: Classifier,
     servers: tuple[FaultInjectingServer, FaultInjectingServer],
+    refused_port: int,
 ) -> None:
     failing, healthy = servers
     failing.reset()
@@ -150,7 +143,7 @@ def test_each_provider_failure_falls_back_or_propagates_as_the_matrix_says(
         failing.script(cell.fault)
         endpoint = Endpoint("127.0.0.1", failing.port)
     elif column.target == "refused":
-        endpoint = Endpoint("127.0.0.1", _refused_port())
+        endpoint = Endpoint("127.0.0.1", refused_port)
     else:
         endpoint = Endpoint(UNRESOLVABLE_HOST, failing.port)
     members = [

@@ -362,11 +362,21 @@ def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(
         for index, url in enumerate(urls)
     ]
     kills = []
+    # What each child printed before its kill, read while waiting for its first flush.
+    early: list[list[str]] = [[] for _ in children]
     try:
         for child in children:
             assert child.stdout is not None
             assert child.stdout.readline().strip() == "ready"
-        time.sleep(0.3)
+        # Killed once each has stored at least once (opening a PostgreSQL connection can
+        # take longer than a fixed pause on a loaded machine), then at its own moment.
+        deadline = time.monotonic() + 30
+        for child, lines in zip(children, early, strict=True):
+            assert child.stdout is not None
+            while not (lines and lines[-1].startswith("flush")):
+                assert time.monotonic() < deadline, "a writer never stored its queue"
+                lines.append(child.stdout.readline())
+        time.sleep(0.1)
         for child in children:
             time.sleep(random.uniform(0.01, 0.06))
             kills.append(time.time())
@@ -378,7 +388,8 @@ def test_a_kill_9_loses_at_most_the_last_interval_and_one_flush(
     losses = []
     for index, (child, url, killed) in enumerate(zip(children, urls, kills, strict=True)):
         assert child.stdout is not None
-        lines = [line.split() for line in child.communicate(timeout=30)[0].splitlines()]
+        printed = "".join(early[index]) + child.communicate(timeout=30)[0]
+        lines = [line.split() for line in printed.splitlines()]
         made = {int(line[1]): float(line[2]) for line in lines if line[0] == "record"}
         flushes = [(float(line[1]), float(line[2]) / 1000) for line in lines if line[0] == "flush"]
         stored = {int(each[1:], 16) for each in stored_ids(url) if int(each[0], 16) == index}

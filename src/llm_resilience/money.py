@@ -55,6 +55,24 @@ EXACT = decimal.Context(
     traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Overflow],
 )
 
+#: ``EXACT`` with a precision that holds any cost's digits: dividing by a million never
+#: adds a digit, so the quotient is exact here too, and dividing at ``MAX_PREC`` costs
+#: libmpdec over three times as much (a cost is divided once per ledger entry).
+_MILLIONTHS = decimal.Context(
+    prec=60,
+    Emax=decimal.MAX_EMAX,
+    Emin=decimal.MIN_EMIN,
+    traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Overflow],
+)
+
+
+def _per_million(total: Decimal) -> Decimal:
+    """``total / 1,000,000`` exactly, as ``EXACT`` divides (the same digits and exponent)."""
+    try:
+        return _MILLIONTHS.divide(total, TOKENS_PER_MTOK)
+    except decimal.Inexact:  # a total of more than 60 digits: no price makes one
+        return EXACT.divide(total, TOKENS_PER_MTOK)
+
 
 def money(option: str, value: object) -> Decimal:
     """``value`` as exact, finite, non-negative money that every ledger can store.
@@ -245,7 +263,7 @@ def cost_of(
             price.input_per_mtok if price.embedding_per_mtok is None else price.embedding_per_mtok
         )
         total = EXACT.multiply(usage.input_tokens, rate)
-        return EXACT.divide(total, TOKENS_PER_MTOK)
+        return _per_million(total)
     read = usage.cache_read_tokens or 0
     written = usage.cache_write_tokens or 0
     written_1h = usage.cache_write_1h_tokens or 0
@@ -256,7 +274,7 @@ def cost_of(
             EXACT.multiply(usage.input_tokens, plain_in),
             EXACT.multiply(usage.output_tokens, plain_out),
         )
-        return EXACT.divide(total, TOKENS_PER_MTOK)
+        return _per_million(total)
     # The context converts the integer counts exactly (no ``Decimal`` built for them).
     parts = (
         EXACT.multiply(usage.input_tokens - read - written, plain_in),
@@ -266,7 +284,7 @@ def cost_of(
         EXACT.multiply(usage.output_tokens - reasoning, plain_out),
         EXACT.multiply(reasoning, _or(price.reasoning_price_per_mtok, plain_out)),
     )
-    return EXACT.divide(exact_sum(parts), TOKENS_PER_MTOK)
+    return _per_million(exact_sum(parts))
 
 
 def _or(price: Decimal | None, fallback: Decimal) -> Decimal:

@@ -28,11 +28,13 @@ meter forwards to it). Without an SDK every call is a no-op.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
-from typing import Any, Literal, Protocol
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple, Protocol
 
 __all__ = [
     "BUDGET_UNPRICED",
@@ -101,6 +103,14 @@ def _instrument(
     return instrument
 
 
+def _dropped(instrument: Any) -> bool:
+    """Whether ``instrument`` is the API's proxy with no SDK behind it yet, which drops
+    every point: then a caller need not build one. Installing a provider later gives the
+    proxy its real instrument, and points flow from then on. An instrument of any other
+    kind (an SDK's own) is never taken for dropped."""
+    return getattr(instrument, "_real_instrument", instrument) is None
+
+
 def _histogram(name: str, unit: str, description: str) -> Any:
     return _instrument("histogram", name, unit, description)
 
@@ -125,30 +135,37 @@ def record_llm_usage(
     chat, ``output_tokens`` with ``direction=out``; ``llm_resilience.llm.cost`` gets
     ``cost`` (as a float: metrics are for dashboards, the ledger is the exact record).
     """
-    operation = _OPERATION[surface]
     tokens = _instrument("counter", LLM_TOKENS, "{token}", "Tokens consumed by LLM calls.")
-    tokens.add(
-        input_tokens,
-        {
-            "direction": "in",
-            "surface": surface,
-            "gen_ai.operation.name": operation,
-            "gen_ai.token.type": "input",
-        },
-    )
+    if _dropped(tokens):
+        return
+    attributes = _USAGE_ATTRIBUTES[surface]
+    tokens.add(input_tokens, attributes.tokens_in)
     if surface == "chat":
-        tokens.add(
-            output_tokens,
-            {
-                "direction": "out",
-                "surface": surface,
-                "gen_ai.operation.name": operation,
-                "gen_ai.token.type": "output",
-            },
-        )
+        tokens.add(output_tokens, attributes.tokens_out)
     _instrument(
         "counter", LLM_COST, "{currency}", "Cost of LLM calls, in the prices' currency."
-    ).add(float(cost), {"surface": surface, "gen_ai.operation.name": operation})
+    ).add(float(cost), attributes.cost)
+
+
+class _UsageAttributes(NamedTuple):
+    """The attributes of one surface's usage points, built once (they never vary)."""
+
+    tokens_in: Mapping[str, str]
+    tokens_out: Mapping[str, str]
+    cost: Mapping[str, str]
+
+
+def _usage_attributes(surface: Surface) -> _UsageAttributes:
+    operation = _OPERATION[surface]
+    common = {"surface": surface, "gen_ai.operation.name": operation}
+    return _UsageAttributes(
+        MappingProxyType({"direction": "in", **common, "gen_ai.token.type": "input"}),
+        MappingProxyType({"direction": "out", **common, "gen_ai.token.type": "output"}),
+        MappingProxyType(common),
+    )
+
+
+_USAGE_ATTRIBUTES = {surface: _usage_attributes(surface) for surface in ("chat", "embedding")}
 
 
 def record_guessed_price(*, model: str | None, rule: str, surface: str) -> None:
@@ -158,7 +175,12 @@ def record_guessed_price(*, model: str | None, rule: str, surface: str) -> None:
         BUDGET_UNPRICED,
         "{entry}",
         "Ledger entries priced by the surface prices or an alias's one dated key.",
-    ).add(1, {"surface": surface, "rule": rule, "gen_ai.request.model": model or ""})
+    ).add(1, _guessed_attributes(surface, rule, model or ""))
+
+
+@functools.lru_cache(maxsize=1024)  # a process names few models; a bound all the same
+def _guessed_attributes(surface: str, rule: str, model: str) -> Mapping[str, str]:
+    return MappingProxyType({"surface": surface, "rule": rule, "gen_ai.request.model": model})
 
 
 def record_ledger_pending(change: int, *, backend: str) -> None:

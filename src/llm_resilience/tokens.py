@@ -44,7 +44,8 @@ def count_tokens(text: str) -> int:
     """Tokens in ``text`` under ``cl100k_base`` (special-token text counted as plain text)."""
     if not text:
         return 0
-    return len(encoding().encode(text, disallowed_special=()))
+    # ``encode_ordinary``: ``encode(text, disallowed_special=())`` without its checks.
+    return len(encoding().encode_ordinary(text))
 
 
 # OpenAI's chat format adds a few tokens of framing per message and per reply.
@@ -58,5 +59,14 @@ def count_message_tokens(messages: Iterable[tuple[str, str]]) -> int:
     seen = False
     for role, text in messages:
         seen = True
-        total += _TOKENS_PER_MESSAGE + count_tokens(role) + count_tokens(text)
+        role_tokens = _role_tokens.get(role)
+        if role_tokens is None:
+            role_tokens = count_tokens(role)
+            if len(_role_tokens) < 64:  # the framework's few role names, not any text
+                _role_tokens[role] = role_tokens
+        total += _TOKENS_PER_MESSAGE + role_tokens + count_tokens(text)
     return total + _TOKENS_PER_REPLY if seen else 0
+
+
+#: Tokens of each role name seen ("user", "assistant", ...): counted once per process.
+_role_tokens: dict[str, int] = {}

@@ -48,6 +48,7 @@ __all__ = [
     "DETAIL_FIELDS",
     "OUTPUT_CAP_NAMES",
     "StreamUsage",
+    "NO_DETAILS",
     "TokenDetails",
     "Usage",
     "billed_apart",
@@ -265,8 +266,8 @@ def _fitted(input_tokens: int, output_tokens: int, details: TokenDetails | None)
     cache counts above the input, a one-hour share above the writes, reasoning above the
     output. Counts that are not ints >= 0 are dropped too.
     """
-    if details is None:
-        return _NO_DETAILS
+    if details is None or details is NO_DETAILS:  # the usual report: nothing apart
+        return NO_DETAILS
     read, written, written_1h, reasoning = (
         value if _is_count(value) else None
         for value in (
@@ -285,7 +286,9 @@ def _fitted(input_tokens: int, output_tokens: int, details: TokenDetails | None)
     return TokenDetails(read, written, written_1h, reasoning)
 
 
-_NO_DETAILS = TokenDetails()
+#: No count reported apart: what an adapter gives for the usual report, which the
+#: reading rules recognise by identity and pass through without another look.
+NO_DETAILS = TokenDetails()
 
 
 class StreamUsage:
@@ -317,7 +320,7 @@ class StreamUsage:
         self.input_tokens: int | None = None
         #: Largest output count reported so far, or None.
         self.output_tokens: int | None = None
-        self._details = _NO_DETAILS
+        self._details = NO_DETAILS
 
     def __repr__(self) -> str:
         return f"StreamUsage(input_tokens={self.input_tokens}, output_tokens={self.output_tokens})"
@@ -340,7 +343,7 @@ class StreamUsage:
         """
         self.input_tokens = _largest(self.input_tokens, reported_input)
         self.output_tokens = _largest(self.output_tokens, reported_output)
-        if details is not None and details != _NO_DETAILS:
+        if details is not None and details != NO_DETAILS:
             now = self._details
             self._details = TokenDetails(
                 _largest(now.cache_read_tokens, details.cache_read_tokens),
@@ -506,7 +509,7 @@ cache_write_1h_tokens=None, reasoning_tokens=None))
     extra = billed_apart(provider_usage) if provider_usage is not None else None
     if extra is None:
         return reported_input, reported_output, details
-    now = details if details is not None else _NO_DETAILS
+    now = details if details is not None else NO_DETAILS
     combined = TokenDetails(
         _plus(now.cache_read_tokens, extra.cache_read_tokens),
         _plus(now.cache_write_tokens, extra.cache_write_tokens),

@@ -26,6 +26,7 @@ from llm_resilience.budget import (
 )
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import InMemoryCostLedger, LedgerEntry, Reservation, Window
+from llm_resilience.money import cost_of
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import Usage
 
@@ -276,6 +277,49 @@ def test_recorded_entries_carry_the_serving_model_its_price_and_the_estimated_fl
         ("claude-sonnet-4-5", Decimal("3"), "chat", "chat", True),
         ("text-embedding-3-small", Decimal("0.5"), "embedding", "embedding", True),
     ]
+
+
+def test_the_gates_entry_holds_every_field_where_a_checked_ledger_entry_would() -> None:
+    # The gate builds its entries unchecked, slot by slot (checked_entry): each value
+    # must land in its own field, and the result must equal LedgerEntry's own.
+    when = datetime(2026, 12, 6, 23, 30, tzinfo=UTC)
+    ledger = InMemoryCostLedger()
+    gate = BudgetGate(CostBudget(3, 15, daily_limit=100), ledger, now=lambda: when)
+    usage = Usage(
+        120,
+        9,
+        estimated=False,
+        cache_read_tokens=100,
+        cache_write_tokens=20,
+        cache_write_1h_tokens=8,
+        reasoning_tokens=5,
+    )
+    ticket = gate.begin("chat", scope="tenant-7", run_id="run-1", thread_id="thread-1")
+    entry = ticket.finish(usage, model="gpt-x")
+    assert entry is not None
+    expected = {
+        "timestamp": when,
+        "kind": "chat",
+        "input_tokens": 120,
+        "output_tokens": 9,
+        "cost": cost_of(usage, gate.budget.price_for("gpt-x")),
+        "pages": 0,
+        "model": "gpt-x",
+        "estimated": False,
+        "surface": "chat",
+        "scope": "tenant-7",
+        "cache_read_tokens": 100,
+        "cache_write_tokens": 20,
+        "cache_write_1h_tokens": 8,
+        "reasoning_tokens": 5,
+        "run_id": "run-1",
+        "thread_id": "thread-1",
+    }
+    fields = {each.name: getattr(entry, each.name) for each in dataclasses.fields(entry)}
+    assert fields.pop("entry_id") != ""
+    assert fields == expected
+    assert LedgerEntry(**expected, entry_id=entry.entry_id) == entry
+    assert ledger.entries() == [entry]
 
 
 def test_a_scope_is_gated_by_its_own_spend_and_by_the_global_limits() -> None:

@@ -29,6 +29,7 @@ from llm_resilience.layers import WrapsOne, leaves
 from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
 from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
+    NO_DETAILS,
     TokenDetails,
     Usage,
     chat_usage,
@@ -243,10 +244,10 @@ def token_details(usage: Any) -> TokenDetails:
         TokenDetails(cache_read_tokens=100, cache_write_tokens=20, cache_write_1h_tokens=8, \
 reasoning_tokens=None)
     """
-    if not isinstance(usage, dict):
-        return TokenDetails()
-    into = usage.get("input_token_details")
-    out = usage.get("output_token_details")
+    into = usage.get("input_token_details") if isinstance(usage, dict) else None
+    out = usage.get("output_token_details") if isinstance(usage, dict) else None
+    if not into and not out:  # the usual report: the two counts and their total
+        return NO_DETAILS
     into = into if isinstance(into, dict) else {}
     out = out if isinstance(out, dict) else {}
     five_minutes = token_count(into.get("ephemeral_5m_input_tokens"))

@@ -59,7 +59,13 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
 
 from llm_resilience.served import SERVED_BY_KEY
-from llm_resilience.usage import StreamUsage, TokenDetails, token_count, with_billed_apart
+from llm_resilience.usage import (
+    NO_DETAILS,
+    StreamUsage,
+    TokenDetails,
+    token_count,
+    with_billed_apart,
+)
 
 __all__ = [
     "StreamTally",
@@ -108,6 +114,8 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     then ``message.additional_kwargs["usage"]``; the first place with both counts wins,
     else the first with one.
     """
+    if _reports_nothing(response):
+        return None, None
     bedrock = _bedrock_usage(response)
     if bedrock is not None:
         return _bedrock_counts(bedrock)
@@ -147,6 +155,8 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
 def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
     """The provider's cache and reasoning counts, from the same places as
     `reported_tokens` (the first that has any); None where not reported."""
+    if _reports_nothing(response):
+        return NO_DETAILS
     bedrock = _bedrock_usage(response)
     if bedrock is not None:
         return _bedrock_details(bedrock)
@@ -167,6 +177,15 @@ def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetail
     found = next((d for d in map(_details, places) if d != _NONE), _NONE)
     _, _, billed = with_billed_apart(0, 0, found, _field(response.raw, "usage"))
     return billed if billed is not None else _NONE
+
+
+def _reports_nothing(response: ChatResponse | CompletionResponse) -> bool:
+    """Whether ``response`` has nowhere a count could be: no ``raw`` and no
+    ``additional_kwargs`` (its message's neither), as a model that reports no usage
+    answers; every place `reported_tokens` looks is then empty."""
+    if response.raw is not None or response.additional_kwargs:
+        return False
+    return not isinstance(response, ChatResponse) or not response.message.additional_kwargs
 
 
 def _groq_usage(response: ChatResponse | CompletionResponse) -> Any:
@@ -289,7 +308,7 @@ def _counts(place: Any) -> tuple[int | None, int | None] | None:
     return found_in, found_out
 
 
-_NONE = TokenDetails()
+_NONE = NO_DETAILS
 
 
 def _gemini_counts(place: Any) -> tuple[int | None, int | None] | None:

@@ -97,7 +97,7 @@ class MeteredLLM(DelegatingLLM):
         kwargs: dict[str, Any],
         invoke: Callable[[], _ResponseT],
     ) -> _ResponseT:
-        with self._meter.inbox():
+        with _meter_of(self).inbox():
             return super()._call(kind, request, kwargs, invoke)
 
     async def _acall(
@@ -107,7 +107,7 @@ class MeteredLLM(DelegatingLLM):
         kwargs: dict[str, Any],
         invoke: Callable[[], Awaitable[_ResponseT]],
     ) -> _ResponseT:
-        with self._meter.inbox():
+        with _meter_of(self).inbox():
             return await super()._acall(kind, request, kwargs, invoke)
 
     def _stream(
@@ -118,7 +118,7 @@ class MeteredLLM(DelegatingLLM):
         invoke: Callable[[], Iterator[_ResponseT]],
     ) -> Generator[_ResponseT, None, None]:
         stream = super()._stream(kind, request, kwargs, invoke)
-        return self._meter.stream(stream)  # type: ignore[return-value]
+        return _meter_of(self).stream(stream)  # type: ignore[return-value]
 
     def _astream(
         self,
@@ -128,7 +128,7 @@ class MeteredLLM(DelegatingLLM):
         invoke: Callable[[], Awaitable[AsyncIterator[_ResponseT]] | AsyncIterator[_ResponseT]],
     ) -> AsyncGenerator[_ResponseT, None]:
         stream = super()._astream(kind, request, kwargs, invoke)
-        return self._meter.astream(stream)  # type: ignore[return-value]
+        return _meter_of(self).astream(stream)  # type: ignore[return-value]
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
         call: _Call = context
@@ -174,8 +174,8 @@ class MeteredLLM(DelegatingLLM):
 
     def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str | None]:
         """The usage to record, and the model the provider says served."""
-        tally = call.tally
-        if tally.started:
+        tally = call.streamed
+        if tally is not None:
             reported_in, reported_out = tally.input_tokens, tally.output_tokens
             details = tally.details
             text, model = tally.text(response), tally.model
@@ -275,11 +275,11 @@ class CostTrackedLLM(MeteredLLM):
 
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
         prompt = prompt_pairs(request)
-        return _Call(self._meter.begin(kwargs, prompt=prompt))
+        return _Call(_meter_of(self).begin(kwargs, prompt=prompt))
 
     async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
         prompt = prompt_pairs(request)
-        return _Call(await self._meter.abegin(kwargs, prompt=prompt))
+        return _Call(await _meter_of(self).abegin(kwargs, prompt=prompt))
 
 
 class CostTrackedEmbedding(DelegatingEmbedding):
@@ -341,10 +341,10 @@ class CostTrackedEmbedding(DelegatingEmbedding):
         return self._meter.gate
 
     def _begin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[MeteredCall, list[str]]:
-        return self._meter.begin(texts=texts), texts
+        return _meter_of(self).begin(texts=texts), texts
 
     async def _abegin(self, kind: EmbeddingKind, texts: list[str]) -> tuple[MeteredCall, list[str]]:
-        return await self._meter.abegin(texts=texts), texts
+        return await _meter_of(self).abegin(texts=texts), texts
 
     def _end(self, context: Any, embeddings: list[list[float]] | None) -> None:
         call, texts = context
@@ -362,13 +362,37 @@ class CostTrackedEmbedding(DelegatingEmbedding):
 
 
 class _Call:
-    """One admitted chat or completion call: its metered call and stream tally."""
+    """One admitted chat or completion call: its metered call and stream tally (made on
+    the first chunk: a call that is not a stream never needs one)."""
 
-    __slots__ = ("metered", "tally")
+    __slots__ = ("_tally", "metered")
 
     def __init__(self, metered: MeteredCall) -> None:
         self.metered = metered
-        self.tally = StreamTally()
+        self._tally: StreamTally | None = None
+
+    @property
+    def tally(self) -> StreamTally:
+        """What the stream's chunks reported so far."""
+        tally = self._tally
+        if tally is None:
+            tally = self._tally = StreamTally()
+        return tally
+
+    @property
+    def streamed(self) -> StreamTally | None:
+        """The tally, once a chunk was added to it; None for a call that did not stream."""
+        tally = self._tally
+        return tally if tally is not None and tally.started else None
+
+
+def _meter_of(layer: MeteredLLM | CostTrackedEmbedding) -> Meter:
+    """``layer``'s meter, read from pydantic's private state directly: ``layer._meter``
+    fails the normal lookup and then probes pydantic's ``__getattr__`` (about 2 µs a call)."""
+    state = layer.__pydantic_private__
+    assert state is not None  # set in __init__
+    meter: Meter = state["_meter"]
+    return meter
 
 
 def _mark(response: AnyResponse | None) -> object:

@@ -403,15 +403,17 @@ class Writes:
         if not len(self.pending):
             return
         until: float | None = None
+        step: float | None = None  # each operation's bound: operation_timeout
         while True:
-            bound = None if until is None else until - time.monotonic()
+            bound = None if until is None or step is None else min(step, until - time.monotonic())
             if bound is not None and bound <= 0:
                 return
             try:
                 with self._db.operation(name, bound=bound) as operation:
                     operation.watch_commits = True
                     if until is None:
-                        until = operation.started + CLOSE_BOUNDS * operation.bound
+                        step = operation.bound
+                        until = operation.started + CLOSE_BOUNDS * step
                     try:
                         stored = self.flush(operation, operation.deadline)
                     except Exception as error:

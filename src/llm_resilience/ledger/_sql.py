@@ -273,7 +273,8 @@ class SqlCostLedger:
     async def arecord(self, entry: LedgerEntry) -> None:
         """[`record`][] in a worker thread, bounded from this call (with
         ``write_behind``, queued on the event loop; a full queue is waited for in a
-        worker thread)."""
+        worker thread, at most ``operation_timeout``: cancelled meanwhile, that thread
+        still queues the entry, once, since the call it accounts for happened)."""
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
         if self._flusher is not None:

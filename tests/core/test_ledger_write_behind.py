@@ -560,6 +560,200 @@ def test_a_full_queue_in_an_outage_drops_its_oldest_at_once_counted_and_warned_o
         assert stored_costs(path) == ["0.02"] * 100
 
 
+# -- a database busy with other writers: backpressure, never a dropped entry ------------
+
+# One writer process: opens a write-behind ledger with a small queue and a short bound
+# (so its writer's wait for SQLite's write lock runs out within seconds under contention),
+# says it is ready, waits for "go" on stdin, records fresh entries as fast as it can for
+# the given seconds, closes, and prints how many it made, dropped, and left pending. Its
+# log (WARNING and up) goes to stderr.
+_CONTENDING = """
+import logging, sys, time
+from datetime import UTC, datetime
+from decimal import Decimal
+from llm_resilience.ledger import LedgerEntry, SqlCostLedger
+
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+url, seconds = sys.argv[1], float(sys.argv[2])
+ledger = SqlCostLedger(url, write_behind=0.05, max_pending=100, operation_timeout=0.2)
+ledger.spend("day")
+print("ready", flush=True)
+sys.stdin.readline()
+made = 0
+until = time.monotonic() + seconds
+while time.monotonic() < until:
+    ledger.record(LedgerEntry(datetime.now(UTC), "chat", 1, 1, Decimal("0.01")))
+    made += 1
+ledger.close()
+print(made, ledger.dropped, ledger.pending, flush=True)
+"""
+
+
+def test_write_behind_processes_contending_for_one_sqlite_file_lose_no_entry(
+    path: Path,
+) -> None:
+    # Six processes record as fast as they can into one SQLite file, each through a
+    # write-behind ledger whose queue holds 100 entries and whose bound is 0.2 s: their
+    # writers' waits for the write lock run out while the others commit. That is a busy
+    # database, not one that is away: records wait for room instead of dropping the
+    # oldest, and every entry made is stored once every writer has closed.
+    processes, seconds = 6, 2.0
+    url = f"sqlite:///{path}"
+    SqlCostLedger(url).close()  # the tables, created once
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_CONTENDING), url, str(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for writer in writers:
+            assert writer.stdout is not None
+            assert writer.stdout.readline().strip() == "ready"
+        for writer in writers:  # released together
+            assert writer.stdin is not None
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+        outputs = [writer.communicate(timeout=60) for writer in writers]
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+    logs = "".join(log for _, log in outputs)
+    assert [writer.returncode for writer in writers] == [0] * processes, logs
+    reports = [tuple(int(n) for n in out.split()) for out, _ in outputs]
+    made = sum(each for each, _, _ in reports)
+    assert [(dropped, pending) for _, dropped, pending in reports] == [(0, 0)] * processes, logs
+    assert "dropped" not in logs, logs
+    assert "never stored" not in logs, logs
+    assert "busy with other writers" in logs, "no writer waited out its bound: no contention"
+    assert len(stored_costs(path)) == made
+    reader = SqlCostLedger(url)
+    try:
+        assert reader.spend("day") == Decimal("0.01") * made  # the totals: once each
+    finally:
+        reader.close()
+
+
+@contextmanager
+def hogging_the_write_lock(path: Path) -> Iterator[None]:
+    """Another connection takes SQLite's write lock, commits a row, and takes it again
+    at once, over and over, until the block ends: the lock changes hands, yet a writer
+    waiting for it (SQLite's busy handler sleeps between its tries) seldom gets it."""
+    stop = threading.Event()
+
+    def hog() -> None:
+        connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        connection.execute("CREATE TABLE IF NOT EXISTS hog (x INTEGER)")
+        while not stop.is_set():
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("INSERT INTO hog VALUES (1)")
+            time.sleep(0.003)
+            connection.execute("COMMIT")
+        connection.close()
+
+    hogging = threading.Thread(target=hog, daemon=True)
+    hogging.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        hogging.join(PATIENCE)
+
+
+async def test_an_async_record_into_the_full_queue_of_a_busy_database_waits_off_the_event_loop(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Another connection keeps committing, so the writer's waits for the write lock run
+    # out (0.3 s) while the lock changes hands: a busy database, not an outage. A full
+    # queue then makes arecord wait for room, in a worker thread: the event loop's
+    # heartbeat never stalls, nothing is dropped, and an arecord cancelled while it waits
+    # still queues its entry (the call it accounts for happened), stored once.
+    with ledgers(f"sqlite:///{path}", operation_timeout=0.3, max_pending=20) as (behind, _):
+        behind.spend("day")
+        beats: list[float] = []
+        stop = asyncio.Event()
+
+        async def heartbeat() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                await asyncio.sleep(0.01)
+                beats.append(time.monotonic() - started - 0.01)
+
+        with caplog.at_level(logging.WARNING), hogging_the_write_lock(path):
+            made = 0
+
+            def busy() -> bool:  # records until the writer says the database is busy
+                nonlocal made
+                if any("busy with other writers" in r.message for r in caplog.records):
+                    return True
+                behind.record(entry("0.01"))
+                made += 1
+                return False
+
+            await asyncio.to_thread(eventually, busy)
+            beating = asyncio.create_task(heartbeat())
+            took = []
+            for _ in range(5):
+                started = time.monotonic()
+                await behind.arecord(entry("0.01"))
+                took.append(time.monotonic() - started)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(behind.arecord(entry("0.01")), 0.01)
+            stop.set()
+            await beating
+        assert max(took) >= 0.1, f"no arecord waited for room: {took}"
+        assert max(beats) < STALL, f"the event loop stalled {max(beats):.3f} s"
+        await asyncio.to_thread(eventually, lambda: behind.pending == 0)
+        assert behind.dropped == 0
+        assert not [r for r in caplog.records if "dropped" in r.message]
+        assert len(stored_costs(path)) == made + 6
+        assert behind.spend("day") == Decimal("0.01") * (made + 6)
+
+
+@pytest.mark.postgres
+def test_an_unreachable_postgres_drops_the_oldest_at_once_counted_and_warned_once(
+    postgres_schema_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database that is away (every connection reset) is an outage, not contention: a
+    # full queue drops its oldest entry at once, counted and warned once, and no record
+    # waits on the database.
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(postgres_schema_url)
+    with FaultProxy((parsed.host or "127.0.0.1", parsed.port or 5432)) as proxy:
+        through = parsed.set(port=proxy.port).render_as_string(hide_password=False)
+        behind = SqlCostLedger(
+            through, write_behind=INTERVAL, operation_timeout=WAIT, max_pending=100
+        )
+        other = SqlCostLedger(postgres_schema_url)
+        try:
+            behind.spend("day")
+            proxy.mode = "reset"
+            with caplog.at_level(logging.WARNING):
+                for _ in range(100):
+                    behind.record(entry("0.01"))
+                eventually(lambda: any("could not" in r.message for r in caplog.records))
+                newest = [entry("0.02") for _ in range(100)]
+                for each in [entry("0.03") for _ in range(100)] + newest:
+                    started = time.monotonic()
+                    behind.record(each)
+                    assert time.monotonic() - started < FAST, "record waited on the database"
+            assert (behind.pending, behind.dropped) == (100, 200)
+            assert len([r for r in caplog.records if "dropped" in r.message]) == 1
+            assert not [r for r in caplog.records if "busy" in r.message]
+            proxy.mode = "forward"
+            eventually(lambda: behind.pending == 0)
+            assert [e.cost for e in other.entries()] == [Decimal("0.02")] * 100
+        finally:
+            behind.close()
+            other.close()
+
+
 @pytest.mark.postgres
 def test_on_postgres_a_queued_record_reaches_another_ledger_within_the_interval(
     postgres_schema_url: str,

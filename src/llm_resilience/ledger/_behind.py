@@ -7,9 +7,10 @@ Flushes start on a fixed cadence: each is due one interval after the previous on
 *started*, so an entry waits at most one interval for the flush that takes it and is
 committed when that flush ends: a crash loses at most the entries of the last interval
 plus one flush's duration. After a flush that found the database away the next try
-waits a whole interval. The thread starts with the first queued write, holds only a
-weak reference to its ledger (a ledger dropped without ``close()`` stops it), and
-``stop()`` ends it within a bound.
+waits a whole interval; after one that found it busy (its lock wait ran out while other
+writers committed) the next try starts at once. The thread starts with the first queued
+write, holds only a weak reference to its ledger (a ledger dropped without ``close()``
+stops it), and ``stop()`` ends it within a bound.
 """
 
 from __future__ import annotations
@@ -19,21 +20,27 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Literal
 
-__all__ = ["Flusher"]
+__all__ = ["Flusher", "Outcome"]
 
 logger = logging.getLogger(__name__)
+
+#: What one flush found: the queue stored (or empty); the database busy with other
+#: writers (try again at once); or away (try again an interval later).
+Outcome = Literal["stored", "contended", "away"]
 
 
 class Flusher:
     """Calls ``flush`` every ``interval`` seconds, counted from the start of the last
     call (or at once on `wake`), on a daemon thread of its own, started on the first
-    `start` or `wake`. ``flush`` returns False when it could not store
-    (the next call then waits a whole interval from its end)."""
+    `start` or `wake`. ``flush`` returns its `Outcome`: after ``"away"`` (or an
+    exception) the next call waits a whole interval from its end; after ``"contended"``
+    it comes at once."""
 
     __slots__ = ("_flush", "_interval", "_lock", "_name", "_stopping", "_thread", "_wake")
 
-    def __init__(self, flush: Callable[[], bool], *, interval: float, name: str) -> None:
+    def __init__(self, flush: Callable[[], Outcome], *, interval: float, name: str) -> None:
         # A weak method: the thread must not keep its ledger alive.
         self._flush = weakref.WeakMethod(flush)  # type: ignore[arg-type]
         self._interval = interval
@@ -87,14 +94,16 @@ class Flusher:
                 return  # the ledger is gone
             # Due one interval after this flush starts, not after it ends.
             due = time.monotonic() + self._interval
-            stored = False
+            outcome: Outcome = "away"
             try:
-                stored = flush()
+                outcome = flush()
             except Exception as error:  # never end the thread: the writes stay queued
                 # The type only: an error's text could quote the database's view of a row.
                 logger.error(
                     "%s: storing queued writes failed (%s)", self._name, type(error).__name__
                 )
             del flush
-            if not stored:  # the database is away: try again a whole interval from now
+            if outcome == "contended":  # the lock changes hands: queue up for it again now
+                due = time.monotonic()
+            elif outcome == "away":  # try again a whole interval from now
                 due = time.monotonic() + self._interval

@@ -53,6 +53,7 @@ __all__ = [
     "MIGRATION_TIMEOUT",
     "POOL_SIZE",
     "Connections",
+    "contended",
     "must_retry",
     "parse_url",
     "unavailable",
@@ -144,6 +145,32 @@ def unavailable(error: BaseException) -> bool:
     ) or (isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated)
 
 
+#: SQLSTATE of PostgreSQL's ``lock_timeout``: a lock wait the server ended.
+LOCK_TIMEOUT_SQLSTATE = "55P03"
+
+
+def contended(error: BaseException, operation: Operation) -> bool:
+    """Whether ``error`` ended ``operation`` while it waited for a lock that other
+    writers hold and pass on: the database answers but is busy, rather than away.
+
+    SQLite: the operation ran out of time and, while it waited for the write lock,
+    another connection committed (``Operation.others_committed``, noted only for
+    operations that ``watch_commits``); a lock nobody commits under is away.
+    PostgreSQL: the server's ``lock_timeout`` ended a lock wait (SQLSTATE 55P03).
+    """
+    if operation.others_committed and isinstance(error, LedgerTimeoutError):
+        return True
+    cause: BaseException | None = error
+    for _ in range(4):  # the error, what it wraps, and so on: a short chain
+        if cause is None:
+            return False
+        driver_error = getattr(cause, "orig", cause)
+        if getattr(driver_error, "sqlstate", None) == LOCK_TIMEOUT_SQLSTATE:
+            return True
+        cause = cause.__cause__
+    return False
+
+
 def _raise_past_deadline(error: Exception, operation: Operation, interrupted: bool) -> None:
     """Raise ``LedgerTimeoutError`` for a database error that the deadline caused: the
     watchdog interrupted the connection, or a bound (pool, busy, lock) ran out."""
@@ -173,6 +200,38 @@ def _sqlite_begin(connection: Connection) -> None:
     statement = connection.get_execution_options().get(_BEGIN, "BEGIN")
     if statement is not None:
         sqlite_run(connection, statement, ())
+
+
+def _begin_write(run: Run, operation: Operation) -> int | None:
+    """``BEGIN IMMEDIATE`` on a direct SQLite connection: the write lock, waited for
+    within the operation's deadline (the busy timeout).
+
+    With ``operation.watch_commits`` returns the connection's ``data_version`` read just
+    before, and when the wait for the lock runs out, notes whether another connection
+    committed meanwhile (``operation.others_committed``): a lock that changes hands is
+    contention; one nobody commits under is a database that is away (another connection
+    keeps it locked). Else returns None.
+    """
+    if not operation.watch_commits:
+        run("BEGIN IMMEDIATE", ())
+        return None
+    ((before,),) = run("PRAGMA data_version", ())
+    assert isinstance(before, int)
+    try:
+        run("BEGIN IMMEDIATE", ())
+    except sa_exc.DBAPIError as error:
+        if timed_out(error):
+            # Out of the watchdog's reach first (its alarm is due now and must not cut
+            # this read short; the connection is closed after the error anyway), and a
+            # 1 ms busy timeout: the read must not wait out another bound.
+            operation.detach()
+            with suppress(sa_exc.DBAPIError, ValueError):
+                run("PRAGMA busy_timeout = 1", ())
+                ((after,),) = run("PRAGMA data_version", ())
+                if after != before:
+                    operation.others_committed = True
+        raise
+    return before
 
 
 def milliseconds(seconds: float) -> int:
@@ -470,8 +529,10 @@ class Connections:
                     # reads kept on it are brought up to date with what we store, if
                     # nobody else committed since they were made, else forgotten.
                     try:
-                        run("BEGIN IMMEDIATE", ())
+                        before = _begin_write(run, operation)
                         ((version,),) = run("PRAGMA data_version", ())
+                        if before is not None and version != before:
+                            operation.others_committed = True  # while we waited for the lock
                         reads.begin_write(version)
                         yield run, reads
                         run("COMMIT", ())

@@ -4,7 +4,8 @@ A ``record`` or ``settle`` that fails because the database is down, locked or to
 is not lost: it waits here, oldest first, and the ledger writes it before its next
 operation. Each write carries its entry's unique ``entry_id``, so writing it again
 after a failure that had in fact committed stores nothing twice. The queue is bounded:
-when full, the oldest write is dropped and counted.
+when full, the oldest write is dropped and counted (write-behind may let it grow past
+its capacity, to a limit of its own, while the database answers).
 """
 
 from __future__ import annotations
@@ -82,21 +83,26 @@ class PendingWrites:
     def __len__(self) -> int:
         return len(self._writes)
 
-    def push(self, entry: LedgerEntry | None, hold_id: str | None) -> bool:
-        """Queue a write behind the others; True if the oldest was dropped to make room."""
+    def push(
+        self, entry: LedgerEntry | None, hold_id: str | None, *, limit: int | None = None
+    ) -> bool:
+        """Queue a write behind the others; True if the oldest were dropped to make room:
+        at most ``limit`` writes are kept (None: ``capacity``)."""
+        most = self.capacity if limit is None else limit
+        dropped = 0
         with self._lock:
             self._sequence += 1
             self._writes.append(PendingWrite(entry, hold_id, self._sequence))
             self._count(entry, +1)
-            dropped = len(self._writes) > self.capacity
-            if dropped:
+            while len(self._writes) > most:
                 self._count(self._writes.popleft().entry, -1)
-                self.dropped += 1
+                dropped += 1
+            self.dropped += dropped
         record_ledger_pending(+1, backend=self._backend)
         if dropped:
-            record_ledger_pending(-1, backend=self._backend)
-            record_ledger_dropped(1, backend=self._backend)
-        return dropped
+            record_ledger_pending(-dropped, backend=self._backend)
+            record_ledger_dropped(dropped, backend=self._backend)
+        return bool(dropped)
 
     def full(self) -> bool:
         """Whether the next `push` would drop the oldest write."""

@@ -137,9 +137,15 @@ class SqlCostLedger:
       while it is away; a thread of the ledger's commits the queue in batches every
       interval (sooner once 100 wait), and [`close`][] and the exit of the process
       store the rest. Only a full queue (``max_pending``) makes ``record`` wait, at most
-      ``operation_timeout``, for the writer to make room (``arecord`` waits in a worker
-      thread), and only while the database answers; in an outage the oldest entry is
-      dropped and counted instead. Gates in this process count queued entries
+      ``operation_timeout`` per call, for the writer to make room (``arecord`` waits in
+      a worker thread), and only while the database answers, busy or not: a writer
+      whose wait for the lock runs out while other writers commit (SQLite's write lock,
+      PostgreSQL's ``lock_timeout``) tries again at once, one WARNING a minute says so,
+      and an entry that found no room in time is kept anyway, the queue growing up to
+      twice ``max_pending``: nothing is dropped (8 processes writing one SQLite file as
+      fast as they can lost none: docs/benchmarks.md). In an outage (the database
+      unreachable, or a SQLite file locked with nobody committing) the oldest entry is
+      dropped at once, counted and warned, instead. Gates in this process count queued entries
       at once; the stored part of a gate's read is reused for up to this long, so other
       processes' spend reaches this process's gate within it. A crash (``kill -9``, power
       loss) loses at most the entries recorded in the last interval plus the time one
@@ -267,7 +273,8 @@ class SqlCostLedger:
     async def arecord(self, entry: LedgerEntry) -> None:
         """[`record`][] in a worker thread, bounded from this call (with
         ``write_behind``, queued on the event loop; a full queue is waited for in a
-        worker thread)."""
+        worker thread, at most ``operation_timeout``: cancelled meanwhile, that thread
+        still queues the entry, once, since the call it accounts for happened)."""
         if not isinstance(entry, LedgerEntry):
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
         if self._flusher is not None:
@@ -788,11 +795,15 @@ class SqlCostLedger:
     # -- closing ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Store pending writes (within ``operation_timeout``), then close the pooled
-        connections and stop the watchdog; a later call opens new ones.
+        """Store pending writes, then close the pooled connections and stop the
+        watchdog; a later call opens new ones.
 
-        Writes still pending after that are logged (count and money) and kept for the
-        next operation, or the exit of the process.
+        Storing takes one bounded operation (``operation_timeout``), and more while the
+        database is busy with other writers or the queue is longer than one stores: at
+        most three ``operation_timeout`` in all, after waiting up to one for the
+        write-behind writer's flush in progress. Writes still pending after that are
+        logged (count and money) and kept for the next operation, or the exit of the
+        process (which tries within the same bound).
         """
         if self._flusher is not None:
             self._flusher.stop(self._timeout)

@@ -203,8 +203,10 @@ class Operation:
         "bound",
         "deadline",
         "name",
+        "others_committed",
         "phase_deadline",
         "started",
+        "watch_commits",
     )
 
     def __init__(self, watchdog: Watchdog, name: str, bound: float, started: float) -> None:
@@ -223,6 +225,13 @@ class Operation:
         self._connection: Any = None
         self._interrupted = False
         self._finished = False
+        #: Set by the caller: on SQLite, note whether other connections commit while
+        #: this operation waits for the write lock (a ``PRAGMA data_version`` around
+        #: each ``BEGIN IMMEDIATE``: one statement more per transaction).
+        self.watch_commits = False
+        #: Whether, while this operation waited for the write lock, another connection
+        #: committed: the database was contended, not away (see ``watch_commits``).
+        self.others_committed = False
         self._alarm = watchdog.arm(self.deadline, self._fire)
 
     def remaining(self) -> float:

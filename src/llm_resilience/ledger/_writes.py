@@ -20,8 +20,8 @@ from sqlalchemy import delete
 from sqlalchemy import exc as sa_exc
 
 from llm_resilience.errors import LedgerTimeoutError
-from llm_resilience.ledger._behind import Flusher
-from llm_resilience.ledger._connections import Connections, must_retry, unavailable
+from llm_resilience.ledger._behind import Flusher, Outcome
+from llm_resilience.ledger._connections import Connections, contended, must_retry, unavailable
 from llm_resilience.ledger._pending import PendingWrite, PendingWrites
 from llm_resilience.ledger._postgres import (
     batch_parameters,
@@ -41,7 +41,7 @@ from llm_resilience.ledger._schema import (
 )
 from llm_resilience.ledger._watchdog import Operation
 
-__all__ = ["FLUSH_BATCH", "Writes"]
+__all__ = ["BEHIND_OVERFLOW", "CLOSE_BOUNDS", "FLUSH_BATCH", "Writes"]
 
 # The ledger's own logger: its warnings keep the name users filter on.
 logger = logging.getLogger("llm_resilience.ledger._sql")
@@ -57,6 +57,16 @@ RETRY_ATTEMPTS = 5
 #: The longest pause between two such tries, in seconds (each pause is random, up to
 #: 5 ms x 2^try, so that the writers that collided do not collide again).
 RETRY_PAUSE = 0.1
+#: Write-behind, while the database answers: a record that waited a whole
+#: ``operation_timeout`` for room keeps its entry anyway, the queue growing past
+#: ``max_pending`` up to this many times it (then the oldest is dropped).
+BEHIND_OVERFLOW = 2
+#: ``close()`` and the exit hook keep storing, one bounded operation after another,
+#: while the database is busy with other writers or the queue is longer than one
+#: operation stores, for at most this many ``operation_timeout`` in all.
+CLOSE_BOUNDS = 3
+#: At most one WARNING per this many seconds says the writer found the database busy.
+CONTENTION_WARNING_EVERY = 60.0
 
 
 class Writes:
@@ -65,10 +75,14 @@ class Writes:
     ``label`` names the ledger in log lines (its repr: the URL, password hidden).
     ``behind_interval`` (seconds, None: off) starts write-behind: ``queue`` then only
     queues, never touching the database, and a writer thread named ``behind_name``
-    stores the queue every interval. When the queue is full (``max_pending``) and the
-    database answered the writer's last try, ``queue`` waits up to ``behind_wait``
-    seconds for the writer to make room; otherwise (an outage, or no room in time) the
-    oldest write is dropped and counted, as in any outage.
+    stores the queue every interval. While the database answers the writer (its last
+    try stored, or ran out of time waiting for a lock that other writers hold and pass
+    on: *contended*, and then the writer tries again at once), a full queue
+    (``max_pending``) makes ``queue`` wait up to ``behind_wait`` seconds for room, and
+    keep its entry even without room, up to ``BEHIND_OVERFLOW`` times ``max_pending``:
+    nothing is dropped. While the writer finds the database away (unreachable, or
+    locked with nobody committing), a full queue drops its oldest write at once,
+    counted and warned, as in any outage.
     """
 
     def __init__(
@@ -93,6 +107,11 @@ class Writes:
         # whether the queue has dropped a write since (one WARNING each per outage).
         self._behind_failing = False
         self._behind_dropping = False
+        # Whether the queue grew past max_pending since the writer last caught up (one
+        # WARNING each time), and the contended flushes not yet reported, since when.
+        self._behind_over = False
+        self._contended = 0
+        self._contention_warned: float | None = None
         self._behind_wait = behind_wait
         #: The write-behind thread, or None without write-behind.
         self.flusher = (
@@ -289,13 +308,28 @@ class Writes:
         database; waits (up to ``behind_wait``) only when `must_wait` says so."""
         assert self.flusher is not None
         if self.must_wait():
-            # The writer falls behind a database that answers: wait for it to make room
-            # rather than drop the oldest entry.
+            # The writer falls behind a database that answers (slower than the callers,
+            # or busy with other writers): wait for it to make room rather than drop
+            # the oldest entry.
             self.flusher.wake()
             self.pending.wait_for_room(self._behind_wait)
-        if self.pending.push(entry, None) and not self._behind_dropping:
+        # While the database answers no entry is dropped, even without room (several
+        # threads woken at once, or no room within the wait): the queue grows instead,
+        # by at most one entry per waiting caller per ``behind_wait``, to a hard limit.
+        capacity = self.pending.capacity
+        limit = None if self._behind_failing else capacity * BEHIND_OVERFLOW
+        if self.pending.push(entry, None, limit=limit) and not self._behind_dropping:
             self._behind_dropping = True  # one WARNING, not one per record
             self._warn_kept("record", None, True)
+        if len(self.pending) > capacity and not self._behind_over:
+            self._behind_over = True
+            logger.warning(
+                "%s: the writer is behind a busy database: its queue holds more than "
+                "max_pending (%d) writes; records wait for room, up to %d writes kept.",
+                self._label,
+                capacity,
+                limit or capacity,
+            )
         if len(self.pending) >= FLUSH_BATCH and not self._behind_failing:
             self.flusher.wake()
         else:
@@ -303,28 +337,35 @@ class Writes:
 
     def must_wait(self) -> bool:
         """Write-behind: whether `queue` would wait for room: the queue is full
-        and the database answered the writer's last try."""
+        and the database answered the writer's last try (stored, or contended)."""
         return self.pending.full() and not self._behind_failing
 
-    def flush_behind(self) -> bool:
-        """The writer thread's work: store the queue, oldest first, in batches; False if
-        the database was away."""
+    def flush_behind(self) -> Outcome:
+        """The writer thread's work: store the queue, oldest first, in batches; says
+        whether it did, or found the database contended or away."""
         if not len(self.pending):
-            return True
+            return "stored"
         started = time.monotonic()
         with self._db.operation("write") as operation:
+            operation.watch_commits = True
             try:
                 stored = self.flush(operation, operation.deadline)
             except Exception as error:
                 if not unavailable(error):
                     raise
+                if contended(error, operation):
+                    self._behind_failing = False
+                    self._warn_contended(error)
+                    return "contended"
                 # Kept, and counted by every read, until the database answers: one
                 # WARNING per outage, not one per interval.
                 if not self._behind_failing:
                     self._warn_kept("store queued writes", error, False)
                 self._behind_failing = True
-                return False
+                return "away"
         self._behind_failing = self._behind_dropping = False
+        if len(self.pending) < self.pending.capacity:
+            self._behind_over = False
         if stored:
             logger.debug(
                 "%s stored %d queued writes in %.1f ms",
@@ -332,15 +373,58 @@ class Writes:
                 stored,
                 (time.monotonic() - started) * 1000,
             )
-        return True
+        return "stored"
+
+    def _warn_contended(self, error: BaseException) -> None:
+        """At most one WARNING a minute: the writer's wait for a lock that other writers
+        hold ran out (the error's type only, never its text)."""
+        self._contended += 1
+        now = time.monotonic()
+        if (
+            self._contention_warned is not None
+            and now - self._contention_warned < CONTENTION_WARNING_EVERY
+        ):
+            return
+        logger.warning(
+            "%s: the database is busy with other writers: %d store(s) of queued writes "
+            "ran out of time waiting for its lock (%s); the writer tries again at once, "
+            "and a full queue makes records wait for room instead of dropping any.",
+            self._label,
+            self._contended,
+            type(error).__name__,
+        )
+        self._contended = 0
+        self._contention_warned = now
 
     def store_pending(self, name: str) -> None:
-        """Store what is pending within one operation's bound, whatever goes wrong."""
+        """Store what is pending, whatever goes wrong: one bounded operation, then more
+        while the database is busy with other writers or the queue outlasts one (for at
+        most ``CLOSE_BOUNDS`` operation bounds in all)."""
         if not len(self.pending):
             return
-        try:
-            with self._db.operation(name) as operation:
-                self.flush(operation, operation.deadline)
-        except Exception as error:
-            if not unavailable(error):
-                raise
+        until: float | None = None
+        step: float | None = None  # each operation's bound: operation_timeout
+        while True:
+            bound = None if until is None or step is None else min(step, until - time.monotonic())
+            if bound is not None and bound <= 0:
+                return
+            try:
+                with self._db.operation(name, bound=bound) as operation:
+                    operation.watch_commits = True
+                    if until is None:
+                        step = operation.bound
+                        until = operation.started + CLOSE_BOUNDS * step
+                    try:
+                        stored = self.flush(operation, operation.deadline)
+                    except Exception as error:
+                        if not unavailable(error) or not contended(error, operation):
+                            raise
+                        stored = -1  # busy: try again
+            except Exception as error:
+                if not unavailable(error):
+                    raise
+                return
+            if not len(self.pending):
+                return
+            if not stored:  # the writer thread holds the queue: let it finish
+                time.sleep(0.01)

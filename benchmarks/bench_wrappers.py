@@ -12,7 +12,9 @@ floor), side by side in one run:
   secondary alone;
 * LlamaIndex (`chat`/`achat`/`stream_chat`/`astream_chat`): ``FallbackLLM``,
   ``RateLimitedLLM`` and ``CostTrackedLLM`` (an ``InMemoryCostLedger``) over
-  ``MockLLM``.
+  ``MockLLM``, which reports no usage (so the cost layer counts both texts with
+  tiktoken on every call), and ``CostTrackedLLM`` over `ReportingMockLLM`, which
+  reports it as a provider does.
 
 Limits are set so high that nobody waits or is refused. The method is
 ``bench_fallback.py``'s: interleaved rounds in a rotating order, a cell the median
@@ -47,8 +49,13 @@ from bench_fallback import async_call as langchain_async
 from bench_fallback import sync_call as langchain_sync
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
-from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    CompletionResponse,
+    CompletionResponseGen,
+)
 from llama_index.core.llms import LLM
+from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.mock import MockLLM
 from llama_index.resilience import CostTrackedLLM, FallbackLLM, RateLimitedLLM
 
@@ -96,6 +103,32 @@ def langchain_contenders(path: str) -> dict[str, Runnable[Any, Any]]:
 # -- LlamaIndex --------------------------------------------------------------------------
 
 
+#: The usage `ReportingMockLLM` reports, OpenAI-shaped as llama-index-llms-openai keeps it.
+REPORTED_USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+
+
+class ReportingMockLLM(MockLLM):
+    """``MockLLM`` whose answers report their usage in ``raw`` (a stream on its last
+    chunk), as a provider's do: a cost layer over it prices the report, where over
+    ``MockLLM`` (which reports nothing) it must count both texts with tiktoken."""
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return CompletionResponse(text=prompt, raw={"usage": dict(REPORTED_USAGE)})
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        def chunks() -> CompletionResponseGen:
+            last = len(prompt) - 1
+            for position, character in enumerate(prompt):
+                raw = {"usage": dict(REPORTED_USAGE)} if position == last else None
+                yield CompletionResponse(text=prompt, delta=character, raw=raw)
+
+        return chunks()
+
+
 def llama_contenders() -> dict[str, LLM]:
     """``MockLLM`` direct and each LlamaIndex wrapper over it."""
     mock = MockLLM()
@@ -103,6 +136,15 @@ def llama_contenders() -> dict[str, LLM]:
         "direct": mock,
         "fallback": FallbackLLM(llms=[mock, MockLLM()]),
         "rate_limited": RateLimitedLLM(inner=mock, requests_per_minute=REQUESTS_PER_MINUTE),
+        "cost_tracked": CostTrackedLLM(inner=mock, budget=_budget(), ledger=InMemoryCostLedger()),
+    }
+
+
+def llama_reporting_contenders() -> dict[str, LLM]:
+    """`ReportingMockLLM` direct and ``CostTrackedLLM`` over it."""
+    mock = ReportingMockLLM()
+    return {
+        "direct": mock,
         "cost_tracked": CostTrackedLLM(inner=mock, budget=_budget(), ledger=InMemoryCostLedger()),
     }
 
@@ -190,6 +232,13 @@ def benchmark(settings: Settings) -> str:
         results[shape] = run_sync({n: llama_sync(llms[n], shape) for n in llms}, settings)
         results[f"a{shape}"] = run_async({n: llama_async(llms[n], shape) for n in llms}, settings)
     out += [table("LlamaIndex over MockLLM, no failure", LLAMA, results), ""]
+    llms = llama_reporting_contenders()
+    results = {}
+    for shape in ("chat", "stream_chat"):
+        results[shape] = run_sync({n: llama_sync(llms[n], shape) for n in llms}, settings)
+        results[f"a{shape}"] = run_async({n: llama_async(llms[n], shape) for n in llms}, settings)
+    title = "LlamaIndex over a MockLLM that reports its usage, no failure"
+    out += [table(title, ("cost_tracked",), results), ""]
     return "\n".join(out)
 
 
@@ -199,8 +248,9 @@ def benchmark(settings: Settings) -> str:
 def profile(framework: str, name: str, shape: str, calls: int) -> None:
     """cProfile ``calls`` sync and async calls of one contender; the 25 costliest
     functions by own time. cProfile inflates cheap calls: read it for where, not how much."""
-    if framework == "llama":
-        target: Any = llama_contenders()[name]
+    if framework in ("llama", "llama-reporting"):
+        contenders = llama_contenders() if framework == "llama" else llama_reporting_contenders()
+        target: Any = contenders[name]
         sync, aio = llama_sync(target, shape), llama_async(target, shape)
     else:
         target = langchain_contenders("ok" if framework == "langchain" else "failover")[name]
@@ -230,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         nargs=3,
         metavar=("FRAMEWORK", "CONTENDER", "SHAPE"),
-        help="cProfile one cell: langchain|failover|llama, a contender, invoke|stream|chat|"
+        help="cProfile one cell: langchain|failover|llama|llama-reporting, a contender, invoke|stream|chat|"
         "stream_chat",
     )
     args = parser.parse_args(argv)

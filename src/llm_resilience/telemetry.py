@@ -170,12 +170,14 @@ _USAGE_ATTRIBUTES = {surface: _usage_attributes(surface) for surface in ("chat",
 
 def record_guessed_price(*, model: str | None, rule: str, surface: str) -> None:
     """Count one ledger entry priced by a guess (``rule``: ``default`` or ``alias``)."""
-    _instrument(
+    counter = _instrument(
         "counter",
         BUDGET_UNPRICED,
         "{entry}",
         "Ledger entries priced by the surface prices or an alias's one dated key.",
-    ).add(1, _guessed_attributes(surface, rule, model or ""))
+    )
+    if not _dropped(counter):
+        counter.add(1, _guessed_attributes(surface, rule, model or ""))
 
 
 @functools.lru_cache(maxsize=1024)  # a process names few models; a bound all the same

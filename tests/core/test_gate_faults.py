@@ -256,3 +256,37 @@ async def test_a_write_that_fails_after_its_caller_was_cancelled_is_still_warned
         "the chat call succeeded but its cost was not recorded."
     ]
     assert unhandled == []
+
+
+async def test_a_write_that_needs_no_wait_is_recorded_at_once_with_no_task_made() -> None:
+    # afinish starts its write as an eager task would: an in-memory write never
+    # suspends, so nothing is scheduled (a task per call cost tens of µs on async paths).
+    memory, slow = InMemoryCostLedger(), _SlowLedger()
+    instant_ticket = await BudgetGate(CostBudget(3, 15, daily_limit=10), memory).abegin("chat")
+    waiting_ticket = await BudgetGate(CostBudget(3, 15, daily_limit=10), slow).abegin("chat")
+    loop = asyncio.get_running_loop()
+    made: list[object] = []
+    default = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        made.append(coro)
+        return default(loop, coro, **kwargs) if default else asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(counting)
+    try:
+        await instant_ticket.afinish(Usage(10, 5, estimated=False))
+        assert made == []
+        assert [entry.input_tokens for entry in memory.entries()] == [10]
+        await waiting_ticket.afinish(Usage(1, 1, estimated=False))
+    finally:
+        loop.set_task_factory(default)
+    assert len(made) == 1  # only the write that waited got a task of its own
+    assert [entry.input_tokens for entry in slow.entries()] == [1]
+
+
+class _SlowLedger(InMemoryCostLedger):
+    """A ledger whose async write waits a little before it records."""
+
+    async def arecord(self, entry: Any) -> None:
+        await asyncio.sleep(0.01)
+        self.record(entry)

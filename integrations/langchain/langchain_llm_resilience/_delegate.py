@@ -376,14 +376,21 @@ def merged_usage_and_metadata(
     messages = [chunk.message for chunk in chunks]
     if len(messages) < 2 or any(type(message) is not AIMessageChunk for message in messages):
         return None
-    left, others = messages[0], messages[1:]
-    metadata = merge_dicts(left.response_metadata, *(o.response_metadata for o in others))
+    # An empty dict adds nothing to a merge: most chunks carry none.
+    filled = [message.response_metadata for message in messages if message.response_metadata]
+    metadata = merge_dicts(*filled) if filled else {}
+    usages = [message.usage_metadata for message in messages]  # type: ignore[attr-defined]
+    reports = [usage for usage in usages if usage]
+    if len(reports) == 1:
+        # One chunk reports (the usual stream): the sum LangChain makes is its counts
+        # (zeros added for the chunks without one).
+        return reports[0], metadata
     usage: UsageMetadata | None = None
     # As ``add_ai_message_chunks`` adds them up (a None beside a report counts as zeros).
-    if left.usage_metadata or any(o.usage_metadata is not None for o in others):  # type: ignore[attr-defined]
-        usage = left.usage_metadata  # type: ignore[attr-defined]
-        for other in others:
-            usage = add_usage(usage, other.usage_metadata)  # type: ignore[attr-defined]
+    if usages[0] or any(each is not None for each in usages[1:]):
+        usage = usages[0]
+        for other in usages[1:]:
+            usage = add_usage(usage, other)
     return usage, metadata
 
 

@@ -145,3 +145,53 @@ async def test_a_stream_without_usage_records_its_prompt_and_merged_text_estimat
     assert entry.cost == (
         entry.input_tokens * PRICE.input_per_mtok + entry.output_tokens * PRICE.output_per_mtok
     ) / Decimal(10**6)
+
+
+def _chunk(usage: UsageMetadata | None, metadata: dict[str, Any] | None = None) -> Any:
+    return ChatGenerationChunk(
+        message=AIMessageChunk(content="a", usage_metadata=usage, response_metadata=metadata or {})
+    )
+
+
+_DETAILED: UsageMetadata = {
+    "input_tokens": 120,
+    "output_tokens": 9,
+    "total_tokens": 129,
+    "input_token_details": {"cache_read": 100},
+    "output_token_details": {"reasoning": 4},
+}
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param([_chunk(None), _chunk(None), _chunk(_usage(7, 5))], id="report-last"),
+        pytest.param([_chunk(_usage(7, 5)), _chunk(None), _chunk(None)], id="report-first"),
+        pytest.param([_chunk(None), _chunk(_DETAILED, {"model_name": SERVED})], id="details"),
+        pytest.param(
+            [_chunk(_usage(7, 0), {"model_name": SERVED}), _chunk(None), _chunk(_usage(0, 5))],
+            id="increments",
+        ),
+        pytest.param(
+            [_chunk(None, {"id": "a"}), _chunk(None, {"stop_reason": "end"}), _chunk(None)],
+            id="no-report-metadata-spread",
+        ),
+        pytest.param([_chunk(None), _chunk(None)], id="nothing"),
+    ],
+)
+def test_a_streams_usage_and_metadata_are_read_as_langchains_merge_reads_them(
+    chunks: list[ChatGenerationChunk],
+) -> None:
+    # merged_usage_and_metadata skips the merge of content; its usage and metadata must
+    # be what the merged message carries, for every shape of report.
+    from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
+
+    from langchain_llm_resilience._delegate import merged_usage_and_metadata
+
+    parts = merged_usage_and_metadata(chunks)
+    merged = merge_chat_generation_chunks(chunks)
+    assert parts is not None
+    assert merged is not None
+    usage, metadata = parts
+    assert usage == merged.message.usage_metadata  # type: ignore[attr-defined]
+    assert metadata == merged.message.response_metadata

@@ -21,7 +21,7 @@ from llm_resilience.budget._ledger import (
     unreleased,
     unwritable,
 )
-from llm_resilience.budget._matching import warn_guessed_price
+from llm_resilience.budget._matching import PriceMatch, warn_guessed_price
 from llm_resilience.budget._models import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     ServingModel,
@@ -92,7 +92,7 @@ class BudgetGate:
     ``now`` returns the current timezone-aware time (UTC by default); inject it in tests.
     """
 
-    __slots__ = ("_now", "_unscoped", "budget", "ledger")
+    __slots__ = ("_now", "_prices", "_unscoped", "budget", "ledger")
 
     def __init__(
         self,
@@ -111,6 +111,9 @@ class BudgetGate:
         self._now = now
         #: The unscoped limits, computed once per budget (the budget is immutable).
         self._unscoped: tuple[CostBudget, CheckedLimits] | None = None
+        #: Each served name's price match, per budget (see `priced`).
+        self._prices: tuple[CostBudget, dict[str | None, tuple[PriceMatch, ModelPrice]]] | None
+        self._prices = None
 
     def __repr__(self) -> str:
         return f"BudgetGate(budget={self.budget!r}, ledger={self.ledger!r})"
@@ -334,11 +337,15 @@ class BudgetGate:
         """The call's time, its checked scope, the limits gating it and what strict mode
         holds for it. The scope is checked here, once: the limits carry it to the ledger."""
         _check_surface(surface)
-        scope = check_scope(scope)
-        checks.count("estimated_input_tokens", estimated_input_tokens)
+        if scope is not None:
+            scope = check_scope(scope)
+        # The usual call gives no count: only a given one is checked (a hot path).
+        if estimated_input_tokens != 0 or type(estimated_input_tokens) is not int:
+            checks.count("estimated_input_tokens", estimated_input_tokens)
         if max_output_tokens is not None:
             checks.count("max_output_tokens", max_output_tokens)
-        _check_shape(surface, estimated_input_tokens, prompt, texts)
+        if prompt is not None or texts is not None:
+            _check_shape(surface, estimated_input_tokens, prompt, texts)
         amount = Decimal(0)
         if self.budget.strict:
             # Only a hold needs the prompt's tokens: counting them otherwise is waste.
@@ -365,6 +372,23 @@ class BudgetGate:
         if cached is None or cached[0] is not budget:
             cached = self._unscoped = (budget, CheckedLimits(budget.limits_for(None), None))
         return cached[1]
+
+    def priced(self, served: str | None) -> tuple[PriceMatch, ModelPrice]:
+        """How ``served`` is priced (`CostBudget.price_match`) and the price it takes,
+        matched once per model name: the budget never changes, and a process names few
+        models (past 256 names the matches are forgotten and made again)."""
+        budget = self.budget
+        cached = self._prices
+        if cached is None or cached[0] is not budget:  # the budget was replaced
+            cached = self._prices = (budget, {})
+        known = cached[1].get(served)
+        if known is None:
+            match = budget.price_match(served)
+            known = (match, budget.price_for(None) if match.price is None else match.price)
+            if len(cached[1]) >= 256:
+                cached[1].clear()
+            cached[1][served] = known
+        return known
 
     def now(self) -> datetime:
         """The injected clock's time, in UTC (a naive time raises ``ValueError``)."""
@@ -525,10 +549,9 @@ class BudgetTicket:
 
     def _price(self, served: str | None) -> ModelPrice:
         """The price an entry of ``served`` is recorded at; a guessed one is counted."""
-        budget = self._gate.budget
-        match = budget.price_match(served)
+        match, price = self._gate.priced(served)
         warn_guessed_price(served, match, self.surface)
-        return budget.price_for(None) if match.price is None else match.price
+        return price
 
     def _hedge_entry(self, usage: Usage, model: str | None) -> LedgerEntry:
         served = model if model is not None else self.model

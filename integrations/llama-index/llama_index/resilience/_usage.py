@@ -73,6 +73,7 @@ __all__ = [
     "num_output",
     "prompt_pairs",
     "raw_model",
+    "reported",
     "reported_details",
     "reported_tokens",
 ]
@@ -114,29 +115,69 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
     then ``message.additional_kwargs["usage"]``; the first place with both counts wins,
     else the first with one.
     """
+    reported_in, reported_out, _ = reported(response)
+    return reported_in, reported_out
+
+
+def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
+    """The provider's cache and reasoning counts, from the same places as
+    `reported_tokens` (the first that has any); None where not reported."""
+    return reported(response)[2]
+
+
+def reported(
+    response: ChatResponse | CompletionResponse,
+) -> tuple[int | None, int | None, TokenDetails]:
+    """`reported_tokens` and `reported_details` of ``response`` at once: every place
+    they read is looked up once (a call reads both; each alone probed ~40 places)."""
     if _reports_nothing(response):
-        return None, None
-    bedrock = _bedrock_usage(response)
+        return None, None, NO_DETAILS
+    raw = response.raw
+    raw_usage = _field(raw, "usage")
+    bedrock = _bedrock_usage(raw, raw_usage)
     if bedrock is not None:
-        return _bedrock_counts(bedrock)
-    cohere = _cohere_counts(response)
-    if cohere is not None:
-        return cohere
-    gemini = _gemini_counts(_field(response.raw, "usage_metadata"))
-    if gemini is not None and None not in gemini:
-        return gemini
+        return (*_bedrock_counts(bedrock), _bedrock_details(bedrock))
+    gemini = _field(raw, "usage_metadata")
+    gemini_counts = _gemini_counts(gemini)
+    places = _usage_places(response, raw, raw_usage)
+    return (
+        *_tokens(response, raw_usage, gemini_counts, places),
+        _details_of(raw_usage, gemini, gemini_counts, places),
+    )
+
+
+def _usage_places(
+    response: ChatResponse | CompletionResponse, raw: Any, raw_usage: Any
+) -> list[Any]:
+    """Where a usage may sit, in the order it is looked for: ``raw.usage``, Groq's, the
+    ``additional_kwargs``' ``usage``, the message's, a Mistral event's."""
     places: list[Any] = [
-        _field(response.raw, "usage"),
-        _groq_usage(response),
-        response.additional_kwargs,
+        raw_usage,
+        _field(_field(raw, "x_groq"), "usage"),
         _field(response.additional_kwargs, "usage"),
     ]
     if isinstance(response, ChatResponse):
         places.append(_field(response.message.additional_kwargs, "usage"))
-    places.append(_field(_event_data(response.raw), "usage"))
+    places.append(_field(_event_data(raw), "usage"))
+    return places
+
+
+def _tokens(
+    response: ChatResponse | CompletionResponse,
+    raw_usage: Any,
+    gemini: tuple[int | None, int | None] | None,
+    places: list[Any],
+) -> tuple[int | None, int | None]:
+    cohere = _cohere_counts(response)
+    if cohere is not None:
+        return cohere
+    if gemini is not None and None not in gemini:
+        return gemini
+    # The flat counts of ``additional_kwargs`` come before its ``usage``.
+    ordered = [*places[:2], response.additional_kwargs, *places[2:]]
     partial: tuple[int | None, int | None] | None = gemini
     found: tuple[int | None, int | None] = (None, None)
-    for place in places:
+    for place in ordered:
         counts = _counts(place)
         if counts is None:
             continue
@@ -148,34 +189,23 @@ def reported_tokens(response: ChatResponse | CompletionResponse) -> tuple[int | 
         found = partial or found
     # Anthropic bills a compaction step in ``raw["usage"].iterations``, apart from the
     # counts above: the core adds it.
-    billed_in, billed_out, _ = with_billed_apart(*found, None, _field(response.raw, "usage"))
+    billed_in, billed_out, _ = with_billed_apart(*found, None, raw_usage)
     return billed_in, billed_out
 
 
-def reported_details(response: ChatResponse | CompletionResponse) -> TokenDetails:
-    """The provider's cache and reasoning counts, from the same places as
-    `reported_tokens` (the first that has any); None where not reported."""
-    if _reports_nothing(response):
-        return NO_DETAILS
-    bedrock = _bedrock_usage(response)
-    if bedrock is not None:
-        return _bedrock_details(bedrock)
-    gemini = _field(response.raw, "usage_metadata")
-    if _gemini_counts(gemini) is not None:
+def _details_of(
+    raw_usage: Any,
+    gemini: Any,
+    gemini_counts: tuple[int | None, int | None] | None,
+    places: list[Any],
+) -> TokenDetails:
+    if gemini_counts is not None:
         return TokenDetails(
             cache_read_tokens=token_count(_field(gemini, "cached_content_token_count")),
             reasoning_tokens=token_count(_field(gemini, "thoughts_token_count")),
         )
-    places: list[Any] = [
-        _field(response.raw, "usage"),
-        _groq_usage(response),
-        _field(response.additional_kwargs, "usage"),
-    ]
-    if isinstance(response, ChatResponse):
-        places.append(_field(response.message.additional_kwargs, "usage"))
-    places.append(_field(_event_data(response.raw), "usage"))
     found = next((d for d in map(_details, places) if d != _NONE), _NONE)
-    _, _, billed = with_billed_apart(0, 0, found, _field(response.raw, "usage"))
+    _, _, billed = with_billed_apart(0, 0, found, raw_usage)
     return billed if billed is not None else _NONE
 
 
@@ -186,11 +216,6 @@ def _reports_nothing(response: ChatResponse | CompletionResponse) -> bool:
     if response.raw is not None or response.additional_kwargs:
         return False
     return not isinstance(response, ChatResponse) or not response.message.additional_kwargs
-
-
-def _groq_usage(response: ChatResponse | CompletionResponse) -> Any:
-    """Groq's usage of a stream, in its last chunk's ``x_groq.usage`` (OpenAI-shaped)."""
-    return _field(_field(response.raw, "x_groq"), "usage")
 
 
 def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
@@ -261,7 +286,7 @@ class StreamTally:
 
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")
-        self._usage.add(*reported_tokens(chunk), reported_details(chunk))
+        self._usage.add(*reported(chunk))
         member = chunk.additional_kwargs.get(SERVED_BY_KEY)
         if member != self._member:
             # A fallback chain restarted the stream on another member: the name the
@@ -342,11 +367,11 @@ def _cohere_counts(response: ChatResponse | CompletionResponse) -> tuple[int, in
     return None
 
 
-def _bedrock_usage(response: ChatResponse | CompletionResponse) -> Any:
-    """Bedrock Converse's ``usage`` of a call (``raw["usage"]``) or a stream's
-    ``metadata`` event (``raw["metadata"]["usage"]``), or None when not so shaped."""
-    raw = response.raw
-    for usage in (_field(raw, "usage"), _field(_field(raw, "metadata"), "usage")):
+def _bedrock_usage(raw: Any, raw_usage: Any) -> Any:
+    """Bedrock Converse's ``usage`` of a call (``raw["usage"]``, given as ``raw_usage``) or
+    a stream's ``metadata`` event (``raw["metadata"]["usage"]``), or None when not so
+    shaped."""
+    for usage in (raw_usage, _field(_field(raw, "metadata"), "usage")):
         if not isinstance(usage, Mapping):
             continue
         counts = (token_count(usage.get("inputTokens")), token_count(usage.get("outputTokens")))

@@ -54,8 +54,7 @@ from llama_index.resilience._usage import (
     num_output,
     prompt_pairs,
     raw_model,
-    reported_details,
-    reported_tokens,
+    reported,
     response_text,
 )
 
@@ -180,8 +179,7 @@ class MeteredLLM(DelegatingLLM):
             details = tally.details
             text, model = tally.text(response), tally.model
         else:
-            reported_in, reported_out = reported_tokens(response)
-            details = reported_details(response)
+            reported_in, reported_out, details = reported(response)
             text, model = response_text(response), raw_model(response)
         usage = chat_usage(
             reported_in,

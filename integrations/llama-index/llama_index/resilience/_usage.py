@@ -204,7 +204,12 @@ def _details_of(
             cache_read_tokens=token_count(_field(gemini, "cached_content_token_count")),
             reasoning_tokens=token_count(_field(gemini, "thoughts_token_count")),
         )
-    found = next((d for d in map(_details, places) if d != _NONE), _NONE)
+    found = _NONE
+    for place in places:
+        details = _details(place)
+        if details is not _NONE and details != _NONE:  # the first place with any count
+            found = details
+            break
     _, _, billed = with_billed_apart(0, 0, found, raw_usage)
     return billed if billed is not None else _NONE
 
@@ -309,6 +314,8 @@ def _role(message: ChatMessage) -> str:
 def _field(container: Any, key: str) -> Any:
     if container is None:
         return None
+    if type(container) is dict:  # the usual raw answer: no ABC check (~0.2 µs each)
+        return container.get(key)
     if isinstance(container, Mapping):
         return container.get(key)
     return getattr(container, key, None)
@@ -356,6 +363,8 @@ def _cohere_counts(response: ChatResponse | CompletionResponse) -> tuple[int, in
     answer or of the ``response`` a stream's ``stream-end`` carries; None otherwise."""
     raw = response.raw
     for meta in (_field(raw, "meta"), _field(_field(raw, "response"), "meta")):
+        if meta is None:
+            continue
         billed = _field(meta, "billed_units")
         # The SDK declares them floats: whole numbers only.
         found_in, found_out = (
@@ -420,6 +429,8 @@ def _details(place: Any) -> TokenDetails:
     # OpenAI: Chat Completions, then the Responses API's names.
     into = _field(place, "prompt_tokens_details") or _field(place, "input_tokens_details")
     out = _field(place, "completion_tokens_details") or _field(place, "output_tokens_details")
+    if into is None and out is None:
+        return _NONE
     return TokenDetails(
         cache_read_tokens=token_count(_field(into, "cached_tokens")),
         cache_write_tokens=token_count(_field(into, "cache_write_tokens")),

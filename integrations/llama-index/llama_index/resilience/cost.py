@@ -62,7 +62,13 @@ from llm_resilience.budget import BudgetGate, CostBudget
 from llm_resilience.ledger import CostLedger
 from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
 from llm_resilience.served import SERVED_BY_KEY
-from llm_resilience.usage import Usage, chat_usage, embedding_usage, partial_stream_usage
+from llm_resilience.usage import (
+    Usage,
+    chat_usage,
+    embedding_usage,
+    partial_stream_usage,
+    reported_usage,
+)
 
 __all__ = ["BUDGET_SCOPE_KWARG", "CostTrackedEmbedding", "CostTrackedLLM"]
 
@@ -176,18 +182,23 @@ class MeteredLLM(DelegatingLLM):
         tally = call.streamed
         if tally is not None:
             reported_in, reported_out = tally.input_tokens, tally.output_tokens
-            details = tally.details
-            text, model = tally.text(response), tally.model
+            details, model = tally.details, tally.model
         else:
             reported_in, reported_out, details = reported(response)
-            text, model = response_text(response), raw_model(response)
-        usage = chat_usage(
-            reported_in,
-            reported_out,
-            prompt=call.metered.prompt,
-            response_text=text,
-            details=details,
-        )
+            model = raw_model(response)
+        # A report needs only to know whether the call had a prompt: the prompt's and the
+        # answer's texts are read only for an estimate (`chat_usage`'s rule, in two steps).
+        stand_in = _SOME_PROMPT if call.prompted else ()
+        usage = reported_usage(reported_in, reported_out, prompt=stand_in, details=details)
+        if usage is None:
+            text = tally.text(response) if tally is not None else response_text(response)
+            usage = chat_usage(
+                reported_in,
+                reported_out,
+                prompt=call.metered.prompt,
+                response_text=text,
+                details=details,
+            )
         return usage, model
 
 
@@ -271,13 +282,14 @@ class CostTrackedLLM(MeteredLLM):
 
     # -- hooks ----------------------------------------------------------------------------
 
+    # The prompt's pairs are made only if read: for a strict hold or an estimate.
     def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
-        prompt = prompt_pairs(request)
-        return _Call(_meter_of(self).begin(kwargs, prompt=prompt))
+        metered = _meter_of(self).begin(kwargs, prompt=lambda: prompt_pairs(request))
+        return _Call(metered, prompted=_prompted(request))
 
     async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Call:
-        prompt = prompt_pairs(request)
-        return _Call(await _meter_of(self).abegin(kwargs, prompt=prompt))
+        metered = await _meter_of(self).abegin(kwargs, prompt=lambda: prompt_pairs(request))
+        return _Call(metered, prompted=_prompted(request))
 
 
 class CostTrackedEmbedding(DelegatingEmbedding):
@@ -363,11 +375,19 @@ class _Call:
     """One admitted chat or completion call: its metered call and stream tally (made on
     the first chunk: a call that is not a stream never needs one)."""
 
-    __slots__ = ("_tally", "metered")
+    __slots__ = ("_prompted", "_tally", "metered")
 
-    def __init__(self, metered: MeteredCall) -> None:
+    def __init__(self, metered: MeteredCall, *, prompted: bool | None = None) -> None:
         self.metered = metered
+        self._prompted = prompted
         self._tally: StreamTally | None = None
+
+    @property
+    def prompted(self) -> bool:
+        """Whether the call had a prompt (given, else read from the metered call)."""
+        if self._prompted is None:
+            self._prompted = bool(self.metered.prompt)
+        return self._prompted
 
     @property
     def tally(self) -> StreamTally:
@@ -382,6 +402,17 @@ class _Call:
         """The tally, once a chunk was added to it; None for a call that did not stream."""
         tally = self._tally
         return tally if tally is not None and tally.started else None
+
+
+def _prompted(request: Request) -> bool:
+    """Whether `prompt_pairs` of ``request`` is non-empty: a completion prompt always
+    makes one user turn, chat messages one pair each."""
+    return isinstance(request, str) or bool(request)
+
+
+#: A stand-in prompt of one message: whether a provider's counts are a report depends
+#: only on whether the prompt is empty (`reported_usage`).
+_SOME_PROMPT = (("", ""),)
 
 
 def _meter_of(layer: MeteredLLM | CostTrackedEmbedding) -> Meter:

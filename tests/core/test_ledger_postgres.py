@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -32,6 +29,8 @@ pytest.importorskip("psycopg")
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
+
+from .test_ledger_write_behind import run_released
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 COLUMNS = [
@@ -191,29 +190,8 @@ def test_eight_writer_processes_lose_no_entry_durable_or_write_behind(postgres_u
     processes, count = 8, 300
     with schema(postgres_url) as (url, engine):
         SqlCostLedger(url).close()  # the tables, created once
-        writers = [
-            subprocess.Popen(
-                [sys.executable, "-c", textwrap.dedent(_WRITER), url, str(count)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(processes)
-        ]
-        try:
-            for writer in writers:
-                assert writer.stdout is not None
-                assert writer.stdout.readline().strip() == "ready"
-            for writer in writers:  # released together
-                assert writer.stdin is not None
-                writer.stdin.write("go\n")
-                writer.stdin.flush()
-            logs = [writer.communicate(timeout=60)[1] for writer in writers]
-        finally:
-            for writer in writers:
-                if writer.poll() is None:
-                    writer.kill()
+        writers, outputs = run_released(_WRITER, [[url, str(count)]] * processes)
+        logs = [log for _, log in outputs]
         assert [writer.returncode for writer in writers] == [0] * processes, logs
         assert logs == [""] * processes  # no write kept waiting, none lost at exit
         with engine.connect() as connection:

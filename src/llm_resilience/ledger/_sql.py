@@ -82,6 +82,10 @@ __all__ = ["SqlCostLedger"]
 
 logger = logging.getLogger(__name__)
 
+#: `SqlCostLedger.arecord`'s waits for room in a write-behind queue, kept until done: a
+#: caller cancelled meanwhile no longer holds its own.
+_queueing: set[asyncio.Future[None]] = set()
+
 #: Default bound on every ledger operation.
 DEFAULT_OPERATION_TIMEOUT = timedelta(seconds=5)
 #: Default bound on libpq's own connection attempt (whole seconds, 2 at least).
@@ -279,7 +283,12 @@ class SqlCostLedger:
             raise TypeError(f"entry must be a LedgerEntry, got {type(entry).__name__}")
         if self._flusher is not None:
             if self._writes.must_wait():  # a full queue: wait for room off the loop
-                await asyncio.to_thread(self._writes.queue, entry)
+                # Shielded: a cancellation reaching the executor's future before its
+                # thread starts would drop the work item, and the entry with it.
+                queueing = asyncio.ensure_future(asyncio.to_thread(self._writes.queue, entry))
+                _queueing.add(queueing)
+                queueing.add_done_callback(_queueing.discard)
+                await asyncio.shield(queueing)
             else:
                 self._writes.queue(entry)  # a lock held for a few µs: no thread needed
             return

@@ -388,7 +388,10 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
                 for chunk in model._stream(
                     sent, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
-                    yield held.take(chunk)
+                    # Most chunks carry no metadata: they pass without a call.
+                    if chunk.message.response_metadata or chunk.generation_info:
+                        chunk = held.take(chunk)
+                    yield chunk
             else:
                 result = generate_inner(model, sent, stop, run_manager, member_kwargs)
                 yield held.take(as_chunk(result))
@@ -427,7 +430,9 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
                 async for chunk in model._astream(
                     sent, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
-                    yield held.take(chunk)
+                    if chunk.message.response_metadata or chunk.generation_info:
+                        chunk = held.take(chunk)
+                    yield chunk
             else:
                 result = await agenerate_inner(model, sent, stop, run_manager, member_kwargs)
                 yield held.take(as_chunk(result))
@@ -684,7 +689,7 @@ class _HeldMetadata:
     def take(self, chunk: ChatGenerationChunk) -> ChatGenerationChunk:
         message = chunk.message
         if not message.response_metadata and not chunk.generation_info:
-            return chunk  # nothing to hold (most chunks)
+            return chunk  # nothing to hold (the attempt skips the call for most chunks)
         kept = {k: v for k, v in message.response_metadata.items() if k in _PER_CHUNK_KEYS}
         held = {
             **(chunk.generation_info or {}),

@@ -692,10 +692,12 @@ def _relay(
     # A generator, so the member's request starts when the engine pulls the first chunk.
     stream = open_stream()
     try:
-        for chunk in stream:
-            if prefill is not None:
-                chunk = _after_prefill(chunk, prefill)
-            yield _served(chunk, index)
+        if prefill is None:  # most streams: the chunk is only marked
+            for chunk in stream:
+                yield _served(chunk, index)
+        else:
+            for chunk in stream:
+                yield _served(_after_prefill(chunk, prefill), index)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
@@ -710,10 +712,12 @@ async def _arelay(
     opened = open_stream()
     stream = await opened if inspect.isawaitable(opened) else opened
     try:
-        async for chunk in stream:
-            if prefill is not None:
-                chunk = _after_prefill(chunk, prefill)
-            yield _served(chunk, index)
+        if prefill is None:
+            async for chunk in stream:
+                yield _served(chunk, index)
+        else:
+            async for chunk in stream:
+                yield _served(_after_prefill(chunk, prefill), index)
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:

@@ -397,13 +397,15 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
+        on_restart = restart_hook(kwargs, run_manager)
+        kwargs.pop(SINK_KWARG, None)  # this call's own dict: no attempt copies it to drop it
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         # The chain's stream is lazy: returned, not re-yielded, so a chunk passes one
         # generator frame fewer.
         return chain.stream(
             attempt,
             is_content=_has_content,
-            on_restart=restart_hook(kwargs, run_manager),
+            on_restart=on_restart,
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
@@ -438,11 +440,13 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
+        on_restart = arestart_hook(kwargs, run_manager)
+        kwargs.pop(SINK_KWARG, None)
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         return chain.astream(
             attempt,
             is_content=_has_content,
-            on_restart=arestart_hook(kwargs, run_manager),
+            on_restart=on_restart,
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,

@@ -18,6 +18,7 @@ from collections.abc import (
 )
 from concurrent.futures import Future
 from datetime import timedelta
+from types import AsyncGeneratorType, GeneratorType
 from typing import Generic, TypeVar
 
 from llm_resilience.checks import KnownKeywords
@@ -660,8 +661,8 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             finally:
                 if source is not None:
                     source.close()
-                elif iterator is not None:
-                    _close(iterator)
+                elif iterator is not None and not (finished and type(iterator) is GeneratorType):
+                    _close(iterator)  # a generator that ran to its end is closed already
 
     async def astream(
         self,
@@ -783,7 +784,8 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                             held.add(kept_text(chunk))
                     yield chunk
             finally:
-                if iterator is not None:
+                # An async generator that ran to its end is closed already.
+                if iterator is not None and not (finished and type(iterator) is AsyncGeneratorType):
                     await _aclose(iterator)
             if finished:
                 self._succeeded(index)

@@ -481,8 +481,9 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         """
         if self.hedge_after is not None:
             return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
-        order = await self._aorder(needs)
-        calls = await self._aopen_call()
+        # Without a breaker or a retry budget nothing here waits: no coroutine is awaited.
+        order = self._order(needs) if self._breaker is None else await self._aorder(needs)
+        calls = None if self._retry_budget is None else await self._aopen_call()
         if calls is not None:
             attempt = calls.counted(attempt)
         if self._member_retry is not None:
@@ -697,8 +698,9 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             finally:
                 await hedged.aclose()  # closed with this stream: no attempt outlives it
             return
-        order = await self._aorder(needs)
-        calls = await self._aopen_call()
+        # Without a breaker or a retry budget nothing here waits: no coroutine is awaited.
+        order = self._order(needs) if self._breaker is None else await self._aorder(needs)
+        calls = None if self._retry_budget is None else await self._aopen_call()
         plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
             plain = self._member_retry.astream(plain, calls)

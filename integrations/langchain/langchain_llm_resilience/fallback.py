@@ -655,16 +655,28 @@ def _check_members(models: object) -> None:
 def _served_by_chunk(index: int, metadata: dict[str, Any]) -> ChatGenerationChunk:
     # Rides at the end of the attempt that completed, so the merged message names the
     # member that served even when an earlier member failed mid-stream.
-    return ChatGenerationChunk(
-        message=AIMessageChunk(
-            content="",
-            response_metadata={
+    message = _LAST_MESSAGE.model_copy(
+        update={
+            "response_metadata": {
                 **metadata,
                 SERVED_BY_KEY: served_mark(index, metadata.get(SERVED_BY_KEY)),
             },
-            chunk_position="last",
-        )
+            # Its own containers, never the template's.
+            "additional_kwargs": {},
+            "tool_calls": [],
+            "invalid_tool_calls": [],
+            "tool_call_chunks": [],
+        }
     )
+    return _LAST_CHUNK.model_copy(update={"message": message})
+
+
+# The empty last chunk `_served_by_chunk` copies, validated once: each stream's is a copy
+# with its own metadata (validating the same empty chunk again cost about 10 µs a stream,
+# as much as the member's own five chunks' merge; ``docs/benchmarks.md``). A copy takes
+# the values it is given as they are: its text stays the template's "".
+_LAST_MESSAGE = AIMessageChunk(content="", chunk_position="last")
+_LAST_CHUNK = ChatGenerationChunk(message=_LAST_MESSAGE)
 
 
 # Metadata a chunk keeps as it passes: LangChain reads it per chunk and merges equal

@@ -388,19 +388,24 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
                 for chunk in model._stream(
                     sent, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
-                    yield held.take(chunk)
+                    # Most chunks carry no metadata: they pass without a call.
+                    if chunk.message.response_metadata or chunk.generation_info:
+                        chunk = held.take(chunk)
+                    yield chunk
             else:
                 result = generate_inner(model, sent, stop, run_manager, member_kwargs)
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
+        on_restart = restart_hook(kwargs, run_manager)
+        kwargs.pop(SINK_KWARG, None)  # this call's own dict: no attempt copies it to drop it
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         # The chain's stream is lazy: returned, not re-yielded, so a chunk passes one
         # generator frame fewer.
         return chain.stream(
             attempt,
             is_content=_has_content,
-            on_restart=restart_hook(kwargs, run_manager),
+            on_restart=on_restart,
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
@@ -427,17 +432,21 @@ class FallbackChatModel(BaseChatModel, Probeable, ChatModelKeywords):
                 async for chunk in model._astream(
                     sent, stop=stop, run_manager=run_manager, **member_kwargs
                 ):
-                    yield held.take(chunk)
+                    if chunk.message.response_metadata or chunk.generation_info:
+                        chunk = held.take(chunk)
+                    yield chunk
             else:
                 result = await agenerate_inner(model, sent, stop, run_manager, member_kwargs)
                 yield held.take(as_chunk(result))
             yield _served_by_chunk(index, held.metadata)
 
+        on_restart = arestart_hook(kwargs, run_manager)
+        kwargs.pop(SINK_KWARG, None)
         chain: FallbackChain[BaseChatModel] = private_state(self)["_chain"]
         return chain.astream(
             attempt,
             is_content=_has_content,
-            on_restart=arestart_hook(kwargs, run_manager),
+            on_restart=on_restart,
             needs=self._needs(messages, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
@@ -646,16 +655,28 @@ def _check_members(models: object) -> None:
 def _served_by_chunk(index: int, metadata: dict[str, Any]) -> ChatGenerationChunk:
     # Rides at the end of the attempt that completed, so the merged message names the
     # member that served even when an earlier member failed mid-stream.
-    return ChatGenerationChunk(
-        message=AIMessageChunk(
-            content="",
-            response_metadata={
+    message = _LAST_MESSAGE.model_copy(
+        update={
+            "response_metadata": {
                 **metadata,
                 SERVED_BY_KEY: served_mark(index, metadata.get(SERVED_BY_KEY)),
             },
-            chunk_position="last",
-        )
+            # Its own containers, never the template's.
+            "additional_kwargs": {},
+            "tool_calls": [],
+            "invalid_tool_calls": [],
+            "tool_call_chunks": [],
+        }
     )
+    return _LAST_CHUNK.model_copy(update={"message": message})
+
+
+# The empty last chunk `_served_by_chunk` copies, validated once: each stream's is a copy
+# with its own metadata (validating the same empty chunk again cost about 10 µs a stream,
+# as much as the member's own five chunks' merge; ``docs/benchmarks.md``). A copy takes
+# the values it is given as they are: its text stays the template's "".
+_LAST_MESSAGE = AIMessageChunk(content="", chunk_position="last")
+_LAST_CHUNK = ChatGenerationChunk(message=_LAST_MESSAGE)
 
 
 # Metadata a chunk keeps as it passes: LangChain reads it per chunk and merges equal
@@ -684,7 +705,7 @@ class _HeldMetadata:
     def take(self, chunk: ChatGenerationChunk) -> ChatGenerationChunk:
         message = chunk.message
         if not message.response_metadata and not chunk.generation_info:
-            return chunk  # nothing to hold (most chunks)
+            return chunk  # nothing to hold (the attempt skips the call for most chunks)
         kept = {k: v for k, v in message.response_metadata.items() if k in _PER_CHUNK_KEYS}
         held = {
             **(chunk.generation_info or {}),

@@ -15,7 +15,7 @@ from langchain_core.caches import InMemoryCache
 from langchain_core.callbacks import BaseCallbackHandler, get_usage_metadata_callback
 from langchain_core.exceptions import ModelAPIError, ModelRateLimitError
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.rate_limiters import InMemoryRateLimiter
 from langchain_core.runnables import RunnableBinding, RunnableLambda
 from langchain_core.tools import tool
@@ -317,3 +317,23 @@ def test_profile_takes_the_declared_member_profiles_over_the_members_own() -> No
 
 
 # -- construction ---------------------------------------------------------------------------
+
+
+def test_each_stream_ends_with_a_served_by_chunk_of_its_own() -> None:
+    # The last chunk is copied from one built once: what a consumer does to one stream's
+    # last chunk never shows in the next one, which equals the chunk built field by field.
+    model = FallbackChatModel(
+        models=[ScriptedChatModel(model="primary", responses=["Paris."]), ScriptedChatModel()]
+    )
+    first = list(model.stream("Capital of France?"))[-1]
+    first.additional_kwargs["seen"] = True
+    first.tool_call_chunks.append({"name": "seen", "args": "", "id": "1", "index": 0})
+    first.tool_calls.append({"name": "seen", "args": {}, "id": "1"})
+
+    last = list(model.stream("Capital of France?"))[-1]
+
+    assert last == AIMessageChunk(
+        content="", response_metadata=last.response_metadata, id=last.id, chunk_position="last"
+    )
+    assert last.response_metadata["fallback_served_by"] == [0]
+    assert last.response_metadata["model_name"] == "primary"

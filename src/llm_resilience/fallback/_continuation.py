@@ -87,13 +87,16 @@ def split_prefill(delivered: str) -> tuple[str, str]:
 class _Delivered:
     """What the consumer holds of the answer since it last started from the beginning."""
 
-    __slots__ = ("_parts", "chunks", "textual")
+    __slots__ = ("_parts", "chunks", "keeps_text", "textual")
 
-    def __init__(self) -> None:
+    def __init__(self, *, keeps_text: bool = True) -> None:
         #: Content chunks held (what a restart asks the consumer to discard).
         self.chunks = 0
         #: Whether every content chunk so far carried text (only text can continue).
         self.textual = True
+        #: Whether chunks are added one by one with their text; when not (a restart
+        #: reads only the count), the stream loop counts them and `settle` records it.
+        self.keeps_text = keeps_text
         self._parts: list[str] = []
 
     def add(self, text: str | None) -> None:
@@ -103,6 +106,13 @@ class _Delivered:
             self.textual = False
         else:
             self._parts.append(text)
+
+    def settle(self, content: int) -> None:
+        """The attempt that failed delivered ``content`` chunks; recorded here when they
+        were not added one by one."""
+        if not self.keeps_text:
+            self.chunks = content
+            self.textual = not content
 
     def text(self) -> str:
         return "".join(self._parts)

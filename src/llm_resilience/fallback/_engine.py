@@ -18,6 +18,7 @@ from collections.abc import (
 )
 from concurrent.futures import Future
 from datetime import timedelta
+from types import AsyncGeneratorType, GeneratorType
 from typing import Generic, TypeVar
 
 from llm_resilience.checks import KnownKeywords
@@ -58,8 +59,7 @@ from llm_resilience.fallback._shared_breaker import _SharedBreaker, member_keys
 from llm_resilience.fallback._sources import (
     _aclose,
     _AttemptTimedOut,
-    _DirectSource,
-    _Source,
+    _close,
     _ThreadedSource,
 )
 from llm_resilience.fallback._workers import _WORKERS
@@ -481,8 +481,9 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         """
         if self.hedge_after is not None:
             return await hedged_ainvoke(self, attempt, needs=needs, usage_of=hedge_usage)
-        order = await self._aorder(needs)
-        calls = await self._aopen_call()
+        # Without a breaker or a retry budget nothing here waits: no coroutine is awaited.
+        order = self._order(needs) if self._breaker is None else await self._aorder(needs)
+        calls = None if self._retry_budget is None else await self._aopen_call()
         if calls is not None:
             attempt = calls.counted(attempt)
         if self._member_retry is not None:
@@ -574,12 +575,13 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         if self._member_retry is not None:
             plain = self._member_retry.stream(plain, calls)
         can_continue = self._continues(continue_attempt, text_of)
-        held = _Delivered()
+        kept_text = self._kept_text(text_of)
+        held = _Delivered(keeps_text=kept_text is not None)
         position = 0
         prefill: str | None = None
-        # Without time limits no wait is bounded: the clock is neither asked nor told.
+        # Without time limits no wait is bounded: the clock is neither asked nor told, and
+        # the attempt is pulled here, one ``next`` a chunk, with no worker and no source.
         timed = self._limits.any
-        keeps_text = self._keeps_text(text_of)
         while True:
             index = order[position]
             client = self.clients[index]
@@ -594,25 +596,37 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                 if self._member_retry is not None:
                     current = self._member_retry.stream(current, calls)
                 trim = _HeldWhitespace(split_prefill(held.text())[1], text_of, drop_text)
-            source: _Source[ChunkT]
+            source: _ThreadedSource[ChunkT] | None = None
+            clock: _AttemptClock | None = None
             if timed:
                 source = _ThreadedSource(current, index, client)
-            else:
-                source = _DirectSource(current, index, client)
-            pull = source.next
-            clock = _AttemptClock(self._limits)
+                clock = _AttemptClock(self._limits)
+            iterator: Iterator[ChunkT] | None = None
+            began = 0.0
             started = False
+            finished = False
             content = 0
             try:
                 while True:
-                    wait = clock.next_wait() if timed else None
-                    began = time.monotonic() if timed else 0.0
+                    wait: tuple[float, TimeLimit] | None = None
                     try:
-                        chunk = pull(None if wait is None else wait[0])
+                        if source is None:
+                            # Created at the first pull, so a failure to start is the
+                            # attempt's, as a failure mid-way is.
+                            if iterator is None:
+                                iterator = iter(current(index, client))
+                            chunk = next(iterator)
+                        else:
+                            assert clock is not None
+                            wait = clock.next_wait()
+                            began = time.monotonic()
+                            chunk = source.next(None if wait is None else wait[0])
                     except StopIteration:
+                        finished = True
                         break
                     except _AttemptTimedOut as timed_out:
                         assert wait is not None
+                        held.settle(content)
                         step = self._after_stream_failure(
                             timed_out.cause, wait[1], order, position, started, content, held,
                             prefill, can_continue, calls,
@@ -622,6 +636,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                             self._restarted(on_restart, restart)
                         break
                     except BaseException as error:
+                        held.settle(content)
                         step = self._after_stream_failure(
                             error, None, order, position, started, content, held, prefill,
                             can_continue, calls,
@@ -633,18 +648,22 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                     if trim is not None:
                         chunk = trim(chunk)
                     carries = is_content is None or is_content(chunk)
-                    if timed:
+                    if clock is not None:
                         clock.waited(time.monotonic() - began, content=carries)
                     started = True
                     if carries:
                         content += 1
-                        held.add(text_of(chunk) if text_of is not None and keeps_text else None)
+                        if kept_text is not None:
+                            held.add(kept_text(chunk))
                     yield chunk
-                if source.finished:
+                if finished:
                     self._succeeded(index)
                     return
             finally:
-                source.close()
+                if source is not None:
+                    source.close()
+                elif iterator is not None and not (finished and type(iterator) is GeneratorType):
+                    _close(iterator)  # a generator that ran to its end is closed already
 
     async def astream(
         self,
@@ -679,19 +698,20 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             finally:
                 await hedged.aclose()  # closed with this stream: no attempt outlives it
             return
-        order = await self._aorder(needs)
-        calls = await self._aopen_call()
+        # Without a breaker or a retry budget nothing here waits: no coroutine is awaited.
+        order = self._order(needs) if self._breaker is None else await self._aorder(needs)
+        calls = None if self._retry_budget is None else await self._aopen_call()
         plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
             plain = self._member_retry.astream(plain, calls)
         can_continue = self._continues(continue_attempt, text_of)
-        held = _Delivered()
+        kept_text = self._kept_text(text_of)
+        held = _Delivered(keeps_text=kept_text is not None)
         position = 0
         prefill: str | None = None
         loop = asyncio.get_running_loop()
         # Without time limits no wait is bounded: the clock is neither asked nor told.
         timed = self._limits.any
-        keeps_text = self._keeps_text(text_of)
         while True:
             index = order[position]
             client = self.clients[index]
@@ -706,28 +726,35 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                 if self._member_retry is not None:
                     current = self._member_retry.astream(current, calls)
                 trim = _HeldWhitespace(split_prefill(held.text())[1], text_of, drop_text)
-            clock = _AttemptClock(self._limits)
+            clock = _AttemptClock(self._limits) if timed else None
             iterator: AsyncIterator[ChunkT] | None = None
+            began = 0.0
             started = False
             finished = False
             content = 0
             try:
                 while True:
-                    wait = clock.next_wait() if timed else None
+                    wait: tuple[float, TimeLimit] | None = None
                     scope: asyncio.Timeout | None = None
-                    began = loop.time() if timed else 0.0
                     try:
-                        if wait is None:
+                        if clock is None:
                             if iterator is None:
                                 iterator = aiter(current(index, client))
                             chunk = await anext(iterator)
                         else:
-                            # A chunk that is ready (or the end of the stream) is taken
-                            # even when no time is left: only a wait can run out.
-                            async with asyncio.timeout(wait[0]) as scope:
+                            wait = clock.next_wait()
+                            began = loop.time()
+                            if wait is None:
                                 if iterator is None:
                                     iterator = aiter(current(index, client))
                                 chunk = await anext(iterator)
+                            else:
+                                # A chunk that is ready (or the end of the stream) is taken
+                                # even when no time is left: only a wait can run out.
+                                async with asyncio.timeout(wait[0]) as scope:
+                                    if iterator is None:
+                                        iterator = aiter(current(index, client))
+                                    chunk = await anext(iterator)
                     except StopAsyncIteration:
                         finished = True
                         break
@@ -738,6 +765,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                             and isinstance(error, TimeoutError)
                         )
                         option = wait[1] if timed_out and wait is not None else None
+                        held.settle(content)
                         step = self._after_stream_failure(
                             error, option, order, position, started, content, held, prefill,
                             can_continue, calls,
@@ -749,15 +777,17 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                     if trim is not None:
                         chunk = trim(chunk)
                     carries = is_content is None or is_content(chunk)
-                    if timed:
+                    if clock is not None:
                         clock.waited(loop.time() - began, content=carries)
                     started = True
                     if carries:
                         content += 1
-                        held.add(text_of(chunk) if text_of is not None and keeps_text else None)
+                        if kept_text is not None:
+                            held.add(kept_text(chunk))
                     yield chunk
             finally:
-                if iterator is not None:
+                # An async generator that ran to its end is closed already.
+                if iterator is not None and not (finished and type(iterator) is AsyncGeneratorType):
                     await _aclose(iterator)
             if finished:
                 self._succeeded(index)
@@ -768,9 +798,10 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             return False
         return continue_attempt is not None and text_of is not None
 
-    def _keeps_text(self, text_of: Callable[[ChunkT], str] | None) -> bool:
-        # Text is kept only where a policy reads it: "raise" reports it, "continue" sends it.
-        return text_of is not None and self.mid_stream != "restart"
+    def _kept_text(self, text_of: Callable[[ChunkT], str] | None) -> Callable[[ChunkT], str] | None:
+        """``text_of`` where a policy reads the delivered text ("raise" reports it,
+        "continue" sends it), else None: a restart needs only the count of chunks."""
+        return text_of if self.mid_stream != "restart" else None
 
     def _after_stream_failure(
         self,

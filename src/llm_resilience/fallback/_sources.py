@@ -1,4 +1,7 @@
-"""Sync stream sources: an attempt's chunks, pulled directly or from a worker by a deadline."""
+"""Sync stream sources: an attempt's chunks, pulled from a worker thread by a deadline.
+
+Without a time limit the engine pulls an attempt's iterator itself (no source).
+"""
 
 from __future__ import annotations
 
@@ -25,53 +28,7 @@ class _AttemptTimedOut(Exception):
         self.cause = cause
 
 
-class _Source(Generic[ChunkT]):
-    """One streaming attempt, pulled chunk by chunk."""
-
-    finished: bool
-
-    def next(self, timeout: float | None) -> ChunkT:
-        """The next chunk, waiting at most ``timeout`` seconds (None: no limit).
-
-        Raises ``StopIteration`` at the end, and `_AttemptTimedOut` when the wait
-        ran out.
-        """
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class _DirectSource(_Source[ChunkT]):
-    """No time limit: pull the attempt's iterator in the caller's thread."""
-
-    __slots__ = ("_attempt", "_client", "_index", "_iterator", "finished")
-
-    def __init__(
-        self, attempt: Callable[[int, Any], Iterable[ChunkT]], index: int, client: Any
-    ) -> None:
-        self._attempt = attempt
-        self._index = index
-        self._client = client
-        self._iterator: Iterator[ChunkT] | None = None
-        self.finished = False
-
-    def next(self, timeout: float | None = None) -> ChunkT:
-        assert timeout is None, "a direct source cannot abandon a wait"
-        if self._iterator is None:
-            self._iterator = iter(self._attempt(self._index, self._client))
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            self.finished = True
-            raise
-
-    def close(self) -> None:
-        if self._iterator is not None:
-            _close(self._iterator)
-
-
-class _ThreadedSource(_Source[ChunkT]):
+class _ThreadedSource(Generic[ChunkT]):
     """With time limits: a worker thread pulls the attempt; the caller waits on a queue.
 
     The worker runs ahead of the caller, so a chunk (or the end of the stream) that
@@ -116,6 +73,11 @@ class _ThreadedSource(_Source[ChunkT]):
         _WORKERS.submit(lambda: context.run(produce))
 
     def next(self, timeout: float | None) -> ChunkT:
+        """The next chunk, waiting at most ``timeout`` seconds (None: no limit).
+
+        Raises ``StopIteration`` at the end, and `_AttemptTimedOut` when the wait
+        ran out.
+        """
         try:
             kind, value = self._queue.get(timeout=timeout)
         except queue.Empty:

@@ -42,6 +42,7 @@ from collections.abc import (
     Sequence,
 )
 from datetime import timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from llama_index.core.base.llms.types import (
@@ -307,13 +308,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         carry them): the members' facts are read each time, merged again only when they
         changed."""
         members = [member.metadata for member in self.llms]
-        facts = (
-            tuple(
-                (*(getattr(member, name) for name in _MERGED_METADATA), member.model_name)
-                for member in members
-            ),
-            members[0].system_role,
-        )
+        facts = (tuple(map(_member_facts, members)), members[0].system_role)
         declared = self.member_profiles
         known = _private(self)["_merged_metadata"]
         if known is not None and known[0] == facts and known[1] is declared:
@@ -585,6 +580,9 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
 
 #: The metadata fields merged over the members (the rest is named below).
 _MERGED_METADATA = ("context_window", "num_output", "is_chat_model", "is_function_calling_model")
+#: A member's metadata facts `FallbackLLM.metadata` merges, and its model name, in one
+#: C call (read on every call: LlamaIndex's events carry the metadata).
+_member_facts = attrgetter(*_MERGED_METADATA, "model_name")
 
 #: The LlamaIndex classes known to take an assistant prefill: ``Anthropic`` speaks the
 #: Messages API, which does.
@@ -692,10 +690,12 @@ def _relay(
     # A generator, so the member's request starts when the engine pulls the first chunk.
     stream = open_stream()
     try:
-        for chunk in stream:
-            if prefill is not None:
-                chunk = _after_prefill(chunk, prefill)
-            yield _served(chunk, index)
+        if prefill is None:  # most streams: the chunk is only marked
+            for chunk in stream:
+                yield _served(chunk, index)
+        else:
+            for chunk in stream:
+                yield _served(_after_prefill(chunk, prefill), index)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
@@ -710,10 +710,12 @@ async def _arelay(
     opened = open_stream()
     stream = await opened if inspect.isawaitable(opened) else opened
     try:
-        async for chunk in stream:
-            if prefill is not None:
-                chunk = _after_prefill(chunk, prefill)
-            yield _served(chunk, index)
+        if prefill is None:
+            async for chunk in stream:
+                yield _served(chunk, index)
+        else:
+            async for chunk in stream:
+                yield _served(_after_prefill(chunk, prefill), index)
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:

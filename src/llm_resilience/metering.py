@@ -145,10 +145,7 @@ class Meter:
         prompt: Prompt | Callable[[], Prompt] | None,
         texts: Sequence[str] | None,
     ) -> dict[str, Any]:
-        scope = self.scope
-        if call is not None and BUDGET_SCOPE_KWARG in call:
-            scope = checks.scope(BUDGET_SCOPE_KWARG, call.pop(BUDGET_SCOPE_KWARG))
-        args: dict[str, Any] = {"scope": scope, "model": self.model, "texts": texts}
+        args: dict[str, Any] = {"scope": self._scope_of(call), "model": self.model, "texts": texts}
         if self.surface == "chat":
             args["may_serve"] = self.may_serve
             # Only a strict hold reads the output cap and counts the prompt's tokens: the
@@ -176,9 +173,26 @@ class Meter:
         ``(role, text)`` pairs, or a function giving them (read only for a strict hold or
         an estimate); ``texts`` an embedding call's inputs.
         """
-        ticket = self.gate.begin(self.surface, **self._gate_args(call, prompt, texts))
+        gate = self.gate
+        if self._plain(texts):  # the usual call: its arguments given directly
+            ticket = gate.begin(
+                "chat", scope=self._scope_of(call), model=self.model, may_serve=self.may_serve
+            )
+        else:
+            ticket = gate.begin(self.surface, **self._gate_args(call, prompt, texts))
         bind_hedge_ticket(ticket)
         return MeteredCall(self, ticket, prompt)
+
+    def _plain(self, texts: Sequence[str] | None) -> bool:
+        """Whether a call needs no more than its scope at the gate: a chat call under a
+        default (not strict) budget, whose gate reads neither a prompt nor an output cap."""
+        return self.surface == "chat" and texts is None and not self.gate.budget.strict
+
+    def _scope_of(self, call: MutableMapping[str, Any] | None) -> str | None:
+        """The call's scope: its own `BUDGET_SCOPE_KWARG` (popped, checked), else the layer's."""
+        if call is not None and BUDGET_SCOPE_KWARG in call:
+            return checks.scope(BUDGET_SCOPE_KWARG, call.pop(BUDGET_SCOPE_KWARG))
+        return self.scope
 
     async def abegin(
         self,
@@ -188,7 +202,13 @@ class Meter:
         texts: Sequence[str] | None = None,
     ) -> MeteredCall:
         """Async [`begin`][]."""
-        ticket = await self.gate.abegin(self.surface, **self._gate_args(call, prompt, texts))
+        gate = self.gate
+        if self._plain(texts):
+            ticket = await gate.abegin(
+                "chat", scope=self._scope_of(call), model=self.model, may_serve=self.may_serve
+            )
+        else:
+            ticket = await gate.abegin(self.surface, **self._gate_args(call, prompt, texts))
         bind_hedge_ticket(ticket)
         return MeteredCall(self, ticket, prompt)
 

@@ -536,7 +536,8 @@ class Connections:
         driver: sqlite3.Connection, current: int | None, operation: Operation
     ) -> int:
         """``_bound_lock_waits`` for a direct connection; returns the timeout set."""
-        wanted = milliseconds(operation.remaining())
+        left = operation.phase_deadline - time.monotonic()  # `Operation.remaining`
+        wanted = math.ceil(left * 1000) if left > 0.001 else 1  # `milliseconds(left)`
         if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
             driver_run(driver, f"PRAGMA busy_timeout = {wanted}", ())
             return wanted
@@ -726,7 +727,7 @@ class _Direct:
 
     def __enter__(self) -> tuple[Run, ReadCache]:
         operation = self._operation
-        if operation.expired():
+        if time.monotonic() >= operation.phase_deadline:  # `Operation.expired`, inlined
             raise operation.timeout_error()
         connections = self._connections
         driver: sqlite3.Connection | None

@@ -310,9 +310,20 @@ def _sqlite_time(moment: datetime) -> str:
     """A UTC instant as `UtcTime` stores it on SQLite: ``YYYY-MM-DD
     HH:MM:SS.ffffff``, the year always four digits (``strftime("%Y")`` writes year 1 as
     ``1``, text that neither sorts nor parses back)."""
-    if moment.tzinfo is UTC:  # the usual case: the same text, sliced, not converted
-        return moment.isoformat(" ", "microseconds")[:-6]  # without "+00:00"
+    if moment.tzinfo is UTC:  # the usual case: the same text, its second's part kept
+        key = (moment.toordinal(), moment.hour, moment.minute, moment.second)
+        second = _SECOND_TEXT.get(key)
+        if second is None:
+            if len(_SECOND_TEXT) >= 1024:
+                _SECOND_TEXT.clear()
+            second = _SECOND_TEXT[key] = moment.isoformat(" ", "seconds")[:-6]  # no +00:00
+        return f"{second}.{moment.microsecond:06d}"
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
+# `_sqlite_time`'s text up to the second, by (ordinal day, hour, minute, second): every
+# call of a second shares it (formatting an aware datetime costs more than a lookup).
+_SECOND_TEXT: dict[tuple[int, int, int, int], str] = {}
 
 
 # Window bounds as SQLite text, by window key: a gate reads the same window all day.

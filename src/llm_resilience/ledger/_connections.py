@@ -280,7 +280,7 @@ class Connections:
         self.watchdog = Watchdog(self.backend)
         self._connector = Connector() if self.postgres else None
         # An in-memory SQLite database is one connection shared by every thread.
-        self._slots = threading.BoundedSemaphore(1 if self.memory else POOL_SIZE + MAX_OVERFLOW)
+        self._slots = _Slots(1 if self.memory else POOL_SIZE + MAX_OVERFLOW)
 
     def _create_engine(self, parsed: URL, *, echo: bool) -> Engine:
         options: dict[str, Any] = {"echo": echo, "hide_parameters": True}
@@ -398,11 +398,17 @@ class Connections:
         cursor.close()
         dbapi_connection.autocommit = autocommit
 
-    @contextmanager
     def operation(
         self, name: str, started: float | None = None, bound: float | None = None
-    ) -> Iterator[Operation]:
-        """One bounded operation: a connection slot, and a deadline the watchdog keeps."""
+    ) -> _Bounded:
+        """One bounded operation: a connection slot, and a deadline the watchdog keeps
+        (``with connections.operation("spend") as operation: ...``)."""
+        return _Bounded(self, name, started, bound)
+
+    def start(
+        self, name: str, started: float | None = None, bound: float | None = None
+    ) -> Operation:
+        """`operation` without the ``with``: the caller must `end` it."""
         operation = Operation(
             self.watchdog,
             name,
@@ -410,14 +416,19 @@ class Connections:
             time.monotonic() if started is None else started,
         )
         try:
-            if not self._slots.acquire(timeout=max(0.0, operation.remaining())):
+            if not self._slots.acquire(operation.phase_deadline):
                 raise operation.timeout_error()
-            self._local.operation = operation
-            try:
-                yield operation
-            finally:
-                self._local.operation = None
-                self._slots.release()
+        except BaseException:
+            operation.finish()
+            raise
+        self._local.operation = operation
+        return operation
+
+    def end(self, operation: Operation) -> None:
+        """End ``operation`` (from `start`): its slot freed, its alarm cancelled."""
+        try:
+            self._local.operation = None
+            self._slots.release()
         finally:
             operation.finish()
 
@@ -473,10 +484,7 @@ class Connections:
             driver.execute(f"PRAGMA busy_timeout = {wanted}")
             info[_BUSY_MS] = wanted
 
-    @contextmanager
-    def direct_connection(
-        self, operation: Operation, *, transaction: bool = False
-    ) -> Iterator[Run]:
+    def direct_connection(self, operation: Operation, *, transaction: bool = False) -> _DirectRun:
         """``connection`` for the per-call operations on a SQLite file, on a
         ``sqlite3`` connection the ledger keeps itself: no pool checkout, no SQLAlchemy
         connection, transaction or event per call.
@@ -488,72 +496,14 @@ class Connections:
         back on an error. Errors come out as from the engine (SQLAlchemy's, parameters
         hidden), and ``LedgerTimeoutError`` past the deadline.
         """
-        with self._direct(operation, transaction=transaction) as (run, reads):
-            if transaction:
-                reads.unaccounted()  # a caller that does not say what it stored
-            yield run
+        return _DirectRun(self, operation, transaction)
 
-    @contextmanager
-    def direct_reads(
-        self, operation: Operation, *, transaction: bool = False
-    ) -> Iterator[tuple[Run, ReadCache]]:
+    def direct_reads(self, operation: Operation, *, transaction: bool = False) -> _Direct:
         """`direct_connection`, with the gate reads kept on that connection
         (``_readcache``): valid while its ``PRAGMA data_version`` is unchanged. In a
         transaction, tell them what it stores (``ReadCache.stored``,
         ``ReadCache.unaccounted``); they are brought up to date when it commits."""
-        with self._direct(operation, transaction=transaction) as lent:
-            yield lent
-
-    @contextmanager
-    def _direct(
-        self, operation: Operation, *, transaction: bool
-    ) -> Iterator[tuple[Run, ReadCache]]:
-        if operation.expired():
-            raise operation.timeout_error()
-        try:
-            driver, busy_ms, reads = self._idle.pop()
-        except IndexError:
-            driver, busy_ms, reads = None, None, ReadCache()
-        kept = False
-        interrupted = False
-        try:
-            try:
-                if driver is None:
-                    driver = self._connect_direct(operation)
-                else:
-                    operation.attach(driver)
-                busy_ms = self._bound_direct_waits(driver, busy_ms, operation)
-                run: Run = functools.partial(driver_run, driver)
-                if transaction:
-                    # Our own commit leaves this connection's data_version as it was: the
-                    # reads kept on it are brought up to date with what we store, if
-                    # nobody else committed since they were made, else forgotten.
-                    try:
-                        before = _begin_write(run, operation)
-                        ((version,),) = run("PRAGMA data_version", ())
-                        if before is not None and version != before:
-                            operation.others_committed = True  # while we waited for the lock
-                        reads.begin_write(version)
-                        yield run, reads
-                        run("COMMIT", ())
-                    except BaseException:
-                        reads.ended()
-                        raise
-                    reads.committed()
-                else:
-                    yield run, reads
-            finally:
-                interrupted = operation.detach()
-            if not interrupted and len(self._idle) < POOL_SIZE:
-                self._idle.append((driver, busy_ms, reads))
-                kept = True
-        except Exception as error:
-            _raise_past_deadline(error, operation, operation.detach() or interrupted)
-            raise
-        finally:
-            if driver is not None and not kept:
-                with suppress(Exception):  # closing rolls back an open transaction
-                    driver.close()
+        return _Direct(self, operation, transaction)
 
     def _connect_direct(self, operation: Operation) -> sqlite3.Connection:
         """A new direct connection, set up as the engine sets up its own, within the
@@ -586,7 +536,8 @@ class Connections:
         driver: sqlite3.Connection, current: int | None, operation: Operation
     ) -> int:
         """``_bound_lock_waits`` for a direct connection; returns the timeout set."""
-        wanted = milliseconds(operation.remaining())
+        left = operation.phase_deadline - time.monotonic()  # `Operation.remaining`
+        wanted = math.ceil(left * 1000) if left > 0.001 else 1  # `milliseconds(left)`
         if current is None or not wanted - _BUSY_SLACK_MS <= current <= wanted:
             driver_run(driver, f"PRAGMA busy_timeout = {wanted}", ())
             return wanted
@@ -685,3 +636,181 @@ class Connections:
                     connection.exec_driver_sql(f"SET LOCAL statement_timeout = {bound}")
                 self.lock_ledger(connection)
                 migrate(connection, postgres=self.postgres)
+
+
+class _Slots:
+    """A counting semaphore for the operations' connection slots: `threading.Semaphore`
+    without its per-call Python overhead when a slot is free (the usual case)."""
+
+    __slots__ = ("_free", "_freed", "_lock", "_waiting")
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._waiting = 0
+
+    def acquire(self, deadline: float) -> bool:
+        """Take a slot, waiting at most until ``deadline`` (``time.monotonic()``); False
+        if none was free by then."""
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            self._waiting += 1
+            try:
+                while self._free <= 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._freed.wait(left)
+                self._free -= 1
+                return True
+            finally:
+                self._waiting -= 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._free += 1
+            if self._waiting:
+                self._freed.notify()
+
+
+class _Bounded:
+    """`Connections.operation`'s context manager (a class: a generator-based one
+    costs several microseconds per operation)."""
+
+    __slots__ = ("_args", "_connections", "_operation")
+
+    def __init__(
+        self, connections: Connections, name: str, started: float | None, bound: float | None
+    ) -> None:
+        self._connections = connections
+        self._args = (name, started, bound)
+        self._operation: Operation | None = None
+
+    def __enter__(self) -> Operation:
+        self._operation = self._connections.start(*self._args)
+        return self._operation
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._operation is not None
+        self._connections.end(self._operation)
+
+
+class _Direct:
+    """`Connections.direct_reads`: a direct SQLite connection lent for one step of an
+    operation, with the gate reads kept on it. A class rather than a generator-based
+    context manager: this runs twice per gate read and write.
+
+    Entering: an idle connection (or a new one), attached to the operation, its busy
+    timeout fitted to the time left; in a transaction, the write lock taken
+    (``BEGIN IMMEDIATE``). Leaving: committed (in a transaction) and kept, or, after an
+    error or an interrupt, closed; an error the deadline caused comes out as
+    ``LedgerTimeoutError``.
+    """
+
+    __slots__ = (
+        "_busy_ms",
+        "_connections",
+        "_driver",
+        "_operation",
+        "_reads",
+        "_run",
+        "_transaction",
+    )
+
+    def __init__(self, connections: Connections, operation: Operation, transaction: bool) -> None:
+        self._connections = connections
+        self._operation = operation
+        self._transaction = transaction
+
+    def __enter__(self) -> tuple[Run, ReadCache]:
+        operation = self._operation
+        if time.monotonic() >= operation.phase_deadline:  # `Operation.expired`, inlined
+            raise operation.timeout_error()
+        connections = self._connections
+        driver: sqlite3.Connection | None
+        try:
+            driver, busy_ms, reads = connections._idle.pop()
+        except IndexError:
+            driver, busy_ms, reads = None, None, ReadCache()
+        try:
+            if driver is None:
+                driver = connections._connect_direct(operation)
+            else:
+                operation.attach(driver)
+            self._busy_ms = connections._bound_direct_waits(driver, busy_ms, operation)
+            run: Run = functools.partial(driver_run, driver)
+            if self._transaction:
+                # Our own commit leaves this connection's data_version as it was: the
+                # reads kept on it are brought up to date with what we store, if
+                # nobody else committed since they were made, else forgotten.
+                try:
+                    before = _begin_write(run, operation)
+                    ((version,),) = run("PRAGMA data_version", ())
+                    if before is not None and version != before:
+                        operation.others_committed = True  # while we waited for the lock
+                    reads.begin_write(version)
+                except BaseException:
+                    reads.ended()
+                    raise
+        except BaseException as error:
+            interrupted = operation.detach()
+            try:
+                if isinstance(error, Exception):
+                    _raise_past_deadline(error, operation, operation.detach() or interrupted)
+            finally:
+                if driver is not None:
+                    with suppress(Exception):  # closing rolls back an open transaction
+                        driver.close()
+            raise
+        self._driver = driver
+        self._reads = reads
+        self._run = run
+        return run, reads
+
+    def __exit__(self, error_type: object, error: BaseException | None, traceback: object) -> None:
+        operation = self._operation
+        reads = self._reads
+        kept = False
+        interrupted = False
+        try:
+            try:
+                if self._transaction:
+                    if error is not None:
+                        reads.ended()
+                    else:
+                        try:
+                            self._run("COMMIT", ())
+                        except BaseException:
+                            reads.ended()
+                            raise
+                        reads.committed()
+            finally:
+                interrupted = operation.detach()
+            idle = self._connections._idle
+            if error is None and not interrupted and len(idle) < POOL_SIZE:
+                idle.append((self._driver, self._busy_ms, reads))
+                kept = True
+        except Exception as failure:
+            _raise_past_deadline(failure, operation, operation.detach() or interrupted)
+            raise
+        finally:
+            if not kept:
+                with suppress(Exception):  # closing rolls back an open transaction
+                    self._driver.close()
+        if isinstance(error, Exception):
+            _raise_past_deadline(error, operation, operation.detach() or interrupted)
+
+
+class _DirectRun(_Direct):
+    """`Connections.direct_connection`: `_Direct` lending only the statement runner."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Run:  # type: ignore[override]
+        run, reads = super().__enter__()
+        if self._transaction:
+            reads.unaccounted()  # a caller that does not say what it stored
+        return run

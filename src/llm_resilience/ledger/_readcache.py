@@ -24,7 +24,14 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
-from llm_resilience.ledger._protocol import LedgerEntry, SpendWindow, exact_sum, window_key
+from llm_resilience.ledger._protocol import (
+    WINDOWS,
+    LedgerEntry,
+    SpendWindow,
+    Window,
+    exact_sum,
+    window_key,
+)
 from llm_resilience.ledger._schema import Run, sqlite_spends_expiring, sqlite_time
 
 __all__ = ["MAX_CACHED_READS", "ReadCache", "versioned_spends"]
@@ -114,9 +121,12 @@ class ReadCache:
             self._unknown = False
             self.forget()
             return
+        reads = self._reads
         for entry in added:
-            for key, (amounts, read_at, expires) in list(self._reads.items()):
-                self._reads[key] = (_plus(key, amounts, entry), read_at, expires)
+            # The keys of the entry's own day and month, once per entry, not per read.
+            own = {window: window_key(window, entry.timestamp) for window in WINDOWS}
+            for key, (amounts, read_at, expires) in list(reads.items()):
+                reads[key] = (_plus(key, amounts, entry, own), read_at, expires)
 
     def ended(self) -> None:
         """The transaction failed or was rolled back: nothing kept can be trusted."""
@@ -125,16 +135,20 @@ class ReadCache:
         self.forget()
 
 
-def _plus(key: ReadKey, amounts: tuple[Decimal, ...], entry: LedgerEntry) -> tuple[Decimal, ...]:
+def _plus(
+    key: ReadKey, amounts: tuple[Decimal, ...], entry: LedgerEntry, own: dict[Window, str]
+) -> tuple[Decimal, ...]:
     """``amounts`` read for ``key`` with ``entry``'s cost added where it counts: its own
-    day and month, globally (scope None) and under its scope."""
+    day and month (``own``: each window's key at the entry's time), globally (scope
+    None) and under its scope."""
     windows, keys = key
     return tuple(
-        exact_sum((amount, entry.cost))
-        if window_key(window, entry.timestamp) == window_key_read
-        and (scope is None or scope == entry.scope)
-        else amount
-        for (window, scope), window_key_read, amount in zip(windows, keys, amounts, strict=True)
+        [
+            exact_sum((amount, entry.cost))
+            if own[window] == window_key_read and (scope is None or scope == entry.scope)
+            else amount
+            for (window, scope), window_key_read, amount in zip(windows, keys, amounts, strict=True)
+        ]
     )
 
 

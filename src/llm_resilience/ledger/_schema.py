@@ -288,14 +288,6 @@ _SPEND = {False: _spend_statement(False), True: _spend_statement(True)}
 _TOTALS_KEY = [_totals.c.window_key, _totals.c.scope, _totals.c.shard]
 
 
-_SQLITE_INSERT = (
-    'INSERT INTO cost_ledger ("timestamp", kind, input_tokens, output_tokens, cost, pages, '
-    "model, estimated, surface, scope, entry_id, cache_read_tokens, cache_write_tokens, "
-    "cache_write_1h_tokens, reasoning_tokens, run_id, thread_id) VALUES (:timestamp, :kind, "
-    ":input_tokens, :output_tokens, :cost, :pages, :model, :estimated, :surface, :scope, "
-    ":entry_id, :cache_read_tokens, :cache_write_tokens, :cache_write_1h_tokens, "
-    ":reasoning_tokens, :run_id, :thread_id) ON CONFLICT (entry_id) DO NOTHING"
-)
 _SQLITE_ADD = (
     "INSERT INTO cost_ledger_totals (window_key, scope, shard, total) VALUES (?, ?, 0, ?) "
     "ON CONFLICT (window_key, scope, shard) DO UPDATE SET "
@@ -318,7 +310,20 @@ def _sqlite_time(moment: datetime) -> str:
     """A UTC instant as `UtcTime` stores it on SQLite: ``YYYY-MM-DD
     HH:MM:SS.ffffff``, the year always four digits (``strftime("%Y")`` writes year 1 as
     ``1``, text that neither sorts nor parses back)."""
+    if moment.tzinfo is UTC:  # the usual case: the same text, its second's part kept
+        key = (moment.toordinal(), moment.hour, moment.minute, moment.second)
+        second = _SECOND_TEXT.get(key)
+        if second is None:
+            if len(_SECOND_TEXT) >= 1024:
+                _SECOND_TEXT.clear()
+            second = _SECOND_TEXT[key] = moment.isoformat(" ", "seconds")[:-6]  # no +00:00
+        return f"{second}.{moment.microsecond:06d}"
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
+# `_sqlite_time`'s text up to the second, by (ordinal day, hour, minute, second): every
+# call of a second shares it (formatting an aware datetime costs more than a lookup).
+_SECOND_TEXT: dict[tuple[int, int, int, int], str] = {}
 
 
 # Window bounds as SQLite text, by window key: a gate reads the same window all day.
@@ -431,13 +436,17 @@ def sqlite_insert(run: Run, entry: LedgerEntry) -> bool:
     form every release reads), so no read of them is needed first.
     """
     cost = format(entry.cost, "f")
-    fields = entry_columns(entry)
-    fields["timestamp"] = _sqlite_time(entry.timestamp)
-    fields["cost"] = cost
-    if run(_SQLITE_INSERT, fields).rowcount == 0:
+    if run(_SQLITE_INSERT, _sqlite_row(entry, cost)).rowcount == 0:
         return False  # written before (a write that failed late, or the same entry twice)
-    keys = _totals_keys(entry.timestamp, entry.scope)
-    run(_sqlite_add_rows(len(keys)), tuple(v for key, each in keys for v in (key, each, cost)))
+    # `_totals_keys`, written out: its sorted order, as tuples without a sort per call.
+    day = window_key("day", entry.timestamp)
+    month = window_key("month", entry.timestamp)
+    scope = entry.scope
+    if scope is None:
+        run(_sqlite_add_rows(2), (day, GLOBAL_SCOPE, cost, month, GLOBAL_SCOPE, cost))
+    else:
+        day_rows = (day, GLOBAL_SCOPE, cost, day, scope, cost)
+        run(_sqlite_add_rows(4), (*day_rows, month, GLOBAL_SCOPE, cost, month, scope, cost))
     return True
 
 
@@ -457,6 +466,36 @@ _ENTRY_COLUMNS = (
 _ENTRY_COLUMN_COUNT = _ENTRY_COLUMNS.count(",") + 1
 #: ``INSERT ... RETURNING`` (which rows a batch stored) needs SQLite 3.35.
 SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
+
+
+_SQLITE_INSERT = (
+    f"INSERT INTO cost_ledger ({_ENTRY_COLUMNS}) VALUES "
+    f"({', '.join('?' * _ENTRY_COLUMN_COUNT)}) ON CONFLICT (entry_id) DO NOTHING"
+)
+
+
+def _sqlite_row(entry: LedgerEntry, cost: str) -> tuple[Any, ...]:
+    """``entry``'s values in `_ENTRY_COLUMNS` order, as SQLite stores them (``cost`` is
+    its cost's text)."""
+    return (
+        _sqlite_time(entry.timestamp),
+        entry.kind,
+        entry.input_tokens,
+        entry.output_tokens,
+        cost,
+        entry.pages,
+        entry.model,
+        entry.estimated,
+        entry.surface,
+        entry.scope,
+        entry.entry_id,
+        entry.cache_read_tokens,
+        entry.cache_write_tokens,
+        entry.cache_write_1h_tokens,
+        entry.reasoning_tokens,
+        entry.run_id,
+        entry.thread_id,
+    )
 
 
 @functools.cache
@@ -479,25 +518,7 @@ def sqlite_insert_many(run: Run, entries: Sequence[LedgerEntry]) -> None:
     """
     values: list[Any] = []
     for entry in entries:
-        values += (
-            _sqlite_time(entry.timestamp),
-            entry.kind,
-            entry.input_tokens,
-            entry.output_tokens,
-            format(entry.cost, "f"),
-            entry.pages,
-            entry.model,
-            entry.estimated,
-            entry.surface,
-            entry.scope,
-            entry.entry_id,
-            entry.cache_read_tokens,
-            entry.cache_write_tokens,
-            entry.cache_write_1h_tokens,
-            entry.reasoning_tokens,
-            entry.run_id,
-            entry.thread_id,
-        )
+        values += _sqlite_row(entry, format(entry.cost, "f"))
     statement = _sqlite_insert_many(len(entries))
     stored = {entry_id for (entry_id,) in run(statement, tuple(values))}
     # Costs by UTC day and scope first: a batch is mostly one day and a few scopes.

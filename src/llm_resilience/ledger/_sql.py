@@ -319,7 +319,8 @@ class SqlCostLedger:
     ) -> _Result:
         """Run ``read`` after storing pending writes for at most half the bound (unless
         ``flush`` is False: a write-behind gate leaves that to the writer thread)."""
-        with self._db.operation(name, started) as operation:
+        operation = self._db.start(name, started)  # `operation` without a context manager
+        try:
             if flush and len(self._pending):
                 try:
                     self._writes.flush(operation, operation.started + operation.bound / 2)
@@ -328,6 +329,8 @@ class SqlCostLedger:
                         raise
                     # Already reported when kept; the read below counts them anyway.
             return read(operation)
+        finally:
+            self._db.end(operation)
 
     def _spend(
         self, window: Window, scope: str | None, now: datetime | None, started: float | None
@@ -390,10 +393,7 @@ class SqlCostLedger:
 
         def read(operation: Operation) -> tuple[Decimal, ...]:
             # Pending first: a write stored meanwhile is then counted twice, never missed.
-            waiting = [
-                self._pending.unwritten_cost(key, scope)
-                for key, (_, scope) in zip(keys, checked, strict=True)
-            ]
+            waiting = self._waiting(checked, keys)
             stored = read_stored(operation)
             return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
 

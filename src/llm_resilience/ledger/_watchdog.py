@@ -56,17 +56,9 @@ def interrupt_connection(dbapi_connection: Any) -> None:
             interrupt()
 
 
-class _Alarm:
-    __slots__ = ("callback", "cancelled", "deadline", "sequence")
-
-    def __init__(self, deadline: float, sequence: int, callback: Callable[[], None]) -> None:
-        self.deadline = deadline
-        self.sequence = sequence
-        self.callback = callback
-        self.cancelled = False
-
-    def __lt__(self, other: _Alarm) -> bool:
-        return (self.deadline, self.sequence) < (other.deadline, other.sequence)
+#: An armed alarm, as kept in the watchdog's heap: ``(deadline, sequence, callback)``.
+#: A tuple, so that the heap orders alarms without calling back into Python.
+_Alarm = tuple[float, int, Callable[[], None]]
 
 
 class Watchdog:
@@ -91,6 +83,7 @@ class Watchdog:
         "_condition",
         "_heap",
         "_linger",
+        "_lock",
         "_name",
         "_sequence",
         "_thread",
@@ -99,9 +92,10 @@ class Watchdog:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._condition = threading.Condition(threading.Lock())
-        # Live alarms only (a cancelled one is removed at once): about one per operation
-        # running now, so removing from the middle is cheap.
+        self._lock = threading.Lock()  # taken directly on the per-operation paths
+        self._condition = threading.Condition(self._lock)
+        # Live alarms only (a cancelled or fired one is removed at once): about one per
+        # operation running now, so removing from the middle is cheap.
         self._heap: list[_Alarm] = []
         self._sequence = itertools.count()
         self._thread: threading.Thread | None = None
@@ -115,10 +109,11 @@ class Watchdog:
 
     def arm(self, deadline: float, callback: Callable[[], None]) -> _Alarm:
         """Call ``callback`` at ``deadline`` unless `cancel` comes first."""
-        alarm = _Alarm(deadline, next(self._sequence), callback)
-        with self._condition:
+        alarm = (deadline, next(self._sequence), callback)
+        with self._lock:
             self._arms += 1
-            self._linger = min(60.0, max(0.0, deadline - time.monotonic()))
+            linger = deadline - time.monotonic()
+            self._linger = 60.0 if linger > 60.0 else linger if linger > 0.0 else 0.0
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"llm-resilience-watchdog-{self._name}", daemon=True
@@ -133,22 +128,22 @@ class Watchdog:
 
     def cancel(self, alarm: _Alarm) -> None:
         """Forget ``alarm``; nothing happens if it has fired already."""
-        with self._condition:
-            if alarm.cancelled:
+        with self._lock:
+            heap = self._heap
+            if heap and heap[-1] is alarm:  # the usual case: the only alarm, or the last
+                heap.pop()
                 return
-            alarm.cancelled = True
-            index = self._heap.index(alarm)
-            last = self._heap.pop()
-            if last is not alarm:
-                self._heap[index] = last
-                heapq.heapify(self._heap)
+            for index, armed in enumerate(heap):
+                if armed is alarm:
+                    heap[index] = heap[-1]
+                    heap.pop()
+                    heapq.heapify(heap)
+                    return
 
     def stop(self) -> None:
         """End the thread; pending alarms are dropped."""
         with self._condition:
             thread, self._thread = self._thread, None
-            for alarm in self._heap:
-                alarm.cancelled = True
             self._heap = []
             self._condition.notify_all()
         if thread is not None and thread is not threading.current_thread():
@@ -169,15 +164,14 @@ class Watchdog:
                         self._wakes_at = now + self._linger
                         self._condition.wait(self._linger)
                     continue
-                if self._heap[0].deadline > now:
-                    self._wakes_at = self._heap[0].deadline
+                if self._heap[0][0] > now:
+                    self._wakes_at = self._heap[0][0]
                     self._condition.wait(self._wakes_at - now)
                     continue
-                alarm = heapq.heappop(self._heap)
-                alarm.cancelled = True  # fired: a later cancel() is a no-op
+                _, _, callback = heapq.heappop(self._heap)  # fired: a later cancel() is a no-op
                 self._condition.release()
                 try:
-                    alarm.callback()
+                    callback()
                 except Exception:  # a failing interrupt must not end the watchdog
                     pass
                 finally:

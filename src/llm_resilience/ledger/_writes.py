@@ -14,7 +14,6 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 
 from sqlalchemy import delete
 from sqlalchemy import exc as sa_exc
@@ -250,12 +249,12 @@ class Writes:
 
     def write(self, name: str, write: PendingWrite, started: float | None) -> None:
         """Store ``write`` now, or keep it pending if the database does not take it."""
-        with ExitStack() as stack:
-            try:
-                operation = stack.enter_context(self._db.operation(name, started))
-            except LedgerTimeoutError as error:  # not even a connection slot in time
-                self._keep(name, write, error)
-                return
+        try:
+            operation = self._db.start(name, started)
+        except LedgerTimeoutError as error:  # not even a connection slot in time
+            self._keep(name, write, error)
+            return
+        try:
             if not len(self.pending):
                 try:
                     self._apply(operation, [write])
@@ -277,6 +276,8 @@ class Writes:
                 return
             if dropped:
                 self._warn_kept(name, None, dropped)
+        finally:
+            self._db.end(operation)
 
     def _keep(self, name: str, write: PendingWrite, error: BaseException) -> None:
         self._warn_kept(name, error, self.pending.push(write.entry, write.hold_id))

@@ -117,9 +117,11 @@ def _histogram(name: str, unit: str, description: str) -> Any:
 
 def record_rate_limit_wait(milliseconds: float, *, surface: str, outcome: Outcome) -> None:
     """Record how long a caller waited for a permit, and how the wait ended."""
-    _histogram(RATELIMIT_WAIT, "ms", "Time callers spent waiting for a rate-limit permit.").record(
-        milliseconds, {"surface": surface, "outcome": outcome}
+    histogram = _histogram(
+        RATELIMIT_WAIT, "ms", "Time callers spent waiting for a rate-limit permit."
     )
+    if not _dropped(histogram):
+        histogram.record(milliseconds, {"surface": surface, "outcome": outcome})
 
 
 # OpenTelemetry GenAI semantic conventions name the operation "embeddings" (plural).

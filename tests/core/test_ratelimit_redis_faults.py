@@ -49,7 +49,10 @@ def ours(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 TIMEOUT = 0.25
 BOUND = 2 * TIMEOUT
 #: Scheduling slack on top of the documented bound (thread start-up, a loaded test host).
-SLACK = 0.5  # CI runs on 2 shared cores: 300 tasks and their log lines take time
+#: CI runs on 2 shared cores beside a second suite worker: 300 tasks and their log lines
+#: took 0.79 s past the bound once (the worst of the crowd at 1.29 s). The fault lasts
+#: for the whole crowd: an acquire with no bound would not return at all.
+SLACK = 1.0
 #: A short outage cooldown, so a test can watch the limiter go back to Redis.
 COOLDOWN = 0.05
 #: How long the load tests keep going once the full bucket's burst is spent: three or

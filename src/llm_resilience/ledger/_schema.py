@@ -586,18 +586,20 @@ def sqlite_spend(run: Run, window: Window, scope: str | None, when: datetime) ->
 
 
 @functools.cache
-def spends_statement(scoped: tuple[bool, ...]) -> str:
+def spends_statement(scoped: tuple[bool, ...], *, expiring: bool = False) -> str:
     """Running totals plus live holds of several windows as one statement, each row
-    tagged with its window's position: one round trip, one snapshot."""
+    tagged with its window's position: one round trip, one snapshot. ``expiring`` adds a
+    third column (SQLite's read cache): each counted hold's expiry, NULL on a total."""
+    total_expiry, hold_expiry = (", NULL AS expires", ", expires") if expiring else ("", "")
     parts: list[str] = []
     for slot, has_scope in enumerate(scoped):
         parts.append(
-            f"SELECT {slot} AS slot, total AS amount FROM cost_ledger_totals "
+            f"SELECT {slot} AS slot, total AS amount{total_expiry} FROM cost_ledger_totals "
             f"WHERE window_key = :key{slot} AND scope = :totals_scope{slot}"
         )
         live = (
-            f"SELECT {slot}, amount FROM cost_ledger_reservations WHERE expires > :now "
-            f'AND "timestamp" >= :start{slot} AND "timestamp" < :end{slot}'
+            f"SELECT {slot}, amount{hold_expiry} FROM cost_ledger_reservations "
+            f'WHERE expires > :now AND "timestamp" >= :start{slot} AND "timestamp" < :end{slot}'
         )
         parts.append(live + (f" AND scope = :scope{slot}" if has_scope else ""))
     return " UNION ALL ".join(parts)
@@ -652,30 +654,12 @@ def sqlite_spends(
     return sum_slots(len(windows), run(statement, parameters))
 
 
-@functools.cache
-def _expiring_spends_statement(scoped: tuple[bool, ...]) -> str:
-    """`spends_statement` on SQLite with a third column: each counted hold's expiry
-    (NULL on a running total)."""
-    parts: list[str] = []
-    for slot, has_scope in enumerate(scoped):
-        parts.append(
-            f"SELECT {slot} AS slot, total AS amount, NULL AS expires FROM cost_ledger_totals "
-            f"WHERE window_key = :key{slot} AND scope = :totals_scope{slot}"
-        )
-        live = (
-            f"SELECT {slot}, amount, expires FROM cost_ledger_reservations WHERE expires > :now "
-            f'AND "timestamp" >= :start{slot} AND "timestamp" < :end{slot}'
-        )
-        parts.append(live + (f" AND scope = :scope{slot}" if has_scope else ""))
-    return " UNION ALL ".join(parts)
-
-
 def sqlite_spends_expiring(
     run: Run, windows: Sequence[tuple[Window, str | None]], when: datetime
 ) -> tuple[list[Decimal], str | None]:
     """`sqlite_spends`, and the earliest expiry (SQLite text) of the holds counted (None
     when none is): until then, and while nothing is committed, the answer stands."""
-    statement = _expiring_spends_statement(tuple(scope is not None for _, scope in windows))
+    statement = spends_statement(tuple(scope is not None for _, scope in windows), expiring=True)
     parameters = spends_parameters(windows, when, sqlite=True)
     amounts: list[list[Decimal]] = [[] for _ in windows]
     first: str | None = None

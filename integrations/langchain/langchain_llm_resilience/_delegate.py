@@ -293,21 +293,25 @@ def stream_inner(
     return iter((as_chunk(generate_inner(model, messages, stop, run_manager, kwargs)),))
 
 
-async def astream_inner(
+async def astream_started(
     model: BaseChatModel,
     messages: list[BaseMessage],
     stop: list[str] | None,
     run_manager: AsyncCallbackManagerForLLMRun | None,
     kwargs: dict[str, Any],
 ) -> AsyncIterator[ChatGenerationChunk]:
-    """Async `stream_inner`."""
+    """Async `stream_inner`: awaited where the stream is read, it takes the limiter's
+    permit (or answers whole, for a model that cannot stream) and returns the model's
+    own async iterator, so a chunk does not pass through one more async generator."""
     if streams(model, kwargs):
         if model.rate_limiter is not None:
             await model.rate_limiter.aacquire(blocking=True)
-        async for chunk in model._astream(messages, stop=stop, run_manager=run_manager, **kwargs):
-            yield chunk
-    else:
-        yield as_chunk(await agenerate_inner(model, messages, stop, run_manager, kwargs))
+        return model._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
+    return _one(as_chunk(await agenerate_inner(model, messages, stop, run_manager, kwargs)))
+
+
+async def _one(chunk: ChatGenerationChunk) -> AsyncIterator[ChatGenerationChunk]:
+    yield chunk
 
 
 def unbind(runnable: Runnable[Any, Any], *, option: str) -> tuple[BaseChatModel, dict[str, Any]]:
@@ -587,12 +591,34 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
         await self._aend(context, messages, result.generations[0].message)
         return result
 
+    def _settles_streams(self) -> bool:
+        """Whether a stream's end reaches `_end`/`_end_stream`/`_end_early` (the
+        default). A layer whose endings do nothing for every stream it begins (a rate
+        limit with no token budget) says False: its streams are then the inner model's
+        own iterator, with no frame of this layer's per chunk."""
+        return True
+
     def _stream(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        if self._settles_streams():
+            return self._settled_stream(messages, stop, run_manager, kwargs)
+        # LangChain (and an outer layer, through `stream_inner`) calls ``_stream`` where
+        # it reads the stream, so the stream still begins on its first iteration.
+        call_kwargs = self._stream_kwargs(kwargs)
+        self._begin(messages, call_kwargs)
+        return stream_inner(self.inner, messages, stop, run_manager, call_kwargs)
+
+    def _settled_stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
     ) -> Iterator[ChatGenerationChunk]:
         call_kwargs = self._stream_kwargs(kwargs)
         context = self._begin(messages, call_kwargs)
@@ -606,12 +632,36 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
                 chunks.append(chunk)
                 yield chunk
 
-    async def _astream(
+    def _astream(  # type: ignore[override]  # returns an async generator as is
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        if self._settles_streams():
+            return self._settled_astream(messages, stop, run_manager, kwargs)
+        return self._plain_astream(messages, stop, run_manager, kwargs)
+
+    async def _plain_astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        call_kwargs = self._stream_kwargs(kwargs)
+        await self._abegin(messages, call_kwargs)
+        stream = await astream_started(self.inner, messages, stop, run_manager, call_kwargs)
+        async for chunk in stream:
+            yield chunk
+
+    async def _settled_astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
     ) -> AsyncIterator[ChatGenerationChunk]:
         call_kwargs = self._stream_kwargs(kwargs)
         context = await self._abegin(messages, call_kwargs)
@@ -621,7 +671,8 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
             consumed=lambda: self._aend_early(context, messages, chunks),
             nothing=lambda: self._aend(context, messages, None),
         ):
-            async for chunk in astream_inner(self.inner, messages, stop, run_manager, call_kwargs):
+            stream = await astream_started(self.inner, messages, stop, run_manager, call_kwargs)
+            async for chunk in stream:
                 chunks.append(chunk)
                 yield chunk
 

@@ -119,6 +119,10 @@ class RateLimitedChatModel(DelegatingChatModel):
         await limiter.aacquire(weight, surface="chat")
         return weight
 
+    def _settles_streams(self) -> bool:
+        # Only a token budget settles a call (with its reported usage).
+        return weighs_tokens(private_state(self)["_limiter"])
+
     def _reads_answer(self, context: Any) -> bool:
         return bool(context)  # a call that weighed no tokens has nothing to reconcile
 

@@ -175,7 +175,11 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
         started: float | None = None
         waiter: _Waiter | None = None
         try:
-            weight = check_token_weight(num_tokens, self._tpm)
+            # A plain int 0 (every call without a token budget) needs no checking.
+            if num_tokens.__class__ is int and not num_tokens:
+                weight = 0
+            else:
+                weight = check_token_weight(num_tokens, self._tpm)
             with self._lock:
                 started = now = self._clock()
                 if self._take_now(weight, now):
@@ -208,7 +212,11 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
         started: float | None = None
         waiter: _Waiter | None = None
         try:
-            weight = check_token_weight(num_tokens, self._tpm)
+            # A plain int 0 (every call without a token budget) needs no checking.
+            if num_tokens.__class__ is int and not num_tokens:
+                weight = 0
+            else:
+                weight = check_token_weight(num_tokens, self._tpm)
             loop = asyncio.get_running_loop()
             with self._lock:
                 started = now = self._clock()
@@ -296,10 +304,19 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
 
     def _take_now(self, weight: int, now: float) -> bool:
         """Grant at once when nobody is queued ahead and the permits are there."""
-        self._dispatch(now)
-        if self._waiters or not self._fits(weight):
+        if self._waiters:
+            self._dispatch(now)
+            if self._waiters:
+                return False
+        else:
+            self._refill(now)  # all `_dispatch` does with nobody queued
+        # `_fits` and `_take`, inline: this runs on every call.
+        tpm = self._tpm
+        if self._permits < 1 or (tpm is not None and weight > self._tokens):
             return False
-        self._take(weight)
+        self._permits -= 1
+        if tpm is not None:
+            self._tokens -= weight
         return True
 
     def _enqueue(self, weight: int, loop: asyncio.AbstractEventLoop | None) -> _Waiter:
@@ -384,6 +401,9 @@ class TokenBucketRateLimiter(BucketArithmetic, PermitContext):
     def _record(
         self, surface: str, outcome: Outcome, started: float | None, waiter: _Waiter | None
     ) -> None:
+        if waiter is None and outcome == "granted":  # granted at once: no wait
+            record_rate_limit_wait(0.0, surface=surface, outcome=outcome)
+            return
         waited = 0.0
         if started is not None:
             if waiter is not None and waiter.granted:

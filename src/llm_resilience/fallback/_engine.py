@@ -459,13 +459,23 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
 
         _WORKERS.submit(run)
         try:
-            return future.result(timeout=self._timeout)
-        except TimeoutError as error:
-            if future.done():
+            try:
+                return future.result(timeout=self._timeout)
+            except TimeoutError as error:
+                if not future.done():
+                    raise _AttemptTimedOut(error) from None
                 # The attempt raised a TimeoutError of its own, or finished right at the
                 # deadline: either way its own outcome is the answer.
                 return future.result()
-            raise _AttemptTimedOut(error) from None
+        except _AttemptTimedOut:
+            raise
+        except BaseException:
+            # The attempt's own error, from a finished future: its traceback holds this
+            # frame, which must not keep the future (holding the error) alive, or the
+            # attempt's frames (a provider's stream among their locals) wait for the
+            # cyclic GC (see `_sources`).
+            del future
+            raise
 
     async def ainvoke(
         self,

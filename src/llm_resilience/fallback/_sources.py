@@ -87,7 +87,13 @@ class _ThreadedSource(Generic[ChunkT]):
         if kind == "end":
             self.finished = True
             raise StopIteration
-        raise value
+        try:
+            raise value
+        finally:
+            # The error's traceback holds this frame: without the local dropped, error,
+            # frame and the worker's frames (the provider's stream among their locals)
+            # form a cycle only the cyclic GC frees, on whatever thread it next runs.
+            del value
 
     def close(self) -> None:
         self._stop.set()

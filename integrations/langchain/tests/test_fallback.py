@@ -337,3 +337,28 @@ def test_each_stream_ends_with_a_served_by_chunk_of_its_own() -> None:
     )
     assert last.response_metadata["fallback_served_by"] == [0]
     assert last.response_metadata["model_name"] == "primary"
+
+
+def test_the_served_by_chunk_is_what_pydantics_own_copy_of_the_template_gives() -> None:
+    from langchain_llm_resilience.fallback import _LAST_CHUNK, _LAST_MESSAGE, _served_by_chunk
+
+    built = _served_by_chunk(1, {"model_name": "backup", "fallback_served_by": [0]})
+
+    fields = {
+        "response_metadata": {"model_name": "backup", "fallback_served_by": [1, 0]},
+        "additional_kwargs": {},
+        "tool_calls": [],
+        "invalid_tool_calls": [],
+        "tool_call_chunks": [],
+    }
+    message = _LAST_MESSAGE.model_copy(update=fields)
+    expected = _LAST_CHUNK.model_copy(update={"message": message})
+    assert built == expected
+    for made, copied in ((built, expected), (built.message, expected.message)):
+        assert type(made) is type(copied)
+        assert made.__dict__ == copied.__dict__
+        assert made.__pydantic_fields_set__ == copied.__pydantic_fields_set__
+        assert made.__pydantic_extra__ == copied.__pydantic_extra__
+        assert made.__pydantic_private__ == copied.__pydantic_private__
+    assert built.message.response_metadata is not _LAST_MESSAGE.response_metadata
+    assert built.message.additional_kwargs is not _LAST_MESSAGE.additional_kwargs

@@ -170,6 +170,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         "member_retry",
         "mid_stream",
         "per_client_timeout",
+        "routed_needs",
     )
 
     def __init__(
@@ -247,6 +248,10 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                 member_profiles, [profile_of(client) for client in self.clients]
             )
         self._routing = _Routing(member_profiles, len(self.clients), option="member_profiles")
+        #: The [`RequestNeeds`][] fields some client is known to lack: a request needing
+        #: none of them goes to every client, so an adapter need not work out whether a
+        #: request carries the others (``needs=None`` routes the same).
+        self.routed_needs: frozenset[str] = self._routing.known_lacking()
         policy = member_retry_option(member_retry)
         #: The policy a failing client is retried under before the chain moves on, or None.
         self.member_retry: RetryPolicy | None = policy

@@ -351,7 +351,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         chain = _chain_of(self)
         return chain.invoke(
             attempt,
-            needs=_needs(messages, tool_request, kwargs),
+            needs=_needs(chain, messages, tool_request, kwargs),
             hedge_usage=None if chain.hedge_after is None else _loser_usage(self, messages),
         )
 
@@ -370,7 +370,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         chain = _chain_of(self)
         return await chain.ainvoke(
             attempt,
-            needs=_needs(messages, tool_request, kwargs),
+            needs=_needs(chain, messages, tool_request, kwargs),
             hedge_usage=None if chain.hedge_after is None else _loser_usage(self, messages),
         )
 
@@ -396,7 +396,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         stream = chain.stream(
             attempt,
             is_content=_carries_content,
-            needs=_needs(messages, tool_request, kwargs),
+            needs=_needs(chain, messages, tool_request, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
             drop_text=_drop_text,
@@ -429,7 +429,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         stream = chain.astream(
             attempt,
             is_content=_carries_content,
-            needs=_needs(messages, tool_request, kwargs),
+            needs=_needs(chain, messages, tool_request, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
             drop_text=_drop_text,
@@ -658,20 +658,25 @@ def _known_profile(member: object) -> MemberProfile | None:
 
 
 def _needs(
-    messages: Sequence[ChatMessage], tool_request: ToolRequest | None, kwargs: dict[str, Any]
+    chain: FallbackChain[LLM],
+    messages: Sequence[ChatMessage],
+    tool_request: ToolRequest | None,
+    kwargs: dict[str, Any],
 ) -> RequestNeeds | None:
-    """What the request carries that a member could lack; None when nothing (the chain
-    then skips routing)."""
-    images = False
-    for message in messages:
-        for block in message.blocks:
-            if getattr(block, "block_type", None) == "image":
-                images = True
-                break
-        if images:
-            break
-    tools = (tool_request is not None and bool(tool_request.tools)) or (
-        "tools" in kwargs and bool(kwargs["tools"])
+    """What the request carries that a member is known to lack; None when nothing (the
+    chain then skips routing). Only the needs some member lacks are looked for
+    (``chain.routed_needs``): the others would keep every member."""
+    routed = chain.routed_needs
+    if not routed:
+        return None
+    tools = "tool_calling" in routed and (
+        (tool_request is not None and bool(tool_request.tools))
+        or ("tools" in kwargs and bool(kwargs["tools"]))
+    )
+    images = "image_inputs" in routed and any(
+        getattr(block, "block_type", None) == "image"
+        for message in messages
+        for block in message.blocks
     )
     if not images and not tools:
         return None

@@ -557,3 +557,9 @@ def test_a_prompt_too_long_moves_on_the_same_way_under_a_per_client_timeout(shap
 
     assert run(shape, chain) == "large"
     assert equal.calls == 0
+
+
+def test_routed_needs_are_the_capabilities_some_member_is_known_to_lack() -> None:
+    profiles = [MemberProfile(image_inputs=False, tool_calling=True), MemberProfile(), None]
+    assert FallbackChain(["a", "b", "c"], member_profiles=profiles).routed_needs == {"image_inputs"}
+    assert FallbackChain(["a", "b"]).routed_needs == frozenset()

@@ -12,7 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ImageBlock,
+    MessageRole,
+    TextBlock,
+)
 from llama_index.core.callbacks import CallbackManager, CBEventType
 from llama_index.core.callbacks.base_handler import BaseCallbackHandler
 from llama_index.core.instrumentation import get_dispatcher
@@ -424,6 +430,52 @@ def test_a_tool_request_no_member_can_call_tools_for_is_refused_naming_the_need(
 
     with pytest.raises(NoCapableMemberError, match="member 0 lacks tool_calling"):
         llm.chat_with_tools([MULTIPLY], user_msg="6 times 7?")
+
+
+IMAGE_MESSAGES = [
+    ChatMessage(
+        role=MessageRole.USER,
+        blocks=[TextBlock(text="What is this?"), ImageBlock(url="https://example.test/a.png")],
+    )
+]
+
+
+@pytest.mark.parametrize("method", CHAT)
+async def test_an_image_request_skips_a_member_declared_without_image_inputs(method: str) -> None:
+    first, second = fakes()
+    llm = FallbackLLM(
+        llms=[first, second], member_profiles=[MemberProfile(image_inputs=False), None]
+    )
+
+    images = await call_with(llm, method, IMAGE_MESSAGES)
+    text = await call_with(llm, method, MESSAGES)
+
+    assert images[-1].additional_kwargs[SERVED_BY_KEY] == [1]
+    assert text[-1].additional_kwargs[SERVED_BY_KEY] == [0]
+
+
+@pytest.mark.parametrize("method", CHAT)
+async def test_an_image_request_goes_to_the_first_member_when_none_is_known_to_lack_images(
+    method: str,
+) -> None:
+    # Only tools are known to be lacking (MockLLM is no FunctionCallingLLM): images are
+    # not looked for, and the request goes where a request without needs goes.
+    llm = FallbackLLM(llms=[MockLLM(), FakeFunctionCallingLLM()])
+
+    responses = await call_with(llm, method, IMAGE_MESSAGES)
+
+    assert responses[-1].additional_kwargs[SERVED_BY_KEY] == [0]
+
+
+async def call_with(llm: Any, method: str, messages: list[ChatMessage]) -> list[Any]:
+    """The responses of one chat shape (every chunk for streams)."""
+    if method == "chat":
+        return [llm.chat(messages)]
+    if method == "achat":
+        return [await llm.achat(messages)]
+    if method == "stream_chat":
+        return list(llm.stream_chat(messages))
+    return [chunk async for chunk in await llm.astream_chat(messages)]
 
 
 # -- metadata, layers, options ------------------------------------------------------------

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from llama_index.core.agent.workflow import FunctionAgent
-from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    MessageRole,
+)
 from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.llms.mock import MockLLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from llama_index.resilience import FallbackLLM, RateLimitedEmbedding, RateLimitedLLM
@@ -397,6 +404,87 @@ def test_the_inner_llms_own_rate_limiter_still_applies() -> None:
     RateLimitedLLM(inner=inner, limiter=SpyLimiter()).chat(MESSAGES)
 
     assert own.acquired == [(0, "chat")]
+
+
+class ClosingLLM(MockLLM):
+    """MockLLM whose four stream shapes yield three words and note when they are closed."""
+
+    _closed: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def closed(self) -> list[str]:
+        return self._closed
+
+    def _words(self, method: str, chat: bool) -> Iterator[Any]:
+        try:
+            yield from map(_chunk if chat else _completion_chunk, ("a", "b", "c"))
+        finally:
+            self._closed.append(method)
+
+    async def _awords(self, method: str, chat: bool) -> AsyncIterator[Any]:
+        try:
+            for word in ("a", "b", "c"):
+                yield _chunk(word) if chat else _completion_chunk(word)
+        finally:
+            self._closed.append(method)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Any, **kwargs: Any) -> Any:
+        return self._words("stream_chat", chat=True)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Any, **kwargs: Any) -> Any:
+        return self._awords("astream_chat", chat=True)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        return self._words("stream_complete", chat=False)
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        return self._awords("astream_complete", chat=False)
+
+
+def _chunk(word: str) -> ChatResponse:
+    return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=word), delta=word)
+
+
+def _completion_chunk(word: str) -> CompletionResponse:
+    return CompletionResponse(text=word, delta=word)
+
+
+@pytest.mark.parametrize(
+    "method", ["stream_chat", "astream_chat", "stream_complete", "astream_complete"]
+)
+async def test_without_a_token_budget_a_stream_relays_the_inner_chunks_and_closes_the_inner_stream_when_left_early(
+    method: str,
+) -> None:
+    inner = ClosingLLM()
+    limiter = SpyLimiter()
+    llm = RateLimitedLLM(inner=inner, limiter=limiter)
+
+    direct = await call(inner, method)
+    relayed = await call(llm, method)
+    assert (
+        [chunk.delta for chunk in relayed] == [chunk.delta for chunk in direct] == ["a", "b", "c"]
+    )
+    assert limiter.acquired == [(0, "chat")]
+
+    request: Any = MESSAGES if "chat" in method else QUESTION
+    if method.startswith("a"):
+        stream = await getattr(llm, method)(request)
+        assert (await anext(stream)).delta == "a"
+        await stream.aclose()
+        # LlamaIndex's callback does not close the stream it wraps: the loop finalizes it.
+        del stream
+        for _ in range(5):
+            await asyncio.sleep(0)
+    else:
+        stream = getattr(llm, method)(request)
+        assert next(stream).delta == "a"
+        stream.close()
+    assert inner.closed == [method] * 3
+    assert limiter.acquired == [(0, "chat"), (0, "chat")]
 
 
 # -- embeddings ----------------------------------------------------------------------------

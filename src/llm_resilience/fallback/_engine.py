@@ -8,7 +8,6 @@ import inspect
 import logging
 import time
 from collections.abc import (
-    AsyncIterable,
     AsyncIterator,
     Awaitable,
     Callable,
@@ -57,10 +56,15 @@ from llm_resilience.fallback._routing import (
 )
 from llm_resilience.fallback._shared_breaker import _SharedBreaker, member_keys
 from llm_resilience.fallback._sources import (
+    AsyncOpened,
+    Mark,
     _aclose,
     _AttemptTimedOut,
     _close,
     _ThreadedSource,
+    amarked,
+    marked,
+    opened,
 )
 from llm_resilience.fallback._workers import _WORKERS
 from llm_resilience.retry import RetryPolicy
@@ -166,6 +170,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         "member_retry",
         "mid_stream",
         "per_client_timeout",
+        "routed_needs",
     )
 
     def __init__(
@@ -243,6 +248,10 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                 member_profiles, [profile_of(client) for client in self.clients]
             )
         self._routing = _Routing(member_profiles, len(self.clients), option="member_profiles")
+        #: The [`RequestNeeds`][] fields some client is known to lack: a request needing
+        #: none of them goes to every client, so an adapter need not work out whether a
+        #: request carries the others (``needs=None`` routes the same).
+        self.routed_needs: frozenset[str] = self._routing.known_lacking()
         policy = member_retry_option(member_retry)
         #: The policy a failing client is retried under before the chain moves on, or None.
         self.member_retry: RetryPolicy | None = policy
@@ -328,7 +337,8 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         # What the request needs comes first: the breaker orders only the members that
         # can take it, so a capable member cooling down is still asked when it is the
         # soonest back among them, and an incapable one never stands in for it.
-        capable = self._routing.eligible(list(range(len(self.clients))), needs)
+        everyone = list(range(len(self.clients)))
+        capable = everyone if needs is None else self._routing.eligible(everyone, needs)
         if self._breaker is None:
             return capable
         return self._breaker.order(capable)
@@ -337,7 +347,8 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         self, needs: RequestNeeds | Sequence[RequestNeeds] | None = None
     ) -> list[int]:
         """Async `_order`: a shared breaker's round trip runs on the loop's client."""
-        capable = self._routing.eligible(list(range(len(self.clients))), needs)
+        everyone = list(range(len(self.clients)))
+        capable = everyone if needs is None else self._routing.eligible(everyone, needs)
         if self._breaker is None:
             return capable
         return await self._breaker.aorder(capable)
@@ -407,7 +418,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         if self.hedge_after is not None:
             return hedged_invoke(self, attempt, needs=needs, usage_of=hedge_usage)
         order = self._order(needs)
-        calls = self._open_call()
+        calls = None if self._retry_budget is None else self._open_call()
         if calls is not None:
             attempt = calls.counted(attempt)
         if self._member_retry is not None:
@@ -546,6 +557,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         continue_attempt: Callable[[int, ClientT, str], Iterable[ChunkT]] | None = None,
         drop_text: Callable[[ChunkT, int], ChunkT] | None = None,
         hedge_usage: LoserUsage | None = None,
+        mark: Mark | None = None,
     ) -> Iterator[ChunkT]:
         """Yield the chunks of ``attempt(index, client)``, falling through on failure.
 
@@ -567,11 +579,16 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         returns ``chunk`` without the first ``n`` characters of its text, so whitespace
         the consumer already holds is not delivered twice. Without ``continue_attempt``
         and ``text_of`` the stream restarts (see `_continuation`).
+
+        ``mark(chunk, index)``, if given, translates every chunk of the client at
+        ``index`` (of ``attempt`` and ``continue_attempt`` alike) before anything else
+        reads it: an adapter's mark of the member that served, applied in this loop
+        rather than by a generator of its own around each member's stream.
         """
         if self.hedge_after is not None:
             yield from hedged_stream(
                 self,
-                attempt,
+                attempt if mark is None else marked(attempt, mark),
                 is_content=is_content,
                 on_restart=on_restart,
                 needs=needs,
@@ -580,7 +597,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             )
             return
         order = self._order(needs)
-        calls = self._open_call()
+        calls = None if self._retry_budget is None else self._open_call()
         plain = attempt if calls is None else calls.counted(attempt)
         if self._member_retry is not None:
             plain = self._member_retry.stream(plain, calls)
@@ -631,6 +648,8 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                             wait = clock.next_wait()
                             began = time.monotonic()
                             chunk = source.next(None if wait is None else wait[0])
+                        if mark is not None:
+                            chunk = mark(chunk, index)
                     except StopIteration:
                         finished = True
                         break
@@ -677,17 +696,21 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
 
     async def astream(
         self,
-        attempt: Callable[[int, ClientT], AsyncIterable[ChunkT]],
+        attempt: Callable[[int, ClientT], AsyncOpened[ChunkT]],
         *,
         is_content: Callable[[ChunkT], bool] | None = None,
         on_restart: RestartHook | None = None,
         needs: RequestNeeds | Sequence[RequestNeeds] | None = None,
         text_of: Callable[[ChunkT], str] | None = None,
-        continue_attempt: Callable[[int, ClientT, str], AsyncIterable[ChunkT]] | None = None,
+        continue_attempt: Callable[[int, ClientT, str], AsyncOpened[ChunkT]] | None = None,
         drop_text: Callable[[ChunkT, int], ChunkT] | None = None,
         hedge_usage: LoserUsage | None = None,
+        mark: Mark | None = None,
     ) -> AsyncIterator[ChunkT]:
-        """Async [`stream`][]. ``on_restart`` hooks may be coroutine functions.
+        """Async [`stream`][]. ``on_restart`` hooks may be coroutine functions; an
+        attempt may return its async iterable or an awaitable of it (a coroutine method
+        that returns a stream, as LlamaIndex's ``astream_chat``), awaited as the
+        attempt starts.
 
         A time limit that fires cancels the wait for the next chunk (closing the
         attempt's HTTP request); the caller's own cancellation propagates at once.
@@ -695,7 +718,7 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         if self.hedge_after is not None:
             hedged = hedged_astream(
                 self,
-                attempt,
+                attempt if mark is None else amarked(attempt, mark),
                 is_content=is_content,
                 on_restart=on_restart,
                 needs=needs,
@@ -749,22 +772,30 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
                     try:
                         if clock is None:
                             if iterator is None:
-                                iterator = aiter(current(index, client))
+                                # `opened`'s rule, without its coroutine for a stream.
+                                stream = current(index, client)
+                                iterator = (
+                                    aiter(stream)  # type: ignore[arg-type]
+                                    if hasattr(stream, "__aiter__")
+                                    else await opened(stream)
+                                )
                             chunk = await anext(iterator)
                         else:
                             wait = clock.next_wait()
                             began = loop.time()
                             if wait is None:
                                 if iterator is None:
-                                    iterator = aiter(current(index, client))
+                                    iterator = await opened(current(index, client))
                                 chunk = await anext(iterator)
                             else:
                                 # A chunk that is ready (or the end of the stream) is taken
                                 # even when no time is left: only a wait can run out.
                                 async with asyncio.timeout(wait[0]) as scope:
                                     if iterator is None:
-                                        iterator = aiter(current(index, client))
+                                        iterator = await opened(current(index, client))
                                     chunk = await anext(iterator)
+                        if mark is not None:
+                            chunk = mark(chunk, index)
                     except StopAsyncIteration:
                         finished = True
                         break

@@ -14,7 +14,6 @@ import queue
 import time
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterable,
     AsyncIterator,
     Callable,
     Iterable,
@@ -36,7 +35,7 @@ from llm_resilience.fallback._hedge import (
 from llm_resilience.fallback._hedge_inbox import current_hedge_inbox
 from llm_resilience.fallback._options import StreamRestart
 from llm_resilience.fallback._routing import is_context_overflow
-from llm_resilience.fallback._sources import _aclose, _close
+from llm_resilience.fallback._sources import AsyncOpened, _aclose, _close, opened
 from llm_resilience.fallback._workers import _WORKERS
 
 if TYPE_CHECKING:
@@ -279,7 +278,7 @@ def _next_of(
 
 async def hedged_astream(
     chain: FallbackChain[Any],
-    attempt: Callable[[int, Any], AsyncIterable[ChunkT]],
+    attempt: Callable[[int, Any], AsyncOpened[ChunkT]],
     *,
     is_content: Callable[[ChunkT], bool] | None = None,
     on_restart: RestartHook | None = None,
@@ -310,7 +309,7 @@ async def hedged_astream(
     async def produce(run: Run, client: Any) -> None:
         iterator: AsyncIterator[ChunkT] | None = None
         try:
-            iterator = aiter(attempt(run.index, client))
+            iterator = await opened(attempt(run.index, client))
             async for chunk in iterator:
                 events.put_nowait((run, "chunk", chunk))
             events.put_nowait((run, "end", None))

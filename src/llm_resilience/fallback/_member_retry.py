@@ -33,7 +33,7 @@ import random
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TypeVar
 
-from llm_resilience.fallback._sources import _aclose, _close
+from llm_resilience.fallback._sources import AsyncOpened, _aclose, _close, opened
 from llm_resilience.retry import RetryPolicy, is_retryable
 from llm_resilience.retry_budget import CallAttempts
 from llm_resilience.transient import retry_after_of, status_code_of
@@ -226,7 +226,7 @@ class _MemberRetry:
 
     def astream(
         self,
-        attempt: Callable[[int, ClientT], AsyncIterable[ChunkT]],
+        attempt: Callable[[int, ClientT], AsyncOpened[ChunkT]],
         calls: CallAttempts | None = None,
     ) -> Callable[[int, ClientT], AsyncIterable[ChunkT]]:
         async def retried(index: int, client: ClientT) -> AsyncIterator[ChunkT]:
@@ -236,7 +236,7 @@ class _MemberRetry:
                 tries += 1
                 iterator: AsyncIterator[ChunkT] | None = None
                 try:
-                    iterator = aiter(attempt(index, client))
+                    iterator = await opened(attempt(index, client))
                     first = await anext(iterator)
                 except StopAsyncIteration:
                     return

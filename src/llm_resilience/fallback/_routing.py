@@ -313,6 +313,16 @@ class _Routing:
     def profiles(self) -> tuple[MemberProfile | None, ...]:
         return self._profiles
 
+    def known_lacking(self) -> frozenset[str]:
+        """The [`RequestNeeds`][] fields some member is known to lack: a need outside
+        them keeps every member in `eligible` (the profiles are fixed once built)."""
+        return frozenset(
+            name
+            for name in _CAPABILITIES
+            for profile in self._profiles
+            if profile is not None and getattr(profile, name) is False
+        )
+
     def eligible(
         self, order: list[int], needs: RequestNeeds | Sequence[RequestNeeds] | None
     ) -> list[int]:

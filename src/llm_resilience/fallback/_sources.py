@@ -6,11 +6,12 @@ Without a time limit the engine pulls an attempt's iterator itself (no source).
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from llm_resilience.fallback._workers import _WORKERS
 
@@ -18,6 +19,13 @@ from llm_resilience.fallback._workers import _WORKERS
 logger = logging.getLogger("llm_resilience.fallback")
 
 ChunkT = TypeVar("ChunkT")
+
+#: An adapter's per-chunk translation: ``mark(chunk, index)`` is the chunk of the member
+#: at ``index`` as the chain's caller sees it.
+Mark: TypeAlias = Callable[[Any, int], Any]
+#: What an async stream attempt returns: the stream, or an awaitable of it (a coroutine
+#: method that returns a stream, as LlamaIndex's ``astream_chat``).
+AsyncOpened: TypeAlias = AsyncIterable[ChunkT] | Awaitable[AsyncIterable[ChunkT]]
 
 
 class _AttemptTimedOut(Exception):
@@ -115,3 +123,49 @@ async def _aclose(iterator: object) -> None:
             await aclose()
         except Exception:
             logger.debug("Closing an abandoned stream failed.", exc_info=True)
+
+
+def marked(
+    attempt: Callable[[int, Any], Iterable[ChunkT]], mark: Mark
+) -> Callable[[int, Any], Iterator[ChunkT]]:
+    """``attempt`` whose chunks come out marked, for the paths that pull an attempt
+    themselves (hedged streams); the plain loop marks each chunk where it pulls it."""
+
+    def marking(index: int, client: Any) -> Iterator[ChunkT]:
+        # A generator: the attempt starts when the first chunk is pulled.
+        stream = attempt(index, client)
+        try:
+            for chunk in stream:
+                yield mark(chunk, index)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
+    return marking
+
+
+async def opened(stream: AsyncOpened[ChunkT]) -> AsyncIterator[ChunkT]:
+    """The async iterator of what an async stream attempt returned: its async iterable,
+    or the one an awaitable of it gives."""
+    if not hasattr(stream, "__aiter__") and inspect.isawaitable(stream):
+        stream = await stream
+    return aiter(stream)  # type: ignore[arg-type]
+
+
+def amarked(
+    attempt: Callable[[int, Any], AsyncOpened[ChunkT]], mark: Mark
+) -> Callable[[int, Any], AsyncIterator[ChunkT]]:
+    """Async [`marked`][]."""
+
+    async def marking(index: int, client: Any) -> AsyncIterator[ChunkT]:
+        stream = await opened(attempt(index, client))
+        try:
+            async for chunk in stream:
+                yield mark(chunk, index)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return marking

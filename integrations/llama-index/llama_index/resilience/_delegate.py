@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
 __all__ = [
+    "PASS_THROUGH",
     "CallKind",
     "DelegatingEmbedding",
     "DelegatingLLM",
@@ -77,6 +78,19 @@ AnyResponse: TypeAlias = ChatResponse | CompletionResponse
 
 _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
 _RouteT = TypeVar("_RouteT")
+
+
+class _PassThrough:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PASS_THROUGH"
+
+
+#: What a `DelegatingLLM._begin` returns when nothing is left to do after the call it
+#: admitted: no ``_end``, ``_end_early`` or ``_on_chunk`` is called for it, and a stream
+#: is the inner LLM's, relayed chunk by chunk as it comes.
+PASS_THROUGH: Any = _PassThrough()
 
 # Fields of ``LLM`` that shape prompts in ``predict``/``stream``/``structured_predict``: a
 # layer takes the inner LLM's unless told otherwise, so those behave as on the inner LLM.
@@ -111,6 +125,8 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
     early (``break``, ``close()``/``aclose()``, garbage collection) or cancelled ends in
     ``_end_early(context, last)`` instead, with the last chunk it delivered. ``kwargs`` is the
     call's own dict: a hook may pop the per-call options it names in ``_call_options``.
+    A ``_begin`` that returns `PASS_THROUGH` has nothing to do after the call: none of
+    the hooks after it runs.
 
     ``metadata`` is the inner LLM's; tools are prepared, validated and parsed by the inner
     LLM, so agents, ``predict_and_call`` and ``structured_predict`` work through a stack.
@@ -263,6 +279,8 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
         invoke: Callable[[], _ResponseT],
     ) -> _ResponseT:
         context = self._begin(kind, request, kwargs)
+        if context is PASS_THROUGH:
+            return self._route(context, invoke)()
         try:
             response = self._route(context, invoke)()
         except BaseException:
@@ -279,6 +297,8 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
         invoke: Callable[[], Awaitable[_ResponseT]],
     ) -> _ResponseT:
         context = await self._abegin(kind, request, kwargs)
+        if context is PASS_THROUGH:
+            return await self._route(context, invoke)()
         try:
             response = await self._route(context, invoke)()
         except BaseException:
@@ -296,6 +316,16 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
     ) -> Generator[_ResponseT, None, None]:
         # A generator: nothing happens until the caller asks for the first chunk.
         context = self._begin(kind, request, kwargs)
+        if context is PASS_THROUGH:
+            passed = self._route(context, invoke)()
+            try:
+                for chunk in passed:
+                    yield chunk
+            finally:
+                close = getattr(passed, "close", None)
+                if close is not None:
+                    close()
+            return
         last: AnyResponse | None = None
         with StreamSettler(
             answer=lambda: self._end(context, last or _empty(kind)),
@@ -321,6 +351,17 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
         invoke: Callable[[], Awaitable[AsyncIterator[_ResponseT]] | AsyncIterator[_ResponseT]],
     ) -> AsyncGenerator[_ResponseT, None]:
         context = await self._abegin(kind, request, kwargs)
+        if context is PASS_THROUGH:
+            opened = self._route(context, invoke)()
+            stream = await opened if inspect.isawaitable(opened) else opened
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            return
         last: AnyResponse | None = None
         async with AsyncStreamSettler(
             answer=lambda: self._aend(context, last or _empty(kind)),

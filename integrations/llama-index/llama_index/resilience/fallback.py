@@ -58,6 +58,7 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 from llama_index.core.bridge.pydantic import (
+    BaseModel,
     Field,
     PrivateAttr,
 )
@@ -307,7 +308,7 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         """`metadata`'s fields and their dump. Read on every call (LlamaIndex's events
         carry them): the members' facts are read each time, merged again only when they
         changed."""
-        members = [member.metadata for member in self.llms]
+        members = list(map(_metadata_of, self.llms))
         facts = (tuple(map(_member_facts, members)), members[0].system_role)
         declared = self.member_profiles
         known = _private(self)["_merged_metadata"]
@@ -331,6 +332,9 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
         return fields, dumped
 
     # -- chat ---------------------------------------------------------------------
+    # Without a tool request or a prefill, a member gets the call as LlamaIndex's own
+    # decorator would hand it (``messages`` positional); its chunks are marked by the
+    # chain's loop (``mark=_served``), with no generator of ours around its stream.
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -338,14 +342,17 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
 
         def attempt(index: int, member: LLM) -> ChatResponse:
             call = undecorated_call(member, "chat", is_async=False)
-            response: ChatResponse = call(
-                **_chat_kwargs(member, index, messages, kwargs, tool_request)
-            )
+            if tool_request is None:
+                response: ChatResponse = call(messages, **kwargs)
+            else:
+                response = call(**_chat_kwargs(member, index, messages, kwargs, tool_request))
             return _served(response, index)
 
-        needs = _needs(messages, tool_request, kwargs)
-        return _chain_of(self).invoke(
-            attempt, needs=needs, hedge_usage=_loser_usage(self, messages)
+        chain = _chain_of(self)
+        return chain.invoke(
+            attempt,
+            needs=_needs(chain, messages, tool_request, kwargs),
+            hedge_usage=None if chain.hedge_after is None else _loser_usage(self, messages),
         )
 
     @llm_chat_callback()
@@ -354,40 +361,47 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
 
         async def attempt(index: int, member: LLM) -> ChatResponse:
             call = undecorated_call(member, "achat", is_async=True)
-            response: ChatResponse = await call(
-                **_chat_kwargs(member, index, messages, kwargs, tool_request)
-            )
+            if tool_request is None:
+                response: ChatResponse = await call(messages, **kwargs)
+            else:
+                response = await call(**_chat_kwargs(member, index, messages, kwargs, tool_request))
             return _served(response, index)
 
-        needs = _needs(messages, tool_request, kwargs)
-        return await _chain_of(self).ainvoke(
-            attempt, needs=needs, hedge_usage=_loser_usage(self, messages)
+        chain = _chain_of(self)
+        return await chain.ainvoke(
+            attempt,
+            needs=_needs(chain, messages, tool_request, kwargs),
+            hedge_usage=None if chain.hedge_after is None else _loser_usage(self, messages),
         )
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         tool_request = kwargs.pop(TOOL_REQUEST_KEY, None)
 
-        def attempt(index: int, member: LLM, prefill: str | None = None) -> Iterator[ChatResponse]:
+        def attempt(index: int, member: LLM, prefill: str | None = None) -> Iterable[ChatResponse]:
+            # Called by the chain as it pulls the first chunk: the request starts then.
             call = undecorated_call(member, "stream_chat", is_async=False)
-            return _relay(
-                lambda: call(
-                    **_chat_kwargs(member, index, messages, kwargs, tool_request, prefill)
-                ),
-                index,
-                prefill,
-            )
+            if tool_request is None and prefill is None:
+                stream: Iterable[ChatResponse] = call(messages, **kwargs)
+                return stream
+            prepared = _chat_kwargs(member, index, messages, kwargs, tool_request, prefill)
+            if prefill is None:
+                with_tools: Iterable[ChatResponse] = call(**prepared)
+                return with_tools
+            return _prefilled(lambda: call(**prepared), prefill)
 
         # The engine's stream is a generator (LlamaIndex's callback wraps generators
         # only to emit the end event) and starts no request before the first chunk.
-        stream = _chain_of(self).stream(
+        chain = _chain_of(self)
+        stream = chain.stream(
             attempt,
             is_content=_carries_content,
-            needs=_needs(messages, tool_request, kwargs),
+            needs=_needs(chain, messages, tool_request, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
             drop_text=_drop_text,
-            hedge_usage=_loser_usage(self, messages),
+            hedge_usage=None if chain.hedge_after is None else _loser_usage(self, messages),
+            mark=_served,
         )
         return cast(ChatResponseGen, stream)
 
@@ -399,24 +413,28 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
 
         def attempt(
             index: int, member: LLM, prefill: str | None = None
-        ) -> AsyncIterator[ChatResponse]:
+        ) -> Awaitable[AsyncIterable[ChatResponse]] | AsyncIterable[ChatResponse]:
+            # The chain awaits the member's coroutine as it pulls the first chunk.
             call = undecorated_call(member, "astream_chat", is_async=True)
-            return _arelay(
-                lambda: call(
-                    **_chat_kwargs(member, index, messages, kwargs, tool_request, prefill)
-                ),
-                index,
-                prefill,
-            )
+            if tool_request is None and prefill is None:
+                opened: Awaitable[AsyncIterable[ChatResponse]] = call(messages, **kwargs)
+                return opened
+            prepared = _chat_kwargs(member, index, messages, kwargs, tool_request, prefill)
+            if prefill is None:
+                with_tools: Awaitable[AsyncIterable[ChatResponse]] = call(**prepared)
+                return with_tools
+            return _aprefilled(lambda: call(**prepared), prefill)
 
-        stream = _chain_of(self).astream(
+        chain = _chain_of(self)
+        stream = chain.astream(
             attempt,
             is_content=_carries_content,
-            needs=_needs(messages, tool_request, kwargs),
+            needs=_needs(chain, messages, tool_request, kwargs),
             text_of=_text_of,
             continue_attempt=attempt,
             drop_text=_drop_text,
-            hedge_usage=_loser_usage(self, messages),
+            hedge_usage=None if chain.hedge_after is None else _loser_usage(self, messages),
+            mark=_served,
         )
         return cast(ChatResponseAsyncGen, stream)
 
@@ -429,7 +447,10 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
             response: CompletionResponse = call(prompt, formatted=formatted, **kwargs)
             return _served(response, index)
 
-        return _chain_of(self).invoke(attempt, hedge_usage=_loser_usage(self, prompt))
+        chain = _chain_of(self)
+        return chain.invoke(
+            attempt, hedge_usage=None if chain.hedge_after is None else _loser_usage(self, prompt)
+        )
 
     @llm_completion_callback()
     async def acomplete(
@@ -440,21 +461,27 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
             response: CompletionResponse = await call(prompt, formatted=formatted, **kwargs)
             return _served(response, index)
 
-        return await _chain_of(self).ainvoke(attempt, hedge_usage=_loser_usage(self, prompt))
+        chain = _chain_of(self)
+        return await chain.ainvoke(
+            attempt, hedge_usage=None if chain.hedge_after is None else _loser_usage(self, prompt)
+        )
 
     @llm_completion_callback()
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        def attempt(index: int, member: LLM) -> Iterator[CompletionResponse]:
+        def attempt(index: int, member: LLM) -> Iterable[CompletionResponse]:
             call = undecorated_call(member, "stream_complete", is_async=False)
-            return _relay(lambda: call(prompt, formatted=formatted, **kwargs), index)
+            stream: Iterable[CompletionResponse] = call(prompt, formatted=formatted, **kwargs)
+            return stream
 
-        stream = _chain_of(self).stream(
+        chain = _chain_of(self)
+        stream = chain.stream(
             attempt,
             is_content=_carries_content,
             text_of=_text_of,
-            hedge_usage=_loser_usage(self, prompt),
+            hedge_usage=None if chain.hedge_after is None else _loser_usage(self, prompt),
+            mark=_served,
         )
         return cast(CompletionResponseGen, stream)
 
@@ -462,15 +489,22 @@ class FallbackLLM(FunctionCallingLLM, Probeable, KnownKeywords):
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        def attempt(index: int, member: LLM) -> AsyncIterator[CompletionResponse]:
+        def attempt(
+            index: int, member: LLM
+        ) -> Awaitable[AsyncIterable[CompletionResponse]] | AsyncIterable[CompletionResponse]:
             call = undecorated_call(member, "astream_complete", is_async=True)
-            return _arelay(lambda: call(prompt, formatted=formatted, **kwargs), index)
+            opened: Awaitable[AsyncIterable[CompletionResponse]] = call(
+                prompt, formatted=formatted, **kwargs
+            )
+            return opened
 
-        stream = _chain_of(self).astream(
+        chain = _chain_of(self)
+        stream = chain.astream(
             attempt,
             is_content=_carries_content,
             text_of=_text_of,
-            hedge_usage=_loser_usage(self, prompt),
+            hedge_usage=None if chain.hedge_after is None else _loser_usage(self, prompt),
+            mark=_served,
         )
         return cast(CompletionResponseAsyncGen, stream)
 
@@ -583,6 +617,7 @@ _MERGED_METADATA = ("context_window", "num_output", "is_chat_model", "is_functio
 #: A member's metadata facts `FallbackLLM.metadata` merges, and its model name, in one
 #: C call (read on every call: LlamaIndex's events carry the metadata).
 _member_facts = attrgetter(*_MERGED_METADATA, "model_name")
+_metadata_of = attrgetter("metadata")
 
 #: The LlamaIndex classes known to take an assistant prefill: ``Anthropic`` speaks the
 #: Messages API, which does.
@@ -598,7 +633,7 @@ def _private(llm: FallbackLLM) -> dict[str, Any]:
 
 
 def _chain_of(llm: FallbackLLM) -> FallbackChain[LLM]:
-    chain: FallbackChain[LLM] = _private(llm)["_chain"]
+    chain: FallbackChain[LLM] = llm.__pydantic_private__["_chain"]  # type: ignore[index]
     return chain
 
 
@@ -623,16 +658,26 @@ def _known_profile(member: object) -> MemberProfile | None:
 
 
 def _needs(
-    messages: Sequence[ChatMessage], tool_request: ToolRequest | None, kwargs: dict[str, Any]
+    chain: FallbackChain[LLM],
+    messages: Sequence[ChatMessage],
+    tool_request: ToolRequest | None,
+    kwargs: dict[str, Any],
 ) -> RequestNeeds | None:
-    """What the request carries that a member could lack; None when nothing (the chain
-    then skips routing)."""
-    images = any(
+    """What the request carries that a member is known to lack; None when nothing (the
+    chain then skips routing). Only the needs some member lacks are looked for
+    (``chain.routed_needs``): the others would keep every member."""
+    routed = chain.routed_needs
+    if not routed:
+        return None
+    tools = "tool_calling" in routed and (
+        (tool_request is not None and bool(tool_request.tools))
+        or ("tools" in kwargs and bool(kwargs["tools"]))
+    )
+    images = "image_inputs" in routed and any(
         getattr(block, "block_type", None) == "image"
         for message in messages
         for block in message.blocks
     )
-    tools = (tool_request is not None and bool(tool_request.tools)) or bool(kwargs.get("tools"))
     if not images and not tools:
         return None
     return RequestNeeds(tool_calling=tools, image_inputs=images)
@@ -662,60 +707,62 @@ def _served(response: _ResponseT, index: int) -> _ResponseT:
 
     What ``response.model_copy(update={"additional_kwargs": ...})`` builds, built
     directly: pydantic's copy goes through ``copy.copy`` of each of its parts, which cost
-    about 1.7 µs more per streamed chunk (a stream sends one response per chunk).
+    about 1.7 µs more per streamed chunk (a stream sends one response per chunk). The
+    chain's stream loop calls it on every chunk (``mark``).
     """
     extra = response.additional_kwargs
-    path = served_mark(index, extra.get(SERVED_BY_KEY))
+    path = served_mark(index, extra[SERVED_BY_KEY]) if SERVED_BY_KEY in extra else [index]
     cls = type(response)
     copied = cls.__new__(cls)
-    fields = response.__dict__.copy()
-    fields["additional_kwargs"] = {**extra, SERVED_BY_KEY: path}
-    assign = object.__setattr__
-    assign(copied, "__dict__", fields)
-    assign(copied, "__pydantic_fields_set__", response.__pydantic_fields_set__ | _MARKED_FIELD)
+    _assign(
+        copied,
+        "__dict__",
+        {**response.__dict__, "additional_kwargs": {**extra, SERVED_BY_KEY: path}},
+    )
+    _set_fields_set(copied, response.__pydantic_fields_set__ | _MARKED_FIELD)
     extra_fields = response.__pydantic_extra__
-    assign(copied, "__pydantic_extra__", None if extra_fields is None else dict(extra_fields))
+    _set_extra(copied, None if extra_fields is None else dict(extra_fields))
     private = response.__pydantic_private__
-    assign(copied, "__pydantic_private__", None if private is None else dict(private))
+    _set_private(copied, None if private is None else dict(private))
     return copied
 
 
 #: The field `_served` sets on its copy.
 _MARKED_FIELD = frozenset({"additional_kwargs"})
+#: How `_served` fills its copy: pydantic's own ``__setattr__`` validates, so the slots
+#: (and ``__dict__``) are set as ``BaseModel.__copy__`` sets them.
+_assign = object.__setattr__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-def _relay(
-    open_stream: Callable[[], Iterable[_ResponseT]], index: int, prefill: str | None = None
+def _prefilled(
+    open_stream: Callable[[], Iterable[_ResponseT]], prefill: str
 ) -> Iterator[_ResponseT]:
+    """A continuing member's stream (``mid_stream="continue"``), each chunk's message
+    starting with the text already delivered (`_after_prefill`)."""
     # A generator, so the member's request starts when the engine pulls the first chunk.
     stream = open_stream()
     try:
-        if prefill is None:  # most streams: the chunk is only marked
-            for chunk in stream:
-                yield _served(chunk, index)
-        else:
-            for chunk in stream:
-                yield _served(_after_prefill(chunk, prefill), index)
+        for chunk in stream:
+            yield _after_prefill(chunk, prefill)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:
             close()
 
 
-async def _arelay(
+async def _aprefilled(
     open_stream: Callable[[], Awaitable[AsyncIterable[_ResponseT]] | AsyncIterable[_ResponseT]],
-    index: int,
-    prefill: str | None = None,
+    prefill: str,
 ) -> AsyncIterator[_ResponseT]:
+    """Async `_prefilled`."""
     opened = open_stream()
     stream = await opened if inspect.isawaitable(opened) else opened
     try:
-        if prefill is None:
-            async for chunk in stream:
-                yield _served(chunk, index)
-        else:
-            async for chunk in stream:
-                yield _served(_after_prefill(chunk, prefill), index)
+        async for chunk in stream:
+            yield _after_prefill(chunk, prefill)
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:

@@ -19,6 +19,7 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms.llm import LLM
 from llama_index.core.rate_limiter import BaseRateLimiter
 from llama_index.resilience._delegate import (
+    PASS_THROUGH,
     AnyResponse,
     CallKind,
     DelegatingEmbedding,
@@ -111,31 +112,37 @@ class RateLimitedLLM(DelegatingLLM):
     def class_name(cls) -> str:
         return "RateLimitedLLM"
 
-    def _weight(self, request: Request, kwargs: dict[str, Any]) -> _Permit:
-        if not weighs_tokens(self.limiter):
-            return _Permit(0, None)  # no token budget: nothing to tokenize or reconcile
+    def _weighed(self, request: Request, kwargs: dict[str, Any]) -> _Permit:
         prompt = prompt_pairs(request)
         cap = output_cap(kwargs, self._caps)
         return _Permit(request_weight(self.limiter, prompt=prompt, max_output_tokens=cap), prompt)
 
-    def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Permit:
-        permit = self._weight(request, kwargs)
-        self.limiter.acquire(permit.weight, surface="chat")
+    def _begin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> Any:
+        limiter = self.limiter
+        if not weighs_tokens(limiter):
+            # No token budget: nothing to tokenize, nothing to reconcile afterwards.
+            limiter.acquire(0, surface="chat")
+            return PASS_THROUGH
+        permit = self._weighed(request, kwargs)
+        limiter.acquire(permit.weight, surface="chat")
         return permit
 
-    async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> _Permit:
-        permit = self._weight(request, kwargs)
-        await self.limiter.aacquire(permit.weight, surface="chat")
+    async def _abegin(self, kind: CallKind, request: Request, kwargs: dict[str, Any]) -> Any:
+        limiter = self.limiter
+        if not weighs_tokens(limiter):
+            await limiter.aacquire(0, surface="chat")
+            return PASS_THROUGH
+        permit = self._weighed(request, kwargs)
+        await limiter.aacquire(permit.weight, surface="chat")
         return permit
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
         permit: _Permit = context
-        if permit.prompt is not None:
-            permit.tally.add(chunk)
+        permit.tally.add(chunk)
 
     def _end(self, context: Any, response: AnyResponse | None) -> None:
         permit: _Permit = context
-        if permit.prompt is None or response is None:
+        if response is None:
             return
         if permit.tally.started:
             reported_in, reported_out = permit.tally.input_tokens, permit.tally.output_tokens
@@ -203,11 +210,12 @@ class RateLimitedEmbedding(DelegatingEmbedding):
 
 
 class _Permit:
-    """One granted call: its token weight and, when weighed, its prompt and stream tally."""
+    """One call granted by tokens: its weight, its prompt and its stream tally (a call
+    without a token budget has nothing to settle: it passes through)."""
 
     __slots__ = ("prompt", "tally", "weight")
 
-    def __init__(self, weight: int, prompt: list[tuple[str, str]] | None) -> None:
+    def __init__(self, weight: int, prompt: list[tuple[str, str]]) -> None:
         self.weight = weight
         self.prompt = prompt
         self.tally = StreamTally()

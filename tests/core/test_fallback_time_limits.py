@@ -374,6 +374,30 @@ def test_a_sync_stream_left_early_releases_its_worker_at_the_next_chunk() -> Non
     assert closed.wait(1), "the worker kept pulling an abandoned stream"
 
 
+@pytest.fixture
+def without_cyclic_gc() -> Iterator[None]:
+    collecting = gc.isenabled()
+    gc.disable()
+    yield
+    if collecting:
+        gc.enable()
+
+
+def _held_stream(closed: threading.Event) -> Iterator[str]:
+    """A provider's stream, started: ``closed`` is set once it is freed (or closed)."""
+
+    def provider() -> Iterator[str]:
+        try:
+            yield from ("p0", "p1")
+        finally:
+            closed.set()
+
+    stream = provider()
+    next(stream)
+    return stream
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
 def test_a_failed_timed_attempt_frees_the_provider_stream_it_held_without_the_cyclic_gc() -> None:
     # A provider stream left only to the cyclic GC is finalized on whatever thread the
     # GC next runs in; when that thread is inside httpcore's connection pool (its lock
@@ -381,49 +405,24 @@ def test_a_failed_timed_attempt_frees_the_provider_stream_it_held_without_the_cy
     # error, raised again in the caller, must not tie its frames into a cycle.
     closed = threading.Event()
 
-    def provider() -> Iterator[str]:
-        try:
-            yield from ("p0", "p1")
-        finally:
-            closed.set()
-
     def failing() -> Iterator[str]:
-        held = provider()  # a live stream in the failing frame's locals
-        next(held)
-        raise ConnectionError("connection reset")
+        held = _held_stream(closed)  # a live stream in the failing frame's locals
+        raise ConnectionError(f"connection reset with {held} open")
         yield "never"
 
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        chain = FallbackChain([failing, backup], idle_timeout=1)
-        assert list(chain.stream(call)) == ["b0", "b1"]
-        assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
-    finally:
-        if collecting:
-            gc.enable()
+    chain = FallbackChain([failing, backup], idle_timeout=1)
+    assert list(chain.stream(call)) == ["b0", "b1"]
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
 
 
+@pytest.mark.usefixtures("without_cyclic_gc")
 def test_a_failed_timed_call_frees_what_its_attempt_held_without_the_cyclic_gc() -> None:
     closed = threading.Event()
 
-    def provider() -> Iterator[str]:
-        try:
-            yield from ("p0", "p1")
-        finally:
-            closed.set()
-
     def failing() -> str:
-        held = provider()
-        next(held)
-        raise ConnectionError("connection reset")
+        held = _held_stream(closed)
+        raise ConnectionError(f"connection reset with {held} open")
 
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        chain = FallbackChain([failing, lambda: "second"], per_client_timeout=1)
-        assert chain.invoke(call) == "second"
-        assert closed.is_set(), "the failed attempt's frames wait for the cyclic GC"
-    finally:
-        if collecting:
-            gc.enable()
+    chain = FallbackChain([failing, lambda: "second"], per_client_timeout=1)
+    assert chain.invoke(call) == "second"
+    assert closed.is_set(), "the failed attempt's frames wait for the cyclic GC"

@@ -408,7 +408,12 @@ def reported_usage(
         >>> reported_usage(7, 12, prompt=[("user", "hi")])
         Usage(input_tokens=7, output_tokens=12, estimated=False)
     """
-    if not (_is_count(reported_input) and _is_count(reported_output)):
+    # `_is_count` of each, a plain int read first (an int >= 0 is a count; a bool is no int).
+    if not (
+        (type(reported_input) is int and reported_input >= 0) or _is_count(reported_input)
+    ) or not (
+        (type(reported_output) is int and reported_output >= 0) or _is_count(reported_output)
+    ):
         return None
     if reported_input == 0 and len(prompt) > 0:
         return None
@@ -418,6 +423,10 @@ def reported_usage(
     assign(usage, "input_tokens", reported_input)
     assign(usage, "output_tokens", reported_output)
     assign(usage, "estimated", False)
+    if details is None or details is NO_DETAILS:  # the usual report: `_fitted`'s answer
+        for name in DETAIL_FIELDS:
+            assign(usage, name, None)
+        return usage
     fitted = _fitted(reported_input, reported_output, details)
     for name in DETAIL_FIELDS:
         assign(usage, name, getattr(fitted, name))

@@ -53,6 +53,7 @@ __all__ = [
     "Usage",
     "billed_apart",
     "chat_usage",
+    "estimated_usage",
     "embedding_usage",
     "estimate_request_tokens",
     "first_token_count",
@@ -210,8 +211,23 @@ class Usage:
     reasoning_tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        for name in ("input_tokens", "output_tokens"):
-            checks.count(f"Usage.{name}", getattr(self, name))
+        given, made = self.input_tokens, self.output_tokens
+        # Two plain ints in range pass `checks.count`; anything else is checked by it.
+        if not (
+            type(given) is int
+            and type(made) is int
+            and 0 <= given <= checks.MAX_COUNT
+            and 0 <= made <= checks.MAX_COUNT
+        ):
+            for name in ("input_tokens", "output_tokens"):
+                checks.count(f"Usage.{name}", getattr(self, name))
+        if (
+            self.cache_read_tokens is None
+            and self.cache_write_tokens is None
+            and self.cache_write_1h_tokens is None
+            and self.reasoning_tokens is None
+        ):
+            return  # no part reported (an estimate, the usual report): nothing to misfit
         for name in DETAIL_FIELDS:
             if getattr(self, name) is not None:
                 checks.count(f"Usage.{name}", getattr(self, name))
@@ -383,6 +399,18 @@ def chat_usage(
     reported = reported_usage(reported_input, reported_output, prompt=prompt, details=details)
     if reported is not None:
         return reported
+    return estimated_usage(prompt, response_text)
+
+
+def estimated_usage(prompt: Sequence[tuple[str, str]], response_text: str) -> Usage:
+    """`chat_usage`'s estimate, for a caller that knows already that the provider's counts
+    are no report (`reported_usage` gave None): the prompt's and the answer's tokens
+    under ``cl100k_base``, flagged ``estimated``.
+
+    Examples:
+        >>> estimated_usage([("user", "hello world")], "hi")
+        Usage(input_tokens=12, output_tokens=1, estimated=True)
+    """
     return Usage(count_message_tokens(prompt), count_tokens(response_text), estimated=True)
 
 
@@ -408,6 +436,8 @@ def reported_usage(
         >>> reported_usage(7, 12, prompt=[("user", "hi")])
         Usage(input_tokens=7, output_tokens=12, estimated=False)
     """
+    if reported_input is None or reported_output is None:  # a count not reported
+        return None
     # `_is_count` of each, a plain int read first (an int >= 0 is a count; a bool is no int).
     if not (
         (type(reported_input) is int and reported_input >= 0) or _is_count(reported_input)

@@ -95,16 +95,20 @@ def response_text(response: ChatResponse | CompletionResponse) -> str:
         return response.text or ""
     message = response.message
     parts = [message.content or ""]
-    calls = [block for block in message.blocks if getattr(block, "block_type", None) == "tool_call"]
+    calls = []
+    for block in message.blocks:  # a loop, not a comprehension: no call for a plain answer
+        if getattr(block, "block_type", None) == "tool_call":
+            calls.append(block)
     if calls:
         parts.extend(
             f"{getattr(call, 'tool_name', '')}{_json(getattr(call, 'tool_kwargs', ''))}"
             for call in calls
         )
     else:
-        parts.extend(
-            _tool_call_text(call) for call in message.additional_kwargs.get("tool_calls") or []
-        )
+        listed = message.additional_kwargs.get("tool_calls")
+        if not listed:  # the usual answer: its text alone
+            return parts[0]
+        parts.extend(_tool_call_text(call) for call in listed)
     return "".join(parts)
 
 
@@ -225,7 +229,10 @@ def _reports_nothing(response: ChatResponse | CompletionResponse) -> bool:
 
 def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
     """The model the provider says served (``raw.model``), if it says so."""
-    model = _field(response.raw, "model") or _field(_event_data(response.raw), "model")
+    raw = response.raw
+    if raw is None:  # no raw answer (a mock, a framework's own): nothing names a model
+        return None
+    model = _field(raw, "model") or _field(_event_data(raw), "model")
     return model if isinstance(model, str) and model else None
 
 

@@ -500,6 +500,8 @@ cache_write_tokens=55096)
         True
     """
     iterations = _field(provider_usage, "iterations")
+    if iterations is None:  # the usual report: no steps listed (and no ABC check)
+        return None
     if not isinstance(iterations, Sequence) or isinstance(iterations, str | bytes):
         return None
     billed: Usage | None = None
@@ -622,7 +624,7 @@ def _field(container: object, key: str) -> object:
     """``container[key]`` of a mapping, else its attribute ``key``; None when absent."""
     if container is None:
         return None
-    if isinstance(container, Mapping):
+    if type(container) is dict or isinstance(container, Mapping):  # a dict: no ABC check
         return container.get(key)
     return getattr(container, key, None)
 

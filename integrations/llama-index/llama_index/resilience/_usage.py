@@ -182,6 +182,8 @@ def _tokens(
     partial: tuple[int | None, int | None] | None = gemini
     found: tuple[int | None, int | None] = (None, None)
     for place in ordered:
+        if place is None:  # nowhere to look (`_counts` gives None)
+            continue
         counts = _counts(place)
         if counts is None:
             continue
@@ -210,6 +212,8 @@ def _details_of(
         )
     found = _NONE
     for place in places:
+        if place is None:  # nowhere to look (`_details` gives none)
+            continue
         details = _details(place)
         if details is not _NONE and details != _NONE:  # the first place with any count
             found = details
@@ -238,7 +242,7 @@ def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
 
 def _event_data(raw: Any) -> Any:
     """The chunk inside a mistralai ``CompletionEvent`` (a Mistral stream chunk's raw)."""
-    if raw is None or isinstance(raw, Mapping):
+    if raw is None or type(raw) is dict or isinstance(raw, Mapping):
         return None
     return getattr(raw, "data", None)
 
@@ -331,12 +335,16 @@ def _field(container: Any, key: str) -> Any:
 def _counts(place: Any) -> tuple[int | None, int | None] | None:
     if place is None:
         return None
-    found_in = next(
-        (c for c in (token_count(_field(place, k)) for k in _INPUT_KEYS) if c is not None), None
-    )
-    found_out = next(
-        (c for c in (token_count(_field(place, k)) for k in _OUTPUT_KEYS) if c is not None), None
-    )
+    # The first key of each that holds a count (loops: no generator frames per place).
+    found_in = found_out = None
+    for key in _INPUT_KEYS:
+        found_in = token_count(_field(place, key))
+        if found_in is not None:
+            break
+    for key in _OUTPUT_KEYS:
+        found_out = token_count(_field(place, key))
+        if found_out is not None:
+            break
     if found_in is None and found_out is None:
         return None
     if found_in is not None:
@@ -388,7 +396,8 @@ def _bedrock_usage(raw: Any, raw_usage: Any) -> Any:
     a stream's ``metadata`` event (``raw["metadata"]["usage"]``), or None when not so
     shaped."""
     for usage in (raw_usage, _field(_field(raw, "metadata"), "usage")):
-        if not isinstance(usage, Mapping):
+        # A plain dict or None first: no ABC check for either.
+        if usage is None or (type(usage) is not dict and not isinstance(usage, Mapping)):
             continue
         counts = (token_count(usage.get("inputTokens")), token_count(usage.get("outputTokens")))
         if counts != (None, None):

@@ -357,9 +357,15 @@ class StreamUsage:
         ``details`` (cache reads and writes, reasoning) add up the same way: each keeps
         the largest count reported.
         """
+        if (
+            reported_input is None
+            and reported_output is None
+            and (details is None or details is NO_DETAILS)
+        ):
+            return  # a chunk that reports nothing (most of a stream's): nothing changes
         self.input_tokens = _largest(self.input_tokens, reported_input)
         self.output_tokens = _largest(self.output_tokens, reported_output)
-        if details is not None and details != NO_DETAILS:
+        if details is not None and details is not NO_DETAILS and details != NO_DETAILS:
             now = self._details
             self._details = TokenDetails(
                 _largest(now.cache_read_tokens, details.cache_read_tokens),

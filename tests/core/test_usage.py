@@ -10,6 +10,7 @@ from llm_resilience.budget import ModelPrice
 from llm_resilience.money import cost_of
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import (
+    NO_DETAILS,
     StreamUsage,
     TokenDetails,
     Usage,
@@ -276,3 +277,14 @@ def test_a_summary_without_its_steps_counts_is_estimated_from_the_prompt_and_the
         == reported
     )
     assert with_unreported_compaction(reported, prompt=PROMPT, summaries=[]) is reported
+
+
+def test_a_stream_report_of_nothing_leaves_the_stream_usage_as_it_was() -> None:
+    usage = StreamUsage()
+    usage.add(25, 1, TokenDetails(cache_read_tokens=10))
+    before = (usage.input_tokens, usage.output_tokens, usage.details)
+    for details in (None, NO_DETAILS, TokenDetails()):  # the last: equal, not the same
+        usage.add(None, None, details)
+        assert (usage.input_tokens, usage.output_tokens, usage.details) == before
+    usage.add(None, 40)
+    assert (usage.input_tokens, usage.output_tokens) == (25, 40)

@@ -413,7 +413,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         stream = super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
         meter: Meter = private_state(self)["_meter"]
-        return meter.stream(stream)
+        return meter.stream(stream) if meter.hedged else stream  # `Meter.stream`'s rule
 
     def _astream(
         self,
@@ -424,7 +424,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         stream = super()._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
         meter: Meter = private_state(self)["_meter"]
-        return meter.astream(stream)
+        return meter.astream(stream) if meter.hedged else stream  # `Meter.astream`'s rule
 
     # -- what a call used ---------------------------------------------------------------
 

@@ -204,8 +204,9 @@ def checked_entry(
     checked here. The result equals ``LedgerEntry(...)`` of the same values (a core test
     holds the two to that).
     """
-    _optional_text("model", model)
-    if not isinstance(estimated, bool):
+    if model is not None and (not isinstance(model, str) or not model):
+        _optional_text("model", model)  # raises, naming the field
+    if estimated is not True and estimated is not False:
         raise TypeError(f"estimated must be a bool, got {estimated!r}")
     entry = object.__new__(LedgerEntry)
     # Each field through its slot's own setter: ``object.__setattr__`` looks the slot up

@@ -136,6 +136,13 @@ def reported(
     they read is looked up once (a call reads both; each alone probed ~40 places)."""
     if _reports_nothing(response):
         return None, None, NO_DETAILS
+    return _probed(response)
+
+
+def _probed(
+    response: ChatResponse | CompletionResponse,
+) -> tuple[int | None, int | None, TokenDetails]:
+    """`reported` of a ``response`` that has somewhere a count could be."""
     raw = response.raw
     raw_usage = _field(raw, "usage")
     bedrock = _bedrock_usage(raw, raw_usage)
@@ -302,13 +309,16 @@ class StreamTally:
 
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")
-        self._usage.add(*reported(chunk))
+        # Most chunks have nowhere a count could be: they add nothing (`reported`).
+        if not _reports_nothing(chunk):
+            self._usage.add(*_probed(chunk))
         member = chunk.additional_kwargs.get(SERVED_BY_KEY)
         if member != self._member:
             # A fallback chain restarted the stream on another member: the name the
             # failed member gave is not the serving one's.
             self._member, self.model = member, None
-        self.model = raw_model(chunk) or self.model
+        if chunk.raw is not None:  # a chunk without ``raw`` names no model (`raw_model`)
+            self.model = raw_model(chunk) or self.model
 
     def text(self, last: ChatResponse | CompletionResponse) -> str:
         """The streamed answer: the last chunk's accumulated text, or the joined deltas."""

@@ -143,7 +143,8 @@ class MeteredLLM(DelegatingLLM):
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
         call: _Call = context
-        call.tally.add(chunk)
+        tally = call._tally  # made on the first chunk (`_Call.tally`)
+        (tally if tally is not None else call.tally).add(chunk)
 
     def _end(self, context: Any, response: AnyResponse | None) -> None:
         call: _Call = context

@@ -13,7 +13,7 @@ from llm_resilience import CostBudget, InMemoryCostLedger
 from llm_resilience.budget import BudgetGate
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import LedgerEntry
-from llm_resilience.ledger._protocol import gate_reader, window_key, window_keys
+from llm_resilience.ledger._protocol import gate_reader, inline_recorder, window_key, window_keys
 from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter
 from llm_resilience.usage import Usage
 
@@ -120,3 +120,37 @@ def test_a_meters_call_records_the_same_entry_whichever_way_it_was_admitted(
 def test_the_window_pair_names_a_day_and_its_month_as_window_key_does() -> None:
     for when in (NOW, NOW + timedelta(microseconds=1), datetime(2024, 2, 29, tzinfo=UTC)):
         assert window_keys(when) == (window_key("day", when), window_key("month", when))
+
+
+def test_an_async_finish_records_in_place_as_the_shielded_write_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Shielded(InMemoryCostLedger):  # its own arecord: written through ``shielded``
+        async def arecord(self, entry: LedgerEntry) -> None:
+            self.record(entry)
+
+    class Failing(InMemoryCostLedger):
+        def record(self, entry: LedgerEntry) -> None:
+            raise OSError("disk full")
+
+    class FailingInPlace(InMemoryCostLedger):  # its record and arecord: the in-memory ones
+        def _add(self, entry: LedgerEntry) -> None:
+            raise OSError("disk full")
+
+    assert inline_recorder(InMemoryCostLedger()) is not None
+    assert inline_recorder(FailingInPlace()) is not None
+    assert inline_recorder(Shielded()) is None
+    assert inline_recorder(Failing()) is None
+    entries = []
+    for ledger in (InMemoryCostLedger(), Shielded()):
+        gate = BudgetGate(_budget(daily_limit=1), ledger, now=lambda: NOW)
+        ticket = gate._admit("tenant-1", "gpt-4o")
+        assert ticket is not None
+        entry = asyncio.run(ticket.afinish(Usage(9, 20, estimated=False)))
+        assert ledger.entries() == [entry]
+        entries.append(entry)
+    assert entries[0] == entries[1]
+    for failing in (Failing, FailingInPlace):
+        ticket = BudgetGate(_budget(daily_limit=1), failing(), now=lambda: NOW).begin("chat")
+        assert asyncio.run(ticket.afinish(Usage(9, 20, estimated=False))) is not None
+    assert caplog.text.count("OSError") == 2  # warned, never raised, either way

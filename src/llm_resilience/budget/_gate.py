@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from llm_resilience import checks
 from llm_resilience.budget._ledger import (
@@ -37,6 +37,7 @@ from llm_resilience.ledger._protocol import (
     check_scope,
     checked_entry,
     gate_reader,
+    inline_recorder,
 )
 from llm_resilience.money import ModelPrice, cost_of
 from llm_resilience.telemetry import record_llm_usage
@@ -120,8 +121,8 @@ class BudgetGate:
         #: Each served name's price match, per budget (see `priced`).
         self._prices: tuple[CostBudget, dict[str | None, tuple[PriceMatch, ModelPrice]]] | None
         self._prices = None
-        #: The ledger's `gate_reader`, per ledger (see `_admit`).
-        self._reader: tuple[CostLedger, Callable[..., list[Decimal]] | None] | None = None
+        #: The ledger's `gate_reader` and `inline_recorder`, per ledger (see `_fast`).
+        self._reader: tuple[CostLedger, Callable[..., list[Decimal]] | None, Any] | None = None
 
     def __repr__(self) -> str:
         return f"BudgetGate(budget={self.budget!r}, ledger={self.ledger!r})"
@@ -318,11 +319,8 @@ class BudgetGate:
         """
         if self.budget.strict:
             return None
-        ledger = self.ledger
-        reader = self._reader
-        if reader is None or reader[0] is not ledger:  # the first call, or a new ledger
-            reader = self._reader = (ledger, gate_reader(ledger))
-        read = reader[1]
+        fast = self._reader
+        read = (self._fast() if fast is None or fast[0] is not self.ledger else fast)[1]
         if read is None:
             return None
         now = datetime.now(UTC) if self._now is _utcnow else self.now()
@@ -342,6 +340,15 @@ class BudgetGate:
                     if spend >= limit:
                         raise BudgetExceededError(window, limit, spend, spend_scope)
         return BudgetTicket(self, "chat", scope, model, None)
+
+    def _fast(self) -> tuple[CostLedger, Callable[..., list[Decimal]] | None, Any]:
+        """The ledger, its `gate_reader` and its `inline_recorder`, looked up once per
+        ledger (again when ``ledger`` is replaced)."""
+        fast = self._reader
+        if fast is None or fast[0] is not self.ledger:  # the first call, or a new ledger
+            ledger = self.ledger
+            fast = self._reader = (ledger, gate_reader(ledger), inline_recorder(ledger))
+        return fast
 
     async def _areserve(
         self, amount: Decimal, limits: CheckedLimits, scope: str | None, now: datetime
@@ -535,6 +542,16 @@ class BudgetTicket:
             return None
         ledger = self._gate.ledger
         surface = self.surface
+        if self.reservation is None:
+            gate = self._gate
+            fast = gate._reader
+            record = (gate._fast() if fast is None or fast[0] is not ledger else fast)[2]
+            if record is not None:  # ``arecord`` is ``record`` in place: nothing to shield
+                try:
+                    record(entry)
+                except Exception as exc:
+                    unwritable(exc, surface, ledger)
+                return entry
         # Shielded: a caller cancelled now (a stream closed in a ``finally``) must not lose
         # what was already spent, nor leave its hold behind; a failure is warned about
         # even when nobody is left waiting for the write.

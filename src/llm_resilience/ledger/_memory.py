@@ -106,6 +106,9 @@ class InMemoryCostLedger:
     #: Spend does not survive the process: the budget gate warns when this ledger is used.
     persistent = False
 
+    #: [`arecord`][] is [`record`][] called in place (`inline_recorder`).
+    _arecord_records = True
+
     def __init__(
         self,
         *,

@@ -57,6 +57,7 @@ __all__ = [
     "refusal",
     "stored_run_spend",
     "gate_reader",
+    "inline_recorder",
     "window_bounds",
     "window_key",
     "window_keys",
@@ -471,6 +472,21 @@ _window_pairs: dict[int, tuple[str, str]] = {}
 
 #: The reads a ledger answers; a subclass overriding one decides what a read is.
 _READS = frozenset({"spend", "spends", "aspend", "aspends"})
+
+
+def inline_recorder(ledger: object) -> Any:
+    """``ledger``'s ``record`` when its ``arecord`` is that ``record`` called in place (it
+    never waits: the in-memory ledger's, which says so with ``_arecord_records``), so an
+    async caller may call ``record`` itself, with nothing to shield; None otherwise, and
+    when a subclass overrides ``record`` or ``arecord`` below the class that says so."""
+    for klass in type(ledger).__mro__:
+        namespace = vars(klass)
+        if "_arecord_records" in namespace:
+            method = getattr(ledger, "record", None)
+            return method if namespace["_arecord_records"] is True and callable(method) else None
+        if "record" in namespace or "arecord" in namespace:
+            return None
+    return None
 
 
 def gate_reader(ledger: object) -> Any:

@@ -139,10 +139,46 @@ def reported(
     return _probed(response)
 
 
+#: The keys of a plain OpenAI-shaped usage (Chat Completions'): the two counts and their
+#: total, no details (`_plain_usage`).
+_PLAIN_USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
+#: The keys of a dict ``raw`` that `_probed` reads besides ``usage`` (Bedrock's stream
+#: metadata, Gemini's, Cohere's, Groq's).
+_OTHER_RAW_KEYS = frozenset({"metadata", "usage_metadata", "meta", "response", "x_groq"})
+
+
+def _plain_usage(response: ChatResponse | CompletionResponse) -> tuple[int, int] | None:
+    """The counts of a ``response`` whose only report is a plain OpenAI-shaped usage dict
+    in a dict ``raw`` (no other place `_probed` reads holds anything), else None.
+
+    Exact: `_probed` then finds no Bedrock, Gemini or Cohere shape, reads these two counts
+    from ``raw["usage"]`` first, finds no detail anywhere (``raw["usage"]`` has none, and
+    every other place is empty) and nothing billed apart (no ``iterations``): it returns
+    the two counts and `NO_DETAILS`, as this does without the ~100 calls.
+    """
+    raw = response.raw
+    if type(raw) is not dict or not _OTHER_RAW_KEYS.isdisjoint(raw):
+        return None
+    usage = raw.get("usage")
+    if type(usage) is not dict or not _PLAIN_USAGE_KEYS.issuperset(usage):
+        return None
+    given, made = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(given) is not int or type(made) is not int or given < 0 or made < 0:
+        return None
+    if response.additional_kwargs:
+        return None
+    if isinstance(response, ChatResponse) and response.message.additional_kwargs:
+        return None
+    return given, made
+
+
 def _probed(
     response: ChatResponse | CompletionResponse,
 ) -> tuple[int | None, int | None, TokenDetails]:
     """`reported` of a ``response`` that has somewhere a count could be."""
+    plain = _plain_usage(response)
+    if plain is not None:  # the one OpenAI-shaped report, alone
+        return plain[0], plain[1], NO_DETAILS
     raw = response.raw
     raw_usage = _field(raw, "usage")
     bedrock = _bedrock_usage(raw, raw_usage)

@@ -415,9 +415,21 @@ def estimated_usage(prompt: Sequence[tuple[str, str]], response_text: str) -> Us
 
     Examples:
         >>> estimated_usage([("user", "hello world")], "hi")
-        Usage(input_tokens=12, output_tokens=1, estimated=True)
+        Usage(input_tokens=9, output_tokens=1, estimated=True)
     """
-    return Usage(count_message_tokens(prompt), count_tokens(response_text), estimated=True)
+    given, made = count_message_tokens(prompt), count_tokens(response_text)
+    if given > checks.MAX_COUNT or made > checks.MAX_COUNT:  # ``Usage`` says why
+        return Usage(given, made, estimated=True)
+    # Two token counts (ints >= 0) within range, and no parts: what ``Usage``'s checks
+    # would pass, built without them.
+    usage = object.__new__(Usage)
+    assign = object.__setattr__
+    assign(usage, "input_tokens", given)
+    assign(usage, "output_tokens", made)
+    assign(usage, "estimated", True)
+    for name in DETAIL_FIELDS:
+        assign(usage, name, None)
+    return usage
 
 
 def reported_usage(

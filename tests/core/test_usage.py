@@ -18,6 +18,7 @@ from llm_resilience.usage import (
     chat_usage,
     embedding_usage,
     estimate_request_tokens,
+    estimated_usage,
     partial_stream_usage,
     reported_usage,
     with_billed_apart,
@@ -288,3 +289,14 @@ def test_a_stream_report_of_nothing_leaves_the_stream_usage_as_it_was() -> None:
         assert (usage.input_tokens, usage.output_tokens, usage.details) == before
     usage.add(None, 40)
     assert (usage.input_tokens, usage.output_tokens) == (25, 40)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text"), [([("user", "hello world")], "hi"), ([], ""), ([("system", "")], "a b c")]
+)
+def test_an_estimate_is_the_usage_its_counts_make(prompt: list[tuple[str, str]], text: str) -> None:
+    built = estimated_usage(prompt, text)
+    made = Usage(count_message_tokens(prompt), count_tokens(text), estimated=True)
+    assert built == made
+    assert repr(built) == repr(made)
+    assert built.details == made.details

@@ -56,7 +56,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    MessageRole,
+)
 
 from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
@@ -365,6 +370,8 @@ class StreamTally:
 
 def _role(message: ChatMessage) -> str:
     role = message.role
+    if type(role) is MessageRole:  # the usual role: its text, without the enum's property
+        return role._value_  # type: ignore[no-any-return]
     return str(getattr(role, "value", role))
 
 

@@ -1,11 +1,17 @@
-"""The plain OpenAI-shaped report (`_plain_usage`) reads what the full probe reads."""
+"""The short reads of a LlamaIndex answer (a plain OpenAI-shaped report, a message's role)
+read what the general ones read."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    MessageRole,
+)
 from llama_index.resilience import _usage
 
 PLAIN = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
@@ -53,3 +59,11 @@ def test_a_plain_report_reads_as_the_full_probe_reads_it(
 def test_only_a_plain_report_alone_takes_the_short_read() -> None:
     taken = [_usage._plain_usage(response) is not None for response in RESPONSES]
     assert taken == [True, True, True] + [False] * (len(RESPONSES) - 3)
+
+
+def test_a_message_role_is_named_by_its_value_as_the_enum_property_names_it() -> None:
+    messages = [ChatMessage(role=role, content="x") for role in MessageRole]
+    messages.append(ChatMessage(role="user", content="x"))
+    assert _usage.prompt_pairs(messages) == [
+        (str(getattr(message.role, "value", message.role)), "x") for message in messages
+    ]

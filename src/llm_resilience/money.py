@@ -33,7 +33,6 @@ __all__ = [
     "Money",
     "ModelPrice",
     "cost_of",
-    "exact_add",
     "exact_sum",
     "money",
     "optional_money",
@@ -65,31 +64,6 @@ _MILLIONTHS = decimal.Context(
     Emin=decimal.MIN_EMIN,
     traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Overflow],
 )
-
-
-#: ``EXACT`` at 60 digits with ``Rounded`` trapped too: a sum that fits in 60 digits (every
-#: cost and running total a ledger holds) comes out with the digits and exponent ``EXACT``
-#: gives it, at well under half the cost of adding at ``MAX_PREC``; one that does not fit
-#: traps, and `exact_add` adds it at ``EXACT`` instead.
-_SUMS = decimal.Context(
-    prec=60,
-    Emax=decimal.MAX_EMAX,
-    Emin=decimal.MIN_EMIN,
-    traps=[decimal.InvalidOperation, decimal.Inexact, decimal.Rounded, decimal.Overflow],
-)
-
-
-def exact_add(left: Decimal, right: Decimal) -> Decimal:
-    """``left + right`` as ``EXACT.add`` gives it (same digits, same exponent).
-
-    Examples:
-        >>> exact_add(Decimal("0.1"), Decimal("0.20"))
-        Decimal('0.30')
-    """
-    try:
-        return _SUMS.add(left, right)
-    except decimal.DecimalException:  # more than 60 digits (or EXACT's own error)
-        return EXACT.add(left, right)
 
 
 def _per_million(total: Decimal) -> Decimal:
@@ -296,7 +270,7 @@ def cost_of(
     reasoning = usage.reasoning_tokens or 0
     plain_in, plain_out = price.input_per_mtok, price.output_per_mtok
     if not (read or written or reasoning):  # no split reported: two products (the hot path)
-        total = exact_add(
+        total = EXACT.add(
             EXACT.multiply(usage.input_tokens, plain_in),
             EXACT.multiply(usage.output_tokens, plain_out),
         )

@@ -40,7 +40,7 @@ from llm_resilience.ledger._protocol import (
     window_key,
     window_keys,
 )
-from llm_resilience.money import EXACT, exact_add
+from llm_resilience.money import EXACT
 
 __all__ = ["InMemoryCostLedger"]
 
@@ -415,7 +415,7 @@ class InMemoryCostLedger:
         """Keep ``entry`` and add its cost to the running totals it counts toward: its UTC
         day and month, globally and for its scope; the caller holds the lock."""
         self._entries.append(entry)
-        totals, cost, zero, add, scope = self._totals, entry.cost, _ZERO, exact_add, entry.scope
+        totals, cost, zero, add, scope = self._totals, entry.cost, _ZERO, EXACT.add, entry.scope
         when = entry.timestamp
         day, month = _window_pairs.get(when.toordinal()) or window_keys(when)  # kept per day
         key: tuple[str, str | None] = (day, None)

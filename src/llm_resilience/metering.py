@@ -141,11 +141,12 @@ class Meter:
 
     def _gate_args(
         self,
+        scope: str | None,
         call: MutableMapping[str, Any] | None,
         prompt: Prompt | Callable[[], Prompt] | None,
         texts: Sequence[str] | None,
     ) -> dict[str, Any]:
-        args: dict[str, Any] = {"scope": self._scope_of(call), "model": self.model, "texts": texts}
+        args: dict[str, Any] = {"scope": scope, "model": self.model, "texts": texts}
         if self.surface == "chat":
             args["may_serve"] = self.may_serve
             # Only a strict hold reads the output cap and counts the prompt's tokens: the
@@ -174,25 +175,21 @@ class Meter:
         an estimate); ``texts`` an embedding call's inputs.
         """
         gate = self.gate
-        if self._plain(texts):  # the usual call: its arguments given directly
-            ticket = gate.begin(
-                "chat", scope=self._scope_of(call), model=self.model, may_serve=self.may_serve
-            )
-        else:
-            ticket = gate.begin(self.surface, **self._gate_args(call, prompt, texts))
+        # The call's scope: its own `BUDGET_SCOPE_KWARG` (popped, checked), else the layer's.
+        scope = self.scope
+        if call is not None and BUDGET_SCOPE_KWARG in call:
+            scope = checks.scope(BUDGET_SCOPE_KWARG, call.pop(BUDGET_SCOPE_KWARG))
+        ticket = None
+        if texts is None and self.surface == "chat":  # the usual call
+            # Default mode: in one read of an in-memory ledger, else its arguments given
+            # directly (the gate reads neither a prompt nor an output cap).
+            ticket = gate._admit(scope, self.model)
+            if ticket is None and not gate.budget.strict:
+                ticket = gate.begin("chat", scope=scope, model=self.model, may_serve=self.may_serve)
+        if ticket is None:
+            ticket = gate.begin(self.surface, **self._gate_args(scope, call, prompt, texts))
         bind_hedge_ticket(ticket)
         return MeteredCall(self, ticket, prompt)
-
-    def _plain(self, texts: Sequence[str] | None) -> bool:
-        """Whether a call needs no more than its scope at the gate: a chat call under a
-        default (not strict) budget, whose gate reads neither a prompt nor an output cap."""
-        return self.surface == "chat" and texts is None and not self.gate.budget.strict
-
-    def _scope_of(self, call: MutableMapping[str, Any] | None) -> str | None:
-        """The call's scope: its own `BUDGET_SCOPE_KWARG` (popped, checked), else the layer's."""
-        if call is not None and BUDGET_SCOPE_KWARG in call:
-            return checks.scope(BUDGET_SCOPE_KWARG, call.pop(BUDGET_SCOPE_KWARG))
-        return self.scope
 
     async def abegin(
         self,
@@ -203,12 +200,18 @@ class Meter:
     ) -> MeteredCall:
         """Async [`begin`][]."""
         gate = self.gate
-        if self._plain(texts):
-            ticket = await gate.abegin(
-                "chat", scope=self._scope_of(call), model=self.model, may_serve=self.may_serve
-            )
-        else:
-            ticket = await gate.abegin(self.surface, **self._gate_args(call, prompt, texts))
+        scope = self.scope  # as `begin` reads it
+        if call is not None and BUDGET_SCOPE_KWARG in call:
+            scope = checks.scope(BUDGET_SCOPE_KWARG, call.pop(BUDGET_SCOPE_KWARG))
+        ticket = None
+        if texts is None and self.surface == "chat":
+            ticket = gate._admit(scope, self.model)  # its read never waits
+            if ticket is None and not gate.budget.strict:
+                ticket = await gate.abegin(
+                    "chat", scope=scope, model=self.model, may_serve=self.may_serve
+                )
+        if ticket is None:
+            ticket = await gate.abegin(self.surface, **self._gate_args(scope, call, prompt, texts))
         bind_hedge_ticket(ticket)
         return MeteredCall(self, ticket, prompt)
 

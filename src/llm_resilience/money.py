@@ -274,7 +274,10 @@ def cost_of(
             EXACT.multiply(usage.input_tokens, plain_in),
             EXACT.multiply(usage.output_tokens, plain_out),
         )
-        return _per_million(total)
+        try:  # `_per_million`, written out on the hot path
+            return _MILLIONTHS.divide(total, TOKENS_PER_MTOK)
+        except decimal.Inexact:
+            return EXACT.divide(total, TOKENS_PER_MTOK)
     # The context converts the integer counts exactly (no ``Decimal`` built for them).
     parts = (
         EXACT.multiply(usage.input_tokens - read - written, plain_in),

@@ -137,8 +137,11 @@ def record_llm_usage(
     chat, ``output_tokens`` with ``direction=out``; ``llm_resilience.llm.cost`` gets
     ``cost`` (as a float: metrics are for dashboards, the ledger is the exact record).
     """
-    tokens = _instrument("counter", LLM_TOKENS, "{token}", "Tokens consumed by LLM calls.")
-    if _dropped(tokens):
+    # `_instrument` and `_dropped`, written out for a made instrument (every call's path).
+    tokens = _instruments.get(LLM_TOKENS)
+    if tokens is None:
+        tokens = _instrument("counter", LLM_TOKENS, "{token}", "Tokens consumed by LLM calls.")
+    if getattr(tokens, "_real_instrument", tokens) is None:
         return
     attributes = _USAGE_ATTRIBUTES[surface]
     tokens.add(input_tokens, attributes.tokens_in)
@@ -172,13 +175,15 @@ _USAGE_ATTRIBUTES = {surface: _usage_attributes(surface) for surface in ("chat",
 
 def record_guessed_price(*, model: str | None, rule: str, surface: str) -> None:
     """Count one ledger entry priced by a guess (``rule``: ``default`` or ``alias``)."""
-    counter = _instrument(
-        "counter",
-        BUDGET_UNPRICED,
-        "{entry}",
-        "Ledger entries priced by the surface prices or an alias's one dated key.",
-    )
-    if not _dropped(counter):
+    counter = _instruments.get(BUDGET_UNPRICED)  # `_instrument`, once it is made
+    if counter is None:
+        counter = _instrument(
+            "counter",
+            BUDGET_UNPRICED,
+            "{entry}",
+            "Ledger entries priced by the surface prices or an alias's one dated key.",
+        )
+    if getattr(counter, "_real_instrument", counter) is not None:  # not `_dropped`
         counter.add(1, _guessed_attributes(surface, rule, model or ""))
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "Usage",
     "billed_apart",
     "chat_usage",
+    "estimated_usage",
     "embedding_usage",
     "estimate_request_tokens",
     "first_token_count",
@@ -210,8 +211,23 @@ class Usage:
     reasoning_tokens: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        for name in ("input_tokens", "output_tokens"):
-            checks.count(f"Usage.{name}", getattr(self, name))
+        given, made = self.input_tokens, self.output_tokens
+        # Two plain ints in range pass `checks.count`; anything else is checked by it.
+        if not (
+            type(given) is int
+            and type(made) is int
+            and 0 <= given <= checks.MAX_COUNT
+            and 0 <= made <= checks.MAX_COUNT
+        ):
+            for name in ("input_tokens", "output_tokens"):
+                checks.count(f"Usage.{name}", getattr(self, name))
+        if (
+            self.cache_read_tokens is None
+            and self.cache_write_tokens is None
+            and self.cache_write_1h_tokens is None
+            and self.reasoning_tokens is None
+        ):
+            return  # no part reported (an estimate, the usual report): nothing to misfit
         for name in DETAIL_FIELDS:
             if getattr(self, name) is not None:
                 checks.count(f"Usage.{name}", getattr(self, name))
@@ -341,9 +357,15 @@ class StreamUsage:
         ``details`` (cache reads and writes, reasoning) add up the same way: each keeps
         the largest count reported.
         """
+        if (
+            reported_input is None
+            and reported_output is None
+            and (details is None or details is NO_DETAILS)
+        ):
+            return  # a chunk that reports nothing (most of a stream's): nothing changes
         self.input_tokens = _largest(self.input_tokens, reported_input)
         self.output_tokens = _largest(self.output_tokens, reported_output)
-        if details is not None and details != NO_DETAILS:
+        if details is not None and details is not NO_DETAILS and details != NO_DETAILS:
             now = self._details
             self._details = TokenDetails(
                 _largest(now.cache_read_tokens, details.cache_read_tokens),
@@ -383,7 +405,31 @@ def chat_usage(
     reported = reported_usage(reported_input, reported_output, prompt=prompt, details=details)
     if reported is not None:
         return reported
-    return Usage(count_message_tokens(prompt), count_tokens(response_text), estimated=True)
+    return estimated_usage(prompt, response_text)
+
+
+def estimated_usage(prompt: Sequence[tuple[str, str]], response_text: str) -> Usage:
+    """`chat_usage`'s estimate, for a caller that knows already that the provider's counts
+    are no report (`reported_usage` gave None): the prompt's and the answer's tokens
+    under ``cl100k_base``, flagged ``estimated``.
+
+    Examples:
+        >>> estimated_usage([("user", "hello world")], "hi")
+        Usage(input_tokens=9, output_tokens=1, estimated=True)
+    """
+    given, made = count_message_tokens(prompt), count_tokens(response_text)
+    if given > checks.MAX_COUNT or made > checks.MAX_COUNT:  # ``Usage`` says why
+        return Usage(given, made, estimated=True)
+    # Two token counts (ints >= 0) within range, and no parts: what ``Usage``'s checks
+    # would pass, built without them.
+    usage = object.__new__(Usage)
+    assign = object.__setattr__
+    assign(usage, "input_tokens", given)
+    assign(usage, "output_tokens", made)
+    assign(usage, "estimated", True)
+    for name in DETAIL_FIELDS:
+        assign(usage, name, None)
+    return usage
 
 
 def reported_usage(
@@ -408,7 +454,14 @@ def reported_usage(
         >>> reported_usage(7, 12, prompt=[("user", "hi")])
         Usage(input_tokens=7, output_tokens=12, estimated=False)
     """
-    if not (_is_count(reported_input) and _is_count(reported_output)):
+    if reported_input is None or reported_output is None:  # a count not reported
+        return None
+    # `_is_count` of each, a plain int read first (an int >= 0 is a count; a bool is no int).
+    if not (
+        (type(reported_input) is int and reported_input >= 0) or _is_count(reported_input)
+    ) or not (
+        (type(reported_output) is int and reported_output >= 0) or _is_count(reported_output)
+    ):
         return None
     if reported_input == 0 and len(prompt) > 0:
         return None
@@ -418,6 +471,10 @@ def reported_usage(
     assign(usage, "input_tokens", reported_input)
     assign(usage, "output_tokens", reported_output)
     assign(usage, "estimated", False)
+    if details is None or details is NO_DETAILS:  # the usual report: `_fitted`'s answer
+        for name in DETAIL_FIELDS:
+            assign(usage, name, None)
+        return usage
     fitted = _fitted(reported_input, reported_output, details)
     for name in DETAIL_FIELDS:
         assign(usage, name, getattr(fitted, name))
@@ -461,6 +518,8 @@ cache_write_tokens=55096)
         True
     """
     iterations = _field(provider_usage, "iterations")
+    if iterations is None:  # the usual report: no steps listed (and no ABC check)
+        return None
     if not isinstance(iterations, Sequence) or isinstance(iterations, str | bytes):
         return None
     billed: Usage | None = None
@@ -583,7 +642,7 @@ def _field(container: object, key: str) -> object:
     """``container[key]`` of a mapping, else its attribute ``key``; None when absent."""
     if container is None:
         return None
-    if isinstance(container, Mapping):
+    if type(container) is dict or isinstance(container, Mapping):  # a dict: no ABC check
         return container.get(key)
     return getattr(container, key, None)
 

@@ -10,6 +10,7 @@ from llm_resilience.budget import ModelPrice
 from llm_resilience.money import cost_of
 from llm_resilience.tokens import count_message_tokens, count_tokens
 from llm_resilience.usage import (
+    NO_DETAILS,
     StreamUsage,
     TokenDetails,
     Usage,
@@ -17,6 +18,7 @@ from llm_resilience.usage import (
     chat_usage,
     embedding_usage,
     estimate_request_tokens,
+    estimated_usage,
     partial_stream_usage,
     reported_usage,
     with_billed_apart,
@@ -276,3 +278,25 @@ def test_a_summary_without_its_steps_counts_is_estimated_from_the_prompt_and_the
         == reported
     )
     assert with_unreported_compaction(reported, prompt=PROMPT, summaries=[]) is reported
+
+
+def test_a_stream_report_of_nothing_leaves_the_stream_usage_as_it_was() -> None:
+    usage = StreamUsage()
+    usage.add(25, 1, TokenDetails(cache_read_tokens=10))
+    before = (usage.input_tokens, usage.output_tokens, usage.details)
+    for details in (None, NO_DETAILS, TokenDetails()):  # the last: equal, not the same
+        usage.add(None, None, details)
+        assert (usage.input_tokens, usage.output_tokens, usage.details) == before
+    usage.add(None, 40)
+    assert (usage.input_tokens, usage.output_tokens) == (25, 40)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text"), [([("user", "hello world")], "hi"), ([], ""), ([("system", "")], "a b c")]
+)
+def test_an_estimate_is_the_usage_its_counts_make(prompt: list[tuple[str, str]], text: str) -> None:
+    built = estimated_usage(prompt, text)
+    made = Usage(count_message_tokens(prompt), count_tokens(text), estimated=True)
+    assert built == made
+    assert repr(built) == repr(made)
+    assert built.details == made.details

@@ -133,10 +133,15 @@ def billed_counts(usage: Any, metadata: Any) -> tuple[int | None, int | None, To
     keeps that raw usage, Anthropic's compaction steps in its ``iterations`` included, in
     a call's ``response_metadata["usage"]``."""
     counts = usage or {}
-    raw = metadata.get("usage") if isinstance(metadata, dict) else None
-    return with_billed_apart(
-        counts.get("input_tokens"), counts.get("output_tokens"), token_details(counts), raw
+    # The usual report, `token_details` gives no details for: neither details key.
+    plain = type(counts) is dict and not (
+        counts.get("input_token_details") or counts.get("output_token_details")
     )
+    details = NO_DETAILS if plain else token_details(counts)
+    raw = metadata.get("usage") if isinstance(metadata, dict) else None
+    if raw is None:  # nothing billed apart: `with_billed_apart` gives the counts back
+        return counts.get("input_tokens"), counts.get("output_tokens"), details
+    return with_billed_apart(counts.get("input_tokens"), counts.get("output_tokens"), details, raw)
 
 
 def _summaries(*contents: Any) -> list[str]:
@@ -152,6 +157,15 @@ def _summaries(*contents: Any) -> list[str]:
                 key = block.get("index", len(found))
                 found[key] = found.get(key, "") + (text if isinstance(text, str) else "")
     return list(found.values())
+
+
+def _streamed_blocks(chunks: Sequence[ChatGenerationChunk]) -> bool:
+    """Whether any chunk's content is not plain text: only a list of blocks may hold a
+    compaction block (`_summaries`), so without one `_with_summaries` has nothing to do."""
+    for chunk in chunks:  # noqa: SIM110 - a loop: ``any`` over a generator costs a call a chunk
+        if type(chunk.message.content) is not str:
+            return True
+    return False
 
 
 def _with_summaries(
@@ -195,7 +209,10 @@ def answer_usage(message: BaseMessage, prompt: Callable[[], Prompt], *, prompted
         usage = chat_usage(
             reported_in, reported_out, prompt=prompt(), response_text=message.text, details=details
         )
-    return _with_summaries(usage, prompt, [message.content], metadata)
+    content = message.content
+    if type(content) is str:  # text only: no compaction block (`_summaries`)
+        return usage
+    return _with_summaries(usage, prompt, [content], metadata)
 
 
 def consumed_usage(
@@ -367,7 +384,10 @@ class CostTrackedChatModel(DelegatingChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        with private_state(self)["_meter"].inbox():
+        meter: Meter = private_state(self)["_meter"]
+        if not meter.hedged:  # no inbox to open (`Meter.inbox`): no context entered
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        with meter.inbox():
             return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
     @signature_precomputed
@@ -378,7 +398,10 @@ class CostTrackedChatModel(DelegatingChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        with private_state(self)["_meter"].inbox():
+        meter: Meter = private_state(self)["_meter"]
+        if not meter.hedged:  # no inbox to open (`Meter.inbox`): no context entered
+            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        with meter.inbox():
             return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
     def _stream(
@@ -390,7 +413,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         stream = super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
         meter: Meter = private_state(self)["_meter"]
-        return meter.stream(stream)
+        return meter.stream(stream) if meter.hedged else stream  # `Meter.stream`'s rule
 
     def _astream(
         self,
@@ -401,7 +424,7 @@ class CostTrackedChatModel(DelegatingChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         stream = super()._astream(messages, stop=stop, run_manager=run_manager, **kwargs)
         meter: Meter = private_state(self)["_meter"]
-        return meter.astream(stream)
+        return meter.astream(stream) if meter.hedged else stream  # `Meter.astream`'s rule
 
     # -- what a call used ---------------------------------------------------------------
 
@@ -429,10 +452,11 @@ class CostTrackedChatModel(DelegatingChatModel):
             super()._end_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        usage = _with_summaries(
-            read[0], lambda: call.prompt, [c.message.content for c in chunks], read[1]
-        )
-        call.settle(usage, named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
+        usage, metadata = read
+        if _streamed_blocks(chunks):
+            contents = [chunk.message.content for chunk in chunks]
+            usage = _with_summaries(usage, lambda: call.prompt, contents, metadata)
+        call.settle(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
     async def _aend_stream(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -442,10 +466,11 @@ class CostTrackedChatModel(DelegatingChatModel):
             await super()._aend_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        usage = _with_summaries(
-            read[0], lambda: call.prompt, [c.message.content for c in chunks], read[1]
-        )
-        await call.asettle(usage, named=_named_model(read[1]), mark=read[1].get(SERVED_BY_KEY))
+        usage, metadata = read
+        if _streamed_blocks(chunks):
+            contents = [chunk.message.content for chunk in chunks]
+            usage = _with_summaries(usage, lambda: call.prompt, contents, metadata)
+        await call.asettle(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
 
     def _consumed(self, call: MeteredCall, chunks: list[ChatGenerationChunk]) -> tuple[Any, Any]:
         """What a stream closed early consumed (None: nothing to record), and its metadata."""

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from llm_resilience import checks
 from llm_resilience.budget._ledger import (
@@ -21,7 +21,7 @@ from llm_resilience.budget._ledger import (
     unreleased,
     unwritable,
 )
-from llm_resilience.budget._matching import PriceMatch, warn_guessed_price
+from llm_resilience.budget._matching import GUESSED_RULES, PriceMatch, warn_guessed_price
 from llm_resilience.budget._models import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     ServingModel,
@@ -31,7 +31,14 @@ from llm_resilience.budget._models import (
 from llm_resilience.budget._options import CostBudget
 from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, LedgerEntry, Reservation
-from llm_resilience.ledger._protocol import CheckedLimits, batch_reader, check_scope, checked_entry
+from llm_resilience.ledger._protocol import (
+    CheckedLimits,
+    batch_reader,
+    check_scope,
+    checked_entry,
+    gate_reader,
+    inline_recorder,
+)
 from llm_resilience.money import ModelPrice, cost_of
 from llm_resilience.telemetry import record_llm_usage
 from llm_resilience.tokens import count_message_tokens, count_tokens
@@ -92,7 +99,7 @@ class BudgetGate:
     ``now`` returns the current timezone-aware time (UTC by default); inject it in tests.
     """
 
-    __slots__ = ("_now", "_prices", "_unscoped", "budget", "ledger")
+    __slots__ = ("_now", "_prices", "_reader", "_unscoped", "budget", "ledger")
 
     def __init__(
         self,
@@ -114,6 +121,8 @@ class BudgetGate:
         #: Each served name's price match, per budget (see `priced`).
         self._prices: tuple[CostBudget, dict[str | None, tuple[PriceMatch, ModelPrice]]] | None
         self._prices = None
+        #: The ledger's `gate_reader` and `inline_recorder`, per ledger (see `_fast`).
+        self._reader: tuple[CostLedger, Callable[..., list[Decimal]] | None, Any] | None = None
 
     def __repr__(self) -> str:
         return f"BudgetGate(budget={self.budget!r}, ledger={self.ledger!r})"
@@ -297,6 +306,49 @@ class BudgetGate:
                 if spend >= limit:
                     raise BudgetExceededError(window, limit, spend, spend_scope)
         return BudgetTicket(self, surface, scope, model, reservation, run)
+
+    def _admit(self, scope: str | None, model: str | None) -> BudgetTicket | None:
+        """``begin("chat", scope=scope, model=model)`` for a default-mode budget and a
+        ``scope`` its caller checked already (a `Meter`'s), in one read of a ledger with
+        a `gate_reader` (the in-memory one); None when the budget is strict or the
+        ledger has none: then the caller goes through ``begin``.
+
+        Exact: the same clock, limits and spends as ``begin`` reads (``_gate_spends`` is
+        ``spends`` without the checks ``begin`` has made), refused by the same rule, and
+        the same ticket. A call of ``abegin`` may take it too: the read never waits.
+        """
+        if self.budget.strict:
+            return None
+        fast = self._reader
+        read = (self._fast() if fast is None or fast[0] is not self.ledger else fast)[1]
+        if read is None:
+            return None
+        now = datetime.now(UTC) if self._now is _utcnow else self.now()
+        unscoped = self._unscoped
+        if scope is None and unscoped is not None and unscoped[0] is self.budget:
+            limits = unscoped[1]  # `_limits_for`, kept
+        else:
+            limits = self._limits_for(scope)
+        triples = limits.triples
+        if triples:
+            try:
+                spends = read(limits, now)
+            except Exception as exc:
+                self._ungated(exc, "chat", limits)
+            else:  # `_check_spends`, written out
+                for (window, spend_scope, limit), spend in zip(triples, spends, strict=True):
+                    if spend >= limit:
+                        raise BudgetExceededError(window, limit, spend, spend_scope)
+        return BudgetTicket(self, "chat", scope, model, None)
+
+    def _fast(self) -> tuple[CostLedger, Callable[..., list[Decimal]] | None, Any]:
+        """The ledger, its `gate_reader` and its `inline_recorder`, looked up once per
+        ledger (again when ``ledger`` is replaced)."""
+        fast = self._reader
+        if fast is None or fast[0] is not self.ledger:  # the first call, or a new ledger
+            ledger = self.ledger
+            fast = self._reader = (ledger, gate_reader(ledger), inline_recorder(ledger))
+        return fast
 
     async def _areserve(
         self, amount: Decimal, limits: CheckedLimits, scope: str | None, now: datetime
@@ -490,6 +542,16 @@ class BudgetTicket:
             return None
         ledger = self._gate.ledger
         surface = self.surface
+        if self.reservation is None:
+            gate = self._gate
+            fast = gate._reader
+            record = (gate._fast() if fast is None or fast[0] is not ledger else fast)[2]
+            if record is not None:  # ``arecord`` is ``record`` in place: nothing to shield
+                try:
+                    record(entry)
+                except Exception as exc:
+                    unwritable(exc, surface, ledger)
+                return entry
         # Shielded: a caller cancelled now (a stream closed in a ``finally``) must not lose
         # what was already spent, nor leave its hold behind; a failure is warned about
         # even when nobody is left waiting for the write.
@@ -584,18 +646,27 @@ class BudgetTicket:
         if self._done:
             return None
         self._done = True
+        gate, surface = self._gate, self.surface
         served = model if model is not None else self.model
-        price = self._price(served)
-        cost = cost_of(usage, price, surface=self.surface)
+        # `_price` written out: the served name's price as the gate keeps it (`priced`),
+        # and a guessed one counted and warned about.
+        prices = gate._prices
+        known = None
+        if prices is not None and prices[0] is gate.budget:
+            known = prices[1].get(served)
+        match, price = gate.priced(served) if known is None else known
+        if match.rule in GUESSED_RULES:
+            warn_guessed_price(served, match, surface)
+        cost = cost_of(usage, price, surface=surface)
         record_llm_usage(
-            surface=self.surface,
+            surface=surface,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cost=cost,
         )
         return checked_entry(
-            timestamp=self._gate.now(),
-            kind=self.surface,
+            timestamp=datetime.now(UTC) if gate._now is _utcnow else gate.now(),
+            kind=surface,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cost=cost,

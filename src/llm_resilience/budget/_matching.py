@@ -36,7 +36,7 @@ from typing import Literal
 from llm_resilience.money import ModelPrice
 from llm_resilience.telemetry import record_guessed_price
 
-__all__ = ["PriceMatch", "alias_of", "match_price", "warn_guessed_price"]
+__all__ = ["GUESSED_RULES", "PriceMatch", "alias_of", "match_price", "warn_guessed_price"]
 
 _log = logging.getLogger("llm_resilience.budget")
 
@@ -70,6 +70,9 @@ class PriceMatch:
 
 
 _DEFAULT = PriceMatch(None, "default", None)
+
+#: The rules that guess a price: a record priced by one is counted and warned about.
+GUESSED_RULES = frozenset({"alias", "default"})
 
 
 def match_price(prices: Mapping[str, ModelPrice], model: str | None) -> PriceMatch:
@@ -106,10 +109,11 @@ _warned_lock = threading.Lock()
 def warn_guessed_price(model: str | None, match: PriceMatch, surface: str) -> None:
     """Count a record priced by the ``alias`` or ``default`` rule, and warn once per
     process per model name (a record naming no model counts, and never warns)."""
-    if match.rule not in ("alias", "default"):
+    if match.rule not in GUESSED_RULES:
         return
     record_guessed_price(model=model, rule=match.rule, surface=surface)
-    if model is None:
+    # Warned already (the usual case): the set only grows, and reading it needs no lock.
+    if model is None or model in _warned:
         return
     with _warned_lock:
         if model in _warned or len(_warned) >= _WARNED_CAP:

@@ -20,11 +20,13 @@ from llm_resilience.ledger._groups import (
 )
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
+    CheckedLimits,
     LedgerEntry,
     Reservation,
     RunColumn,
     SpendWindow,
     Window,
+    _window_pairs,
     check_amount,
     check_entry_filters,
     check_hold_scope,
@@ -36,20 +38,13 @@ from llm_resilience.ledger._protocol import (
     exact_sum,
     refusal,
     window_key,
+    window_keys,
 )
 from llm_resilience.money import EXACT
 
 __all__ = ["InMemoryCostLedger"]
 
 _ZERO = Decimal(0)
-
-
-def _totals_keys(when: datetime, scope: str | None) -> list[tuple[str, str | None]]:
-    """The running totals an entry or hold at ``when`` counts toward."""
-    day, month = window_key("day", when), window_key("month", when)
-    if scope is None:
-        return [(day, None), (month, None)]
-    return [(day, None), (day, scope), (month, None), (month, scope)]
 
 
 def _entry_filter(
@@ -110,6 +105,9 @@ class InMemoryCostLedger:
 
     #: Spend does not survive the process: the budget gate warns when this ledger is used.
     persistent = False
+
+    #: [`arecord`][] is [`record`][] called in place (`inline_recorder`).
+    _arecord_records = True
 
     def __init__(
         self,
@@ -185,6 +183,24 @@ class InMemoryCostLedger:
     ) -> tuple[Decimal, ...]:
         """[`spends`][], for async callers."""
         return self.spends(windows, now=now)
+
+    def _gate_spends(self, limits: CheckedLimits, now: datetime) -> list[Decimal]:
+        """[`spends`][] of ``limits``' windows, for a budget gate of ours (`gate_reader`):
+        their windows and scopes were checked when the budget was built and the call
+        admitted, and ``now`` is the gate's UTC clock, so nothing is checked again; the
+        same totals and live holds are read, under one hold of the lock."""
+        day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
+        spends: list[Decimal] = []
+        with self._lock:
+            if self._holds:
+                for window, scope, _ in limits.triples:
+                    key = (day if window == "day" else month, scope)
+                    spends.append(self._spend(key, window, now))
+            else:  # no hold to add: the running totals are the spend
+                totals = self._totals
+                for window, scope, _ in limits.triples:
+                    spends.append(totals.get((day if window == "day" else month, scope), _ZERO))
+        return spends
 
     def reserve(
         self,
@@ -396,10 +412,22 @@ class InMemoryCostLedger:
         """Nothing to release; the entries stay readable."""
 
     def _add(self, entry: LedgerEntry) -> None:
+        """Keep ``entry`` and add its cost to the running totals it counts toward: its UTC
+        day and month, globally and for its scope; the caller holds the lock."""
         self._entries.append(entry)
-        totals, cost, zero = self._totals, entry.cost, _ZERO
-        for key in _totals_keys(entry.timestamp, entry.scope):
-            totals[key] = EXACT.add(totals.get(key, zero), cost)
+        totals, cost, zero, add, scope = self._totals, entry.cost, _ZERO, EXACT.add, entry.scope
+        when = entry.timestamp
+        day, month = _window_pairs.get(when.toordinal()) or window_keys(when)  # kept per day
+        key: tuple[str, str | None] = (day, None)
+        totals[key] = add(totals.get(key, zero), cost)
+        if scope is not None:
+            key = (day, scope)
+            totals[key] = add(totals.get(key, zero), cost)
+        key = (month, None)
+        totals[key] = add(totals.get(key, zero), cost)
+        if scope is not None:
+            key = (month, scope)
+            totals[key] = add(totals.get(key, zero), cost)
         if entry.run_id is not None:
             self._add_run(("run_id", entry.run_id), cost)
         if entry.thread_id is not None:

@@ -56,8 +56,11 @@ __all__ = [
     "batch_reader",
     "refusal",
     "stored_run_spend",
+    "gate_reader",
+    "inline_recorder",
     "window_bounds",
     "window_key",
+    "window_keys",
 ]
 
 Window = Literal["day", "month"]
@@ -202,8 +205,9 @@ def checked_entry(
     checked here. The result equals ``LedgerEntry(...)`` of the same values (a core test
     holds the two to that).
     """
-    _optional_text("model", model)
-    if not isinstance(estimated, bool):
+    if model is not None and (not isinstance(model, str) or not model):
+        _optional_text("model", model)  # raises, naming the field
+    if estimated is not True and estimated is not False:
         raise TypeError(f"estimated must be a bool, got {estimated!r}")
     entry = object.__new__(LedgerEntry)
     # Each field through its slot's own setter: ``object.__setattr__`` looks the slot up
@@ -237,7 +241,8 @@ def checked_entry(
     set_estimated(entry, estimated)
     set_surface(entry, kind)
     set_scope(entry, scope)
-    set_entry_id(entry, _ordered_id())
+    # `_ordered_id`, written out (a call saved on every entry).
+    set_entry_id(entry, ((_time_ns() << 64) | _random_bits(64)).to_bytes(16, "big").hex())
     set_cache_read_tokens(entry, cache_read_tokens)
     set_cache_write_tokens(entry, cache_write_tokens)
     set_cache_write_1h_tokens(entry, cache_write_1h_tokens)
@@ -283,6 +288,7 @@ def _check_parts(entry: LedgerEntry) -> None:
 
 _ids = random.Random(os.urandom(32))
 _random_bits = _ids.getrandbits
+_time_ns = time.time_ns
 os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 
@@ -441,6 +447,66 @@ def window_key(window: Window, when: datetime) -> str:
 #: ``(window, day ordinal)`` -> its window's name: every read and record names the
 #: windows of today, and formatting the date costs more than the rest of a memory read.
 _window_keys: dict[tuple[object, int], str] = {}
+
+
+def window_keys(when: datetime) -> tuple[str, str]:
+    """``(window_key("day", when), window_key("month", when))``, kept per day: a record
+    names both windows of its instant, in one look-up instead of two.
+
+    Examples:
+        >>> window_keys(datetime(2026, 11, 29, 23, 59, tzinfo=UTC))
+        ('day:2026-11-29', 'month:2026-11')
+    """
+    ordinal = when.toordinal()
+    pair = _window_pairs.get(ordinal)
+    if pair is None:
+        pair = (window_key("day", when), window_key("month", when))
+        if len(_window_pairs) >= 256:
+            _window_pairs.clear()
+        _window_pairs[ordinal] = pair
+    return pair
+
+
+#: Day ordinal -> the names of its day and month (`window_keys`).
+_window_pairs: dict[int, tuple[str, str]] = {}
+
+#: The reads a ledger answers; a subclass overriding one decides what a read is.
+_READS = frozenset({"spend", "spends", "aspend", "aspends"})
+
+
+def inline_recorder(ledger: object) -> Any:
+    """``ledger``'s ``record`` when its ``arecord`` is that ``record`` called in place (it
+    never waits: the in-memory ledger's, which says so with ``_arecord_records``), so an
+    async caller may call ``record`` itself, with nothing to shield; None otherwise, and
+    when a subclass overrides ``record`` or ``arecord`` below the class that says so."""
+    for klass in type(ledger).__mro__:
+        namespace = vars(klass)
+        if "_arecord_records" in namespace:
+            method = getattr(ledger, "record", None)
+            return method if namespace["_arecord_records"] is True and callable(method) else None
+        if "record" in namespace or "arecord" in namespace:
+            return None
+    return None
+
+
+def gate_reader(ledger: object) -> Any:
+    """``ledger``'s ``_gate_spends(limits, now)``, or None when it has none, or when a
+    subclass overrides a read (``spend``, ``spends`` or their async twins) below the
+    class that defines it (the override is then honoured, as `batch_reader` does).
+
+    ``_gate_spends`` is what a gate of ours reads, sync or async, for
+    `CheckedLimits` and its own UTC clock's time: ``spends`` of the limits' windows,
+    with nothing checked again and no waiting (an in-memory ledger's read never waits
+    for more than its lock).
+    """
+    for klass in type(ledger).__mro__:
+        namespace = vars(klass)
+        if "_gate_spends" in namespace:
+            method = getattr(ledger, "_gate_spends", None)
+            return method if callable(method) else None
+        if not _READS.isdisjoint(namespace):
+            return None
+    return None
 
 
 def window_bounds(window: Window, when: datetime) -> tuple[datetime, datetime]:

@@ -56,7 +56,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    MessageRole,
+)
 
 from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
@@ -95,16 +100,20 @@ def response_text(response: ChatResponse | CompletionResponse) -> str:
         return response.text or ""
     message = response.message
     parts = [message.content or ""]
-    calls = [block for block in message.blocks if getattr(block, "block_type", None) == "tool_call"]
+    calls = []
+    for block in message.blocks:  # a loop, not a comprehension: no call for a plain answer
+        if getattr(block, "block_type", None) == "tool_call":
+            calls.append(block)
     if calls:
         parts.extend(
             f"{getattr(call, 'tool_name', '')}{_json(getattr(call, 'tool_kwargs', ''))}"
             for call in calls
         )
     else:
-        parts.extend(
-            _tool_call_text(call) for call in message.additional_kwargs.get("tool_calls") or []
-        )
+        listed = message.additional_kwargs.get("tool_calls")
+        if not listed:  # the usual answer: its text alone
+            return parts[0]
+        parts.extend(_tool_call_text(call) for call in listed)
     return "".join(parts)
 
 
@@ -132,6 +141,49 @@ def reported(
     they read is looked up once (a call reads both; each alone probed ~40 places)."""
     if _reports_nothing(response):
         return None, None, NO_DETAILS
+    return _probed(response)
+
+
+#: The keys of a plain OpenAI-shaped usage (Chat Completions'): the two counts and their
+#: total, no details (`_plain_usage`).
+_PLAIN_USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
+#: The keys of a dict ``raw`` that `_probed` reads besides ``usage`` (Bedrock's stream
+#: metadata, Gemini's, Cohere's, Groq's).
+_OTHER_RAW_KEYS = frozenset({"metadata", "usage_metadata", "meta", "response", "x_groq"})
+
+
+def _plain_usage(response: ChatResponse | CompletionResponse) -> tuple[int, int] | None:
+    """The counts of a ``response`` whose only report is a plain OpenAI-shaped usage dict
+    in a dict ``raw`` (no other place `_probed` reads holds anything), else None.
+
+    Exact: `_probed` then finds no Bedrock, Gemini or Cohere shape, reads these two counts
+    from ``raw["usage"]`` first, finds no detail anywhere (``raw["usage"]`` has none, and
+    every other place is empty) and nothing billed apart (no ``iterations``): it returns
+    the two counts and `NO_DETAILS`, as this does without the ~100 calls.
+    """
+    raw = response.raw
+    if type(raw) is not dict or not _OTHER_RAW_KEYS.isdisjoint(raw):
+        return None
+    usage = raw.get("usage")
+    if type(usage) is not dict or not _PLAIN_USAGE_KEYS.issuperset(usage):
+        return None
+    given, made = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(given) is not int or type(made) is not int or given < 0 or made < 0:
+        return None
+    if response.additional_kwargs:
+        return None
+    if isinstance(response, ChatResponse) and response.message.additional_kwargs:
+        return None
+    return given, made
+
+
+def _probed(
+    response: ChatResponse | CompletionResponse,
+) -> tuple[int | None, int | None, TokenDetails]:
+    """`reported` of a ``response`` that has somewhere a count could be."""
+    plain = _plain_usage(response)
+    if plain is not None:  # the one OpenAI-shaped report, alone
+        return plain[0], plain[1], NO_DETAILS
     raw = response.raw
     raw_usage = _field(raw, "usage")
     bedrock = _bedrock_usage(raw, raw_usage)
@@ -178,6 +230,8 @@ def _tokens(
     partial: tuple[int | None, int | None] | None = gemini
     found: tuple[int | None, int | None] = (None, None)
     for place in ordered:
+        if place is None:  # nowhere to look (`_counts` gives None)
+            continue
         counts = _counts(place)
         if counts is None:
             continue
@@ -206,6 +260,8 @@ def _details_of(
         )
     found = _NONE
     for place in places:
+        if place is None:  # nowhere to look (`_details` gives none)
+            continue
         details = _details(place)
         if details is not _NONE and details != _NONE:  # the first place with any count
             found = details
@@ -225,13 +281,16 @@ def _reports_nothing(response: ChatResponse | CompletionResponse) -> bool:
 
 def raw_model(response: ChatResponse | CompletionResponse) -> str | None:
     """The model the provider says served (``raw.model``), if it says so."""
-    model = _field(response.raw, "model") or _field(_event_data(response.raw), "model")
+    raw = response.raw
+    if raw is None:  # no raw answer (a mock, a framework's own): nothing names a model
+        return None
+    model = _field(raw, "model") or _field(_event_data(raw), "model")
     return model if isinstance(model, str) and model else None
 
 
 def _event_data(raw: Any) -> Any:
     """The chunk inside a mistralai ``CompletionEvent`` (a Mistral stream chunk's raw)."""
-    if raw is None or isinstance(raw, Mapping):
+    if raw is None or type(raw) is dict or isinstance(raw, Mapping):
         return None
     return getattr(raw, "data", None)
 
@@ -291,13 +350,16 @@ class StreamTally:
 
     def add(self, chunk: ChatResponse | CompletionResponse) -> None:
         self._deltas.append(chunk.delta or "")
-        self._usage.add(*reported(chunk))
+        # Most chunks have nowhere a count could be: they add nothing (`reported`).
+        if not _reports_nothing(chunk):
+            self._usage.add(*_probed(chunk))
         member = chunk.additional_kwargs.get(SERVED_BY_KEY)
         if member != self._member:
             # A fallback chain restarted the stream on another member: the name the
             # failed member gave is not the serving one's.
             self._member, self.model = member, None
-        self.model = raw_model(chunk) or self.model
+        if chunk.raw is not None:  # a chunk without ``raw`` names no model (`raw_model`)
+            self.model = raw_model(chunk) or self.model
 
     def text(self, last: ChatResponse | CompletionResponse) -> str:
         """The streamed answer: the last chunk's accumulated text, or the joined deltas."""
@@ -308,6 +370,8 @@ class StreamTally:
 
 def _role(message: ChatMessage) -> str:
     role = message.role
+    if type(role) is MessageRole:  # the usual role: its text, without the enum's property
+        return role._value_  # type: ignore[no-any-return]
     return str(getattr(role, "value", role))
 
 
@@ -324,12 +388,16 @@ def _field(container: Any, key: str) -> Any:
 def _counts(place: Any) -> tuple[int | None, int | None] | None:
     if place is None:
         return None
-    found_in = next(
-        (c for c in (token_count(_field(place, k)) for k in _INPUT_KEYS) if c is not None), None
-    )
-    found_out = next(
-        (c for c in (token_count(_field(place, k)) for k in _OUTPUT_KEYS) if c is not None), None
-    )
+    # The first key of each that holds a count (loops: no generator frames per place).
+    found_in = found_out = None
+    for key in _INPUT_KEYS:
+        found_in = token_count(_field(place, key))
+        if found_in is not None:
+            break
+    for key in _OUTPUT_KEYS:
+        found_out = token_count(_field(place, key))
+        if found_out is not None:
+            break
     if found_in is None and found_out is None:
         return None
     if found_in is not None:
@@ -381,7 +449,8 @@ def _bedrock_usage(raw: Any, raw_usage: Any) -> Any:
     a stream's ``metadata`` event (``raw["metadata"]["usage"]``), or None when not so
     shaped."""
     for usage in (raw_usage, _field(_field(raw, "metadata"), "usage")):
-        if not isinstance(usage, Mapping):
+        # A plain dict or None first: no ABC check for either.
+        if usage is None or (type(usage) is not dict and not isinstance(usage, Mapping)):
             continue
         counts = (token_count(usage.get("inputTokens")), token_count(usage.get("outputTokens")))
         if counts != (None, None):

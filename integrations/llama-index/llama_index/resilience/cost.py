@@ -64,8 +64,8 @@ from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
 from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
     Usage,
-    chat_usage,
     embedding_usage,
+    estimated_usage,
     partial_stream_usage,
     reported_usage,
 )
@@ -102,7 +102,10 @@ class MeteredLLM(DelegatingLLM):
         kwargs: dict[str, Any],
         invoke: Callable[[], _ResponseT],
     ) -> _ResponseT:
-        with _meter_of(self).inbox():
+        meter = _meter_of(self)
+        if not meter.hedged:  # no inbox to open (`Meter.inbox`): no context entered
+            return super()._call(kind, request, kwargs, invoke)
+        with meter.inbox():
             return super()._call(kind, request, kwargs, invoke)
 
     async def _acall(
@@ -112,7 +115,10 @@ class MeteredLLM(DelegatingLLM):
         kwargs: dict[str, Any],
         invoke: Callable[[], Awaitable[_ResponseT]],
     ) -> _ResponseT:
-        with _meter_of(self).inbox():
+        meter = _meter_of(self)
+        if not meter.hedged:  # no inbox to open (`Meter.inbox`): no context entered
+            return await super()._acall(kind, request, kwargs, invoke)
+        with meter.inbox():
             return await super()._acall(kind, request, kwargs, invoke)
 
     def _stream(
@@ -137,7 +143,8 @@ class MeteredLLM(DelegatingLLM):
 
     def _on_chunk(self, context: Any, chunk: AnyResponse) -> None:
         call: _Call = context
-        call.tally.add(chunk)
+        tally = call._tally  # made on the first chunk (`_Call.tally`)
+        (tally if tally is not None else call.tally).add(chunk)
 
     def _end(self, context: Any, response: AnyResponse | None) -> None:
         call: _Call = context
@@ -190,15 +197,9 @@ class MeteredLLM(DelegatingLLM):
         # answer's texts are read only for an estimate (`chat_usage`'s rule, in two steps).
         stand_in = _SOME_PROMPT if call.prompted else ()
         usage = reported_usage(reported_in, reported_out, prompt=stand_in, details=details)
-        if usage is None:
+        if usage is None:  # no report (the prompt's emptiness is the stand-in's)
             text = tally.text(response) if tally is not None else response_text(response)
-            usage = chat_usage(
-                reported_in,
-                reported_out,
-                prompt=call.metered.prompt,
-                response_text=text,
-                details=details,
-            )
+            usage = estimated_usage(call.metered.prompt, text)
         return usage, model
 
 

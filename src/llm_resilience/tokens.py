@@ -44,8 +44,9 @@ def count_tokens(text: str) -> int:
     """Tokens in ``text`` under ``cl100k_base`` (special-token text counted as plain text)."""
     if not text:
         return 0
+    loaded = _encoding if _encoding is not None else encoding()  # no call once loaded
     # ``encode_ordinary``: ``encode(text, disallowed_special=())`` without its checks.
-    return len(encoding().encode_ordinary(text))
+    return len(loaded.encode_ordinary(text))
 
 
 # OpenAI's chat format adds a few tokens of framing per message and per reply.

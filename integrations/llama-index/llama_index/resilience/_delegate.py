@@ -80,6 +80,13 @@ _ResponseT = TypeVar("_ResponseT", ChatResponse, CompletionResponse)
 _RouteT = TypeVar("_RouteT")
 
 
+async def aclose_stream(stream: object) -> None:
+    """Close an async stream this layer stopped relaying (``aclose``, when it has one)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 class _PassThrough:
     __slots__ = ()
 
@@ -358,9 +365,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
                 async for chunk in stream:
                     yield chunk
             finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await aclose_stream(stream)
             return
         last: AnyResponse | None = None
         async with AsyncStreamSettler(
@@ -376,9 +381,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
                     last = chunk
                     yield chunk
             finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await aclose_stream(stream)
 
     # -- function calling -----------------------------------------------------------------------
 

@@ -51,7 +51,13 @@ from llama_index.core.instrumentation.dispatcher import (  # type: ignore[attr-d
 )
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
-from llama_index.resilience._delegate import AnyResponse, CallKind, Request, undecorated_call
+from llama_index.resilience._delegate import (
+    AnyResponse,
+    CallKind,
+    Request,
+    aclose_stream,
+    undecorated_call,
+)
 from llama_index.resilience._tool_request import TOOL_REQUEST_KEY, ToolRequest, function_calling
 from llama_index.resilience._usage import llm_name, num_output, prompt_pairs
 from llama_index.resilience.cost import MeteredLLM, _Call
@@ -711,9 +717,7 @@ class RunBudgetLLM(MeteredLLM):
             async for chunk in stream:
                 yield chunk
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await aclose_stream(stream)
 
     # -- tools: prepared and parsed by the LLM that gets the attempt --------------------------
 
@@ -916,6 +920,4 @@ async def _amarked_stream(
         async for chunk in stream:
             yield _mark(chunk)
     finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await aclose_stream(stream)

@@ -66,7 +66,7 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
-from llama_index.resilience._delegate import undecorated_call
+from llama_index.resilience._delegate import aclose_stream, undecorated_call
 from llama_index.resilience._tool_request import TOOL_REQUEST_KEY, ToolRequest, function_calling
 from llama_index.resilience.events import FallbackStreamRestartEvent
 
@@ -764,9 +764,7 @@ async def _aprefilled(
         async for chunk in stream:
             yield _after_prefill(chunk, prefill)
     finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await aclose_stream(stream)
 
 
 def _carries_content(chunk: ChatResponse | CompletionResponse) -> bool:

@@ -24,7 +24,12 @@ Three measurements per database:
   ``abandon``, sync and async), read by this process on the loaded ledger while 8 writer
   processes record fresh entries as fast as they can (durable, then write-behind), by
   a default ledger (exact: every read reaches the database, SQLite's kept reads aside)
-  and by a write-behind one (the stored part reused for up to the interval).
+  and by a write-behind one (the stored part reused for up to the interval). On
+  PostgreSQL, its floor beside them, under the same load: the default ledger's gate
+  read (the same statement, the same parameters, built by ``psycopg_spends``) and, the
+  absolute floor, ``SELECT 1``, each on a bare psycopg connection in autocommit (no
+  ledger, no gate, no worker thread), sync and async (``AsyncConnection``, one event
+  loop): what one round trip costs this process while the writers hold the cores.
 
 SQLite works in a temporary directory; PostgreSQL (``LLM_RESILIENCE_TEST_POSTGRES_URL``,
 default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``) in a fresh schema dropped at
@@ -36,6 +41,8 @@ the end, skipped with a note when the server is not there. Prints markdown table
     python benchmarks/bench_ledger.py --postgres-only  # no SQLite reads under load
     python benchmarks/bench_ledger.py --sqlite-under-load  # only that: a million rows,
                                                            # 8 writers on one file (~2 min)
+    python benchmarks/bench_ledger.py --postgres-under-load  # only that on PostgreSQL,
+                                                             # with its floor (~2 min)
 """
 
 from __future__ import annotations
@@ -265,19 +272,20 @@ class PerWindow:
         return getattr(self._ledger, name)
 
 
+async def asamples(call: Callable[[], Awaitable[object]], repeats: int) -> list[int]:
+    """:func:`timed` for a coroutine function, on the running event loop."""
+    await call()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter_ns()
+        await call()
+        samples.append(time.perf_counter_ns() - started)
+    return samples
+
+
 def atimed(call: Callable[[], Awaitable[object]], repeats: int) -> list[int]:
     """:func:`timed` for a coroutine function, every call awaited on one event loop."""
-
-    async def run() -> list[int]:
-        await call()
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter_ns()
-            await call()
-            samples.append(time.perf_counter_ns() - started)
-        return samples
-
-    return asyncio.run(run())
+    return asyncio.run(asamples(call, repeats))
 
 
 def gate_rows(ledger: SqlCostLedger, repeats: int) -> list[tuple[str, tuple[float, float]]]:
@@ -405,10 +413,56 @@ def stored_rows(url: str) -> int:
         engine.dispose()
 
 
+GATE_READ_FLOOR = "floor: the gate's statement on bare psycopg"
+SELECT_ONE_FLOOR = "floor: `SELECT 1` on bare psycopg"
+
+
+def postgres_floors(url: str, repeats: int) -> list[tuple[str, str, tuple[float, float]]]:
+    """(reader, sync or async, (p50, p99)): the default ledger's gate read on PostgreSQL
+    (the statement and parameters of ``spends([day, month])``, as ``psycopg_spends``
+    builds them) and ``SELECT 1``, each on a bare psycopg connection in autocommit set
+    up as the ledger's (UTC), no ledger around it; sync, then async on one event loop."""
+    import psycopg
+
+    from llm_resilience.ledger._postgres import psycopg_spends
+
+    windows: list[SpendWindow] = [("day", None), ("month", None)]  # what the gate reads
+    statement, parameters = psycopg_spends(windows, datetime.now(UTC))
+    params = postgres_params(url)
+    with psycopg.connect(**params, autocommit=True) as connection:
+        connection.execute("SET TIME ZONE 'UTC'")
+        read = percentiles(
+            timed(lambda: connection.execute(statement, parameters).fetchall(), repeats)
+        )
+        one = percentiles(timed(lambda: connection.execute("SELECT 1").fetchall(), repeats))
+
+    async def run() -> tuple[list[int], list[int]]:
+        aconnection = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+        async with aconnection:
+            await aconnection.execute("SET TIME ZONE 'UTC'")
+
+            async def aread() -> object:
+                return await (await aconnection.execute(statement, parameters)).fetchall()
+
+            async def aone() -> object:
+                return await (await aconnection.execute("SELECT 1")).fetchall()
+
+            return await asamples(aread, repeats), await asamples(aone, repeats)
+
+    aread_samples, aone_samples = asyncio.run(run())
+    return [
+        (GATE_READ_FLOOR, "sync", read),
+        (GATE_READ_FLOOR, "async", percentiles(aread_samples)),
+        (SELECT_ONE_FLOOR, "sync", one),
+        (SELECT_ONE_FLOOR, "async", percentiles(aone_samples)),
+    ]
+
+
 def reads_under_load(url: str, repeats: int) -> list[str]:
     """Markdown rows: the gate (day and month limits) read sync and async by this
     process while ``WRITERS`` processes record as fast as they can, durable per record
-    and with write-behind; the readers' ledger default, and with write-behind too."""
+    and with write-behind; the readers' ledger default, and with write-behind too; on
+    PostgreSQL, then its floor under the same load (`postgres_floors`)."""
     budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
     context = multiprocessing.get_context("spawn")
     rows = []
@@ -449,6 +503,12 @@ def reads_under_load(url: str, repeats: int) -> list[str]:
                             p99,
                         )
                     )
+            if url.startswith("postgresql"):
+                writers = "durable" if behind is None else f"write-behind {behind} s"
+                rows += [
+                    (writers, reader, name, p50, p99)
+                    for reader, name, (p50, p99) in postgres_floors(url, repeats)
+                ]
         finally:
             measure.clear()
             elapsed = time.perf_counter() - began
@@ -485,6 +545,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="only the gate reads under write load on SQLite (the million-row overload)",
     )
+    parser.add_argument(
+        "--postgres-under-load",
+        action="store_true",
+        help="only the gate reads under write load on PostgreSQL, with their floor",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("llm_resilience").setLevel(logging.ERROR)
     rows = 100_000 if args.quick else 1_000_000
@@ -519,6 +584,20 @@ def main(argv: list[str]) -> int:
             SqlCostLedger(url).close()  # builds the running totals from the rows
             loaded += [f"| SQLite {row}" for row in reads_under_load(url, repeats)]
         print(f"\n### Gate reads under write load ({WRITERS} processes, {rows:,} rows)\n")
+        print("\n".join(loaded))
+        return 0
+    if args.postgres_under_load:
+        with postgres_schema() as postgres:
+            if postgres is None:
+                print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.")
+                return 1
+            load_postgres(postgres, rows, now)
+            SqlCostLedger(postgres).close()  # builds the running totals from the rows
+            loaded += [f"| PostgreSQL {row}" for row in reads_under_load(postgres, repeats)]
+        print(
+            f"\n### Gate reads under write load ({WRITERS} processes, {rows:,} rows; "
+            f"goal p99 under {GOAL_LOADED_P99_MS} ms)\n"
+        )
         print("\n".join(loaded))
         return 0
     with tempfile.TemporaryDirectory() as folder:

@@ -404,3 +404,52 @@ def test_a_failed_timed_call_frees_what_its_attempt_held_without_the_cyclic_gc(
     chain = FallbackChain([failing, lambda: "second"], per_client_timeout=1)
     assert chain.invoke(call) == "second"
     assert closed.is_set(), "the failed attempt's frames wait for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
+@pytest.mark.parametrize(
+    "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
+)
+def test_a_stream_that_fails_for_good_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception], timed: bool
+) -> None:
+    closed = threading.Event()
+
+    def reset() -> Iterator[str]:
+        raise ConnectionError("reset")
+        yield "never"
+
+    def failing() -> Iterator[str]:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+        yield "never"
+
+    chain = FallbackChain([reset, failing], idle_timeout=1 if timed else None)
+    with pytest.raises(error):
+        list(chain.stream(call))
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@pytest.mark.parametrize(
+    "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
+)
+async def test_an_async_stream_that_fails_for_good_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception]
+) -> None:
+    closed = threading.Event()
+
+    async def reset() -> AsyncIterator[str]:
+        raise ConnectionError("reset")
+        yield "never"
+
+    async def failing() -> AsyncIterator[str]:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+        yield "never"
+
+    chain = FallbackChain([reset, failing])
+    with pytest.raises(error):
+        [chunk async for chunk in chain.astream(call)]
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"

@@ -39,6 +39,8 @@ from llm_resilience.usage import Usage
 LOGGER = "llm_resilience.fallback"
 HEDGE = 0.05
 WAIT = 10.0  # how long an event may take on a loaded machine before the test fails
+#: The ``held_stream`` fixture: a provider's stream for a failing attempt to hold.
+HeldStream = Callable[[threading.Event], Iterator[str]]
 
 
 @pytest.fixture
@@ -514,3 +516,54 @@ def test_a_cost_layer_knows_whether_a_hedged_chain_is_anywhere_below_it() -> Non
     hedged = FallbackChain(["c", FallbackChain(["d", "e"], hedge_after=1)])
     assert not hedges_below(Wrapper(plain))
     assert hedges_below(Wrapper(Wrapper(hedged)))
+
+
+# -- what a failed attempt held, freed without the cyclic GC ---------------------------
+
+#: The failing attempt's error: one that propagates at once, or a transient one of the
+#: last member left.
+FAILURES = pytest.mark.parametrize(
+    "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
+)
+
+
+def _reset() -> str:
+    raise ConnectionError("reset")
+
+
+async def _areset() -> str:
+    raise ConnectionError("reset")
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+def test_a_failed_hedged_call_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception]
+) -> None:
+    closed = threading.Event()
+
+    def failing() -> str:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_reset, failing], hedge_after=HEDGE)
+    with pytest.raises(error):
+        chain.invoke(call)
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+async def test_a_failed_async_hedged_call_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception]
+) -> None:
+    closed = threading.Event()
+
+    async def failing() -> str:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_areset, failing], hedge_after=HEDGE)
+    with pytest.raises(error):
+        await chain.ainvoke(call)
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"

@@ -525,6 +525,8 @@ def test_a_cost_layer_knows_whether_a_hedged_chain_is_anywhere_below_it() -> Non
 FAILURES = pytest.mark.parametrize(
     "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
 )
+#: Whether the failing attempt failed before its first content or after it (it won).
+CONTENT = pytest.mark.parametrize("content", [0, 1], ids=["before-content", "after-content"])
 
 
 def _reset() -> str:
@@ -533,6 +535,16 @@ def _reset() -> str:
 
 async def _areset() -> str:
     raise ConnectionError("reset")
+
+
+def _reset_stream() -> Iterator[str]:
+    raise ConnectionError("reset")
+    yield "never"
+
+
+async def _areset_stream() -> AsyncIterator[str]:
+    raise ConnectionError("reset")
+    yield "never"
 
 
 @pytest.mark.usefixtures("without_cyclic_gc")
@@ -566,4 +578,52 @@ async def test_a_failed_async_hedged_call_frees_the_provider_stream_its_attempt_
     chain = FallbackChain([_areset, failing], hedge_after=HEDGE)
     with pytest.raises(error):
         await chain.ainvoke(call)
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+@CONTENT
+def test_a_failed_hedged_stream_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception], content: int
+) -> None:
+    closed = threading.Event()
+
+    def failing() -> Iterator[str]:
+        held = held_stream(closed)
+        yield from ["s0"][:content]
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_reset_stream, failing], hedge_after=HEDGE)
+    chunks: list[str] = []
+    with pytest.raises(error):
+        chunks.extend(chain.stream(call))
+    assert chunks == ["s0"][:content]
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+@CONTENT
+async def test_a_failed_async_hedged_stream_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception], content: int
+) -> None:
+    closed = threading.Event()
+
+    async def failing() -> AsyncIterator[str]:
+        held = held_stream(closed)
+        for chunk in ["s0"][:content]:
+            yield chunk
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_areset_stream, failing], hedge_after=HEDGE)
+    chunks: list[str] = []
+
+    async def consume() -> None:
+        async for chunk in chain.astream(call):
+            chunks.append(chunk)
+
+    with pytest.raises(error):
+        await consume()
+    assert chunks == ["s0"][:content]
     assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"

@@ -190,7 +190,7 @@ def hedged_stream(
             content = 1
             delivered = [text_of(first)] if keeps_text and text_of is not None else []
             yield first
-            failure: BaseException
+            failure: BaseException | None
             timed_out: TimeLimit | None = None
             while True:
                 wait_for = clock.next_wait()
@@ -228,6 +228,10 @@ def hedged_stream(
             )
             chain._restarted(on_restart, StreamRestart(index, next_index, content, failure))
     finally:
+        # An error raised here holds this frame in its traceback: without the locals
+        # dropped, error, frame and the worker's frames (the provider's stream among
+        # their locals) form a cycle only the cyclic GC frees (see `_sources`).
+        value = item = failure = None
         for run in list(running):
             abandon(run)
 
@@ -257,7 +261,10 @@ def _after_content(
     if next_index is None:
         if timed_out is not None:
             raise chain._timeout_error(index, failure, timed_out) from failure
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # its traceback holds this frame (see `_sources`)
     chain._log_stream_failure(index, True, content, timed_out=timed_out)
     return next_index
 
@@ -419,7 +426,7 @@ async def hedged_astream(
             content = 1
             delivered = [text_of(first)] if keeps_text and text_of is not None else []
             yield first
-            failure: BaseException
+            failure: BaseException | None
             timed_out: TimeLimit | None = None
             while True:
                 wait_for = clock.next_wait()
@@ -456,5 +463,7 @@ async def hedged_astream(
             )
             await chain._arestarted(on_restart, StreamRestart(index, next_index, content, failure))
     finally:
+        # As in `hedged_stream`: the frame must not hold an error raised from it.
+        value = item = failure = None
         for run in list(tasks):
             await abandon(run)

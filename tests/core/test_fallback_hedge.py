@@ -627,3 +627,65 @@ async def test_a_failed_async_hedged_stream_frees_the_provider_stream_its_attemp
         await consume()
     assert chunks == ["s0"][:content]
     assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+def test_a_hedged_streams_loser_that_fails_late_frees_the_provider_stream_it_held(
+    held_stream: HeldStream, release: threading.Event
+) -> None:
+    closed = threading.Event()
+
+    def slow() -> Iterator[str]:
+        held = held_stream(closed)
+        release.wait(WAIT)
+        raise ConnectionError(f"failed with {held} open")
+        yield "never"
+
+    def fast() -> Iterator[str]:
+        yield from ("s0", "s1")
+
+    chain = FallbackChain([slow, fast], hedge_after=HEDGE)
+    assert list(chain.stream(call)) == ["s0", "s1"]
+    release.set()  # the abandoned primary's read fails after the stream ended
+    assert _settled()
+    assert closed.is_set(), "the losing attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+def test_a_hedged_stream_left_early_frees_the_provider_stream_its_failed_attempt_held(
+    held_stream: HeldStream,
+) -> None:
+    closed = threading.Event()
+
+    def failing() -> Iterator[str]:
+        held = held_stream(closed)
+        yield "s0"
+        raise ConnectionError(f"failed with {held} open")
+
+    chain = FallbackChain([failing, _reset_stream], hedge_after=60)
+    stream = chain.stream(call)
+    assert next(stream) == "s0"
+    assert _settled()  # its worker ran ahead and queued its error, never read
+    stream.close()
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+async def test_an_async_hedged_stream_left_early_frees_the_provider_stream_its_failed_attempt_held(
+    held_stream: HeldStream,
+) -> None:
+    closed = threading.Event()
+    failed = asyncio.Event()
+
+    async def failing() -> AsyncIterator[str]:
+        held = held_stream(closed)
+        yield "s0"
+        failed.set()
+        raise ConnectionError(f"failed with {held} open")
+
+    chain = FallbackChain([failing, _areset_stream], hedge_after=60)
+    stream = chain.astream(call)
+    assert await anext(stream) == "s0"
+    await failed.wait()  # its task ran ahead and queued its error, never read
+    await stream.aclose()
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"

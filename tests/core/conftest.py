@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -92,3 +94,38 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
         with admin.begin() as connection:
             connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
         admin.dispose()
+
+
+@pytest.fixture
+def without_cyclic_gc() -> Iterator[None]:
+    """The cyclic GC off: what the test expects freed must be freed by reference counts.
+
+    A provider stream left to the cyclic GC is finalized on whatever thread the GC next
+    runs in; when that thread is inside httpcore's connection pool (its lock held),
+    closing the stream there deadlocks it (encode/httpcore#990). An attempt's error,
+    raised again by the chain, must not tie the attempt's frames into a cycle.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    yield
+    if collecting:
+        gc.enable()
+
+
+def _held_stream(closed: threading.Event) -> Iterator[str]:
+    def provider() -> Iterator[str]:
+        try:
+            yield from ("p0", "p1")
+        finally:
+            closed.set()
+
+    stream = provider()
+    next(stream)
+    return stream
+
+
+@pytest.fixture
+def held_stream() -> Callable[[threading.Event], Iterator[str]]:
+    """``held_stream(closed)``: a provider's stream, started, for an attempt to hold in
+    its locals; ``closed`` is set once it is freed (or closed)."""
+    return _held_stream

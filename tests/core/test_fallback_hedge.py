@@ -39,6 +39,8 @@ from llm_resilience.usage import Usage
 LOGGER = "llm_resilience.fallback"
 HEDGE = 0.05
 WAIT = 10.0  # how long an event may take on a loaded machine before the test fails
+#: The ``held_stream`` fixture: a provider's stream for a failing attempt to hold.
+HeldStream = Callable[[threading.Event], Iterator[str]]
 
 
 @pytest.fixture
@@ -514,3 +516,176 @@ def test_a_cost_layer_knows_whether_a_hedged_chain_is_anywhere_below_it() -> Non
     hedged = FallbackChain(["c", FallbackChain(["d", "e"], hedge_after=1)])
     assert not hedges_below(Wrapper(plain))
     assert hedges_below(Wrapper(Wrapper(hedged)))
+
+
+# -- what a failed attempt held, freed without the cyclic GC ---------------------------
+
+#: The failing attempt's error: one that propagates at once, or a transient one of the
+#: last member left.
+FAILURES = pytest.mark.parametrize(
+    "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
+)
+#: Whether the failing attempt failed before its first content or after it (it won).
+CONTENT = pytest.mark.parametrize("content", [0, 1], ids=["before-content", "after-content"])
+
+
+def _reset() -> str:
+    raise ConnectionError("reset")
+
+
+async def _areset() -> str:
+    raise ConnectionError("reset")
+
+
+def _reset_stream() -> Iterator[str]:
+    raise ConnectionError("reset")
+    yield "never"
+
+
+async def _areset_stream() -> AsyncIterator[str]:
+    raise ConnectionError("reset")
+    yield "never"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+def test_a_failed_hedged_call_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception]
+) -> None:
+    closed = threading.Event()
+
+    def failing() -> str:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_reset, failing], hedge_after=HEDGE)
+    with pytest.raises(error):
+        chain.invoke(call)
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+async def test_a_failed_async_hedged_call_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception]
+) -> None:
+    closed = threading.Event()
+
+    async def failing() -> str:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_areset, failing], hedge_after=HEDGE)
+    with pytest.raises(error):
+        await chain.ainvoke(call)
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+@CONTENT
+def test_a_failed_hedged_stream_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception], content: int
+) -> None:
+    closed = threading.Event()
+
+    def failing() -> Iterator[str]:
+        held = held_stream(closed)
+        yield from ["s0"][:content]
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_reset_stream, failing], hedge_after=HEDGE)
+    chunks: list[str] = []
+    with pytest.raises(error):
+        chunks.extend(chain.stream(call))
+    assert chunks == ["s0"][:content]
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@FAILURES
+@CONTENT
+async def test_a_failed_async_hedged_stream_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception], content: int
+) -> None:
+    closed = threading.Event()
+
+    async def failing() -> AsyncIterator[str]:
+        held = held_stream(closed)
+        for chunk in ["s0"][:content]:
+            yield chunk
+        raise error(f"failed with {held} open")
+
+    chain = FallbackChain([_areset_stream, failing], hedge_after=HEDGE)
+    chunks: list[str] = []
+
+    async def consume() -> None:
+        async for chunk in chain.astream(call):
+            chunks.append(chunk)
+
+    with pytest.raises(error):
+        await consume()
+    assert chunks == ["s0"][:content]
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+def test_a_hedged_streams_loser_that_fails_late_frees_the_provider_stream_it_held(
+    held_stream: HeldStream, release: threading.Event
+) -> None:
+    closed = threading.Event()
+
+    def slow() -> Iterator[str]:
+        held = held_stream(closed)
+        release.wait(WAIT)
+        raise ConnectionError(f"failed with {held} open")
+        yield "never"
+
+    def fast() -> Iterator[str]:
+        yield from ("s0", "s1")
+
+    chain = FallbackChain([slow, fast], hedge_after=HEDGE)
+    assert list(chain.stream(call)) == ["s0", "s1"]
+    release.set()  # the abandoned primary's read fails after the stream ended
+    assert _settled()
+    assert closed.is_set(), "the losing attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+def test_a_hedged_stream_left_early_frees_the_provider_stream_its_failed_attempt_held(
+    held_stream: HeldStream,
+) -> None:
+    closed = threading.Event()
+
+    def failing() -> Iterator[str]:
+        held = held_stream(closed)
+        yield "s0"
+        raise ConnectionError(f"failed with {held} open")
+
+    chain = FallbackChain([failing, _reset_stream], hedge_after=60)
+    stream = chain.stream(call)
+    assert next(stream) == "s0"
+    assert _settled()  # its worker ran ahead and queued its error, never read
+    stream.close()
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+async def test_an_async_hedged_stream_left_early_frees_the_provider_stream_its_failed_attempt_held(
+    held_stream: HeldStream,
+) -> None:
+    closed = threading.Event()
+    failed = asyncio.Event()
+
+    async def failing() -> AsyncIterator[str]:
+        held = held_stream(closed)
+        yield "s0"
+        failed.set()
+        raise ConnectionError(f"failed with {held} open")
+
+    chain = FallbackChain([failing, _areset_stream], hedge_after=60)
+    stream = chain.astream(call)
+    assert await anext(stream) == "s0"
+    await failed.wait()  # its task ran ahead and queued its error, never read
+    await stream.aclose()
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"

@@ -8,7 +8,6 @@ client that "hangs" blocks on an event released when the test ends.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import threading
 import time
@@ -21,6 +20,8 @@ import pytest
 from llm_resilience import FallbackChain, PerClientTimeoutError, StreamRestart
 
 LOGGER = "llm_resilience.fallback"
+#: The ``held_stream`` fixture: a provider's stream for a failing attempt to hold.
+HeldStream = Callable[[threading.Event], Iterator[str]]
 
 
 def call(index: int, client: Callable[[], Any]) -> Any:
@@ -374,39 +375,14 @@ def test_a_sync_stream_left_early_releases_its_worker_at_the_next_chunk() -> Non
     assert closed.wait(1), "the worker kept pulling an abandoned stream"
 
 
-@pytest.fixture
-def without_cyclic_gc() -> Iterator[None]:
-    collecting = gc.isenabled()
-    gc.disable()
-    yield
-    if collecting:
-        gc.enable()
-
-
-def _held_stream(closed: threading.Event) -> Iterator[str]:
-    """A provider's stream, started: ``closed`` is set once it is freed (or closed)."""
-
-    def provider() -> Iterator[str]:
-        try:
-            yield from ("p0", "p1")
-        finally:
-            closed.set()
-
-    stream = provider()
-    next(stream)
-    return stream
-
-
 @pytest.mark.usefixtures("without_cyclic_gc")
-def test_a_failed_timed_attempt_frees_the_provider_stream_it_held_without_the_cyclic_gc() -> None:
-    # A provider stream left only to the cyclic GC is finalized on whatever thread the
-    # GC next runs in; when that thread is inside httpcore's connection pool (its lock
-    # held), closing the stream there deadlocks it (encode/httpcore#990). The worker's
-    # error, raised again in the caller, must not tie its frames into a cycle.
+def test_a_failed_timed_attempt_frees_the_provider_stream_it_held_without_the_cyclic_gc(
+    held_stream: HeldStream,
+) -> None:
     closed = threading.Event()
 
     def failing() -> Iterator[str]:
-        held = _held_stream(closed)  # a live stream in the failing frame's locals
+        held = held_stream(closed)  # a live stream in the failing frame's locals
         raise ConnectionError(f"connection reset with {held} open")
         yield "never"
 
@@ -416,13 +392,64 @@ def test_a_failed_timed_attempt_frees_the_provider_stream_it_held_without_the_cy
 
 
 @pytest.mark.usefixtures("without_cyclic_gc")
-def test_a_failed_timed_call_frees_what_its_attempt_held_without_the_cyclic_gc() -> None:
+def test_a_failed_timed_call_frees_what_its_attempt_held_without_the_cyclic_gc(
+    held_stream: HeldStream,
+) -> None:
     closed = threading.Event()
 
     def failing() -> str:
-        held = _held_stream(closed)
+        held = held_stream(closed)
         raise ConnectionError(f"connection reset with {held} open")
 
     chain = FallbackChain([failing, lambda: "second"], per_client_timeout=1)
     assert chain.invoke(call) == "second"
     assert closed.is_set(), "the failed attempt's frames wait for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
+@pytest.mark.parametrize(
+    "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
+)
+def test_a_stream_that_fails_for_good_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception], timed: bool
+) -> None:
+    closed = threading.Event()
+
+    def reset() -> Iterator[str]:
+        raise ConnectionError("reset")
+        yield "never"
+
+    def failing() -> Iterator[str]:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+        yield "never"
+
+    chain = FallbackChain([reset, failing], idle_timeout=1 if timed else None)
+    with pytest.raises(error):
+        list(chain.stream(call))
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
+@pytest.mark.parametrize(
+    "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]
+)
+async def test_an_async_stream_that_fails_for_good_frees_the_provider_stream_its_attempt_held(
+    held_stream: HeldStream, error: type[Exception]
+) -> None:
+    closed = threading.Event()
+
+    async def reset() -> AsyncIterator[str]:
+        raise ConnectionError("reset")
+        yield "never"
+
+    async def failing() -> AsyncIterator[str]:
+        held = held_stream(closed)
+        raise error(f"failed with {held} open")
+        yield "never"
+
+    chain = FallbackChain([reset, failing])
+    with pytest.raises(error):
+        [chunk async for chunk in chain.astream(call)]
+    assert closed.is_set(), "the failed attempt's stream waits for the cyclic GC"

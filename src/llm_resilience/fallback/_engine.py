@@ -873,7 +873,10 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             held.clear()
             return position, None, again
         if option is None and not self._moves_on(error, order, position):
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # its traceback holds this frame (see `_sources`)
         self._failed(index, None if option is not None else error)
         if content and self.mid_stream == "raise":
             raise self._interrupted(index, content, [held.text()]) from error
@@ -881,7 +884,10 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
             if option is not None:
                 cause = error.__cause__ or error
                 raise self._timeout_error(index, cause, option) from cause
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # as above
         following = order[position + 1]
         next_prefill = None
         if can_continue and self._routing.accepts_prefill(following):

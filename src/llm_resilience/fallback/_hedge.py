@@ -349,6 +349,10 @@ def hedged_invoke(
             if not running:
                 start()
     finally:
+        # An error raised here holds this frame in its traceback: without the local
+        # dropped, error, frame and the worker's frames (the provider's stream among
+        # their locals) form a cycle only the cyclic GC frees (see `_sources`).
+        value = None
         race.end(running)
 
 
@@ -429,10 +433,19 @@ async def hedged_ainvoke(
                     )
                 else:
                     if not members.moves_on(chain, run.index, error):
-                        raise error
+                        try:
+                            raise error
+                        finally:
+                            # Its traceback holds this frame: the frame must not hold it
+                            # (nor its task) too, or the attempt's frames wait for the
+                            # cyclic GC (see `_sources`).
+                            del error, task, done
                     chain._failed(run.index, error)
                     if not tasks and members.next() is None:
-                        raise error
+                        try:
+                            raise error
+                        finally:
+                            del error, task, done  # as above
                     if not is_context_overflow(error):
                         logger.warning(
                             "Client %d failed transiently; trying next client.", run.index

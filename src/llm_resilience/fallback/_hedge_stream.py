@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import queue
+import threading
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -83,6 +84,7 @@ def hedged_stream(
     inbox = current_hedge_inbox()
     events: queue.SimpleQueue[tuple[Run, str, Any]] = queue.SimpleQueue()
     running: list[Run] = []
+    abandoning = threading.Lock()  # no attempt queues its error once it is abandoned
     first_limit = _first_limit(chain._limits)
     keeps_text = text_of is not None and chain.mid_stream == "raise"
 
@@ -105,7 +107,11 @@ def hedged_stream(
                 if iterator is not None:
                     _close(iterator)
                     iterator = None
-                events.put((run, "error", error))
+                # Not once abandoned: nobody reads it, and the queue (which this frame
+                # holds) would tie it into a cycle only the cyclic GC frees (`_sources`).
+                with abandoning:
+                    if not run.stop.is_set():
+                        events.put((run, "error", error))
             finally:
                 if iterator is not None and run.stop.is_set():
                     _close(iterator)
@@ -115,7 +121,8 @@ def hedged_stream(
 
     def abandon(run: Run) -> None:
         running.remove(run)
-        run.stop.set()
+        with abandoning:
+            run.stop.set()
 
     try:
         while True:
@@ -190,7 +197,7 @@ def hedged_stream(
             content = 1
             delivered = [text_of(first)] if keeps_text and text_of is not None else []
             yield first
-            failure: BaseException
+            failure: BaseException | None
             timed_out: TimeLimit | None = None
             while True:
                 wait_for = clock.next_wait()
@@ -228,8 +235,13 @@ def hedged_stream(
             )
             chain._restarted(on_restart, StreamRestart(index, next_index, content, failure))
     finally:
+        # An error raised here holds this frame in its traceback: without the locals
+        # dropped, error, frame and the worker's frames (the provider's stream among
+        # their locals) form a cycle only the cyclic GC frees (see `_sources`).
+        value = item = failure = None
         for run in list(running):
             abandon(run)
+        _drain(events)  # what the attempts queued before they were abandoned
 
 
 def _expired(
@@ -257,9 +269,19 @@ def _after_content(
     if next_index is None:
         if timed_out is not None:
             raise chain._timeout_error(index, failure, timed_out) from failure
-        raise failure
+        try:
+            raise failure
+        finally:
+            del failure  # its traceback holds this frame (see `_sources`)
     chain._log_stream_failure(index, True, content, timed_out=timed_out)
     return next_index
+
+
+def _drain(events: queue.SimpleQueue[Any] | asyncio.Queue[Any]) -> None:
+    """Empty ``events``: an error left there would wait for the cyclic GC (its
+    traceback holds the frame of the producer that holds the queue)."""
+    while not events.empty():
+        events.get_nowait()
 
 
 def _next_of(
@@ -419,7 +441,7 @@ async def hedged_astream(
             content = 1
             delivered = [text_of(first)] if keeps_text and text_of is not None else []
             yield first
-            failure: BaseException
+            failure: BaseException | None
             timed_out: TimeLimit | None = None
             while True:
                 wait_for = clock.next_wait()
@@ -456,5 +478,8 @@ async def hedged_astream(
             )
             await chain._arestarted(on_restart, StreamRestart(index, next_index, content, failure))
     finally:
+        # As in `hedged_stream`: the frame must not hold an error raised from it.
+        value = item = failure = None
         for run in list(tasks):
             await abandon(run)
+        _drain(events)

@@ -407,6 +407,30 @@ def test_a_failed_timed_call_frees_what_its_attempt_held_without_the_cyclic_gc(
 
 
 @pytest.mark.usefixtures("without_cyclic_gc")
+def test_a_timed_call_failing_after_its_time_limit_frees_what_its_attempt_held(
+    held_stream: HeldStream, gate: threading.Event
+) -> None:
+    closed, ended = threading.Event(), threading.Event()
+
+    def late_failing() -> str:
+        held = held_stream(closed)
+        try:
+            gate.wait(5)  # released once the chain has moved on
+            raise ConnectionError(f"connection reset with {held} open")
+        finally:
+            ended.set()
+
+    def second() -> str:
+        gate.set()
+        return "second"
+
+    chain = FallbackChain([late_failing, second], per_client_timeout=0.2)
+    assert chain.invoke(call) == "second"
+    assert ended.wait(2), "the abandoned attempt never ended"
+    assert closed.wait(2), "the abandoned attempt's frames wait for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
 @pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
 @pytest.mark.parametrize(
     "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
 import time
@@ -462,13 +463,17 @@ class FallbackChain(KnownKeywords, Generic[ClientT]):
         future: Future[ResultT] = Future()
         context = contextvars.copy_context()
 
-        def run() -> None:
+        def run(future: Future[ResultT]) -> None:
             try:
                 future.set_result(context.run(attempt, index, client))
             except BaseException as error:
                 future.set_exception(error)
+                # The error's traceback holds this frame: drop the future (see `_sources`).
+                del future
 
-        _WORKERS.submit(run)
+        # The future is passed, not closed over: a closure cell is shared with the caller,
+        # and only this frame's own reference can be dropped once the caller has gone.
+        _WORKERS.submit(functools.partial(run, future))
         try:
             try:
                 return future.result(timeout=self._timeout)

@@ -431,6 +431,31 @@ def test_a_timed_call_failing_after_its_time_limit_frees_what_its_attempt_held(
 
 
 @pytest.mark.usefixtures("without_cyclic_gc")
+def test_a_timed_stream_failing_after_its_time_limit_frees_the_provider_stream_it_held(
+    held_stream: HeldStream, gate: threading.Event
+) -> None:
+    closed, ended = threading.Event(), threading.Event()
+
+    def late_failing() -> Iterator[str]:
+        held = held_stream(closed)
+        try:
+            gate.wait(5)  # released once the chain has moved on
+            raise ConnectionError(f"connection reset with {held} open")
+        finally:
+            ended.set()
+        yield "never"
+
+    def second() -> Iterator[str]:
+        gate.set()
+        yield from backup()
+
+    chain = FallbackChain([late_failing, second], first_token_timeout=0.2)
+    assert list(chain.stream(call)) == ["b0", "b1"]
+    assert ended.wait(2), "the abandoned attempt never ended"
+    assert closed.wait(2), "the abandoned attempt's late error waits for the cyclic GC"
+
+
+@pytest.mark.usefixtures("without_cyclic_gc")
 @pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
 @pytest.mark.parametrize(
     "error", [ValueError, ConnectionError], ids=["non-transient", "transient-last"]

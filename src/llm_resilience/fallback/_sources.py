@@ -74,6 +74,11 @@ class _ThreadedSource(Generic[ChunkT]):
                     _close(iterator)
                     iterator = None
                 self._queue.put(("error", error))
+                if self._stop.is_set():
+                    # Abandoned: an error nobody reads ties this frame into a cycle
+                    # through ``self`` (see `next`). Put before the check, and `close`
+                    # drains after setting ``_stop``, so one of the two drains it.
+                    self._drain()
             finally:
                 if iterator is not None and self._stop.is_set():
                     _close(iterator)
@@ -105,6 +110,15 @@ class _ThreadedSource(Generic[ChunkT]):
 
     def close(self) -> None:
         self._stop.set()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Drop what is queued (an abandoned source's chunks, or its late error)."""
+        try:
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
 
 
 def _close(iterator: object) -> None:

@@ -43,6 +43,8 @@ the end, skipped with a note when the server is not there. Prints markdown table
                                                            # 8 writers on one file (~2 min)
     python benchmarks/bench_ledger.py --postgres-under-load  # only that on PostgreSQL,
                                                              # with its floor (~2 min)
+    python benchmarks/bench_ledger.py --postgres-interleaved  # the sync gate and its
+                                                              # floors interleaved (~2 min)
 """
 
 from __future__ import annotations
@@ -458,6 +460,58 @@ def postgres_floors(url: str, repeats: int) -> list[tuple[str, str, tuple[float,
     ]
 
 
+def interleaved_under_load(url: str, repeats: int) -> list[str]:
+    """Markdown rows: the default ledger's sync gate read (``begin`` + ``abandon``) and
+    its floors (`postgres_floors`' statement and ``SELECT 1`` on a bare connection),
+    interleaved while ``WRITERS`` processes record durably as fast as they can: rounds of
+    50 reads of each, the order rotating every round, so all three run under the same
+    load (``reads_under_load`` times them one after the other)."""
+    import psycopg
+
+    from llm_resilience.ledger._postgres import psycopg_spends
+
+    budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
+    context = multiprocessing.get_context("spawn")
+    measure, stop, counts = context.Event(), context.Event(), context.Queue()
+    workers = [
+        context.Process(target=steady_writer, args=(url, None, measure, stop, counts))
+        for _ in range(WRITERS)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(3)  # every writer up and writing
+    ledger = SqlCostLedger(url)
+    gate = BudgetGate(budget, ledger)
+    windows: list[SpendWindow] = [("day", None), ("month", None)]
+    statement, parameters = psycopg_spends(windows, datetime.now(UTC))
+    try:
+        with psycopg.connect(**postgres_params(url), autocommit=True) as connection:
+            connection.execute("SET TIME ZONE 'UTC'")
+            calls: dict[str, Callable[[], object]] = {
+                "default (exact), sync gate": lambda: gate.begin("chat").abandon(),
+                GATE_READ_FLOOR: lambda: connection.execute(statement, parameters).fetchall(),
+                SELECT_ONE_FLOOR: lambda: connection.execute("SELECT 1").fetchall(),
+            }
+            samples: dict[str, list[int]] = {name: [] for name in calls}
+            names = list(calls)
+            for round_ in range(max(1, repeats // 50)):
+                shift = round_ % len(names)
+                for name in names[shift:] + names[:shift]:
+                    samples[name] += timed(calls[name], 50)
+    finally:
+        ledger.close()
+        stop.set()
+        for _ in workers:
+            counts.get(timeout=600)
+        for worker in workers:
+            worker.join()
+    load = os.getloadavg()[0]
+    return [
+        f"| {name} | {p50:.3f} | {p99:.3f} | {len(samples[name])} | {load:.1f} |"
+        for name, (p50, p99) in ((name, percentiles(samples[name])) for name in names)
+    ]
+
+
 def reads_under_load(url: str, repeats: int) -> list[str]:
     """Markdown rows: the gate (day and month limits) read sync and async by this
     process while ``WRITERS`` processes record as fast as they can, durable per record
@@ -550,6 +604,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="only the gate reads under write load on PostgreSQL, with their floor",
     )
+    parser.add_argument(
+        "--postgres-interleaved",
+        action="store_true",
+        help="only the default sync gate and its floors, interleaved under durable writers",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("llm_resilience").setLevel(logging.ERROR)
     rows = 100_000 if args.quick else 1_000_000
@@ -585,6 +644,22 @@ def main(argv: list[str]) -> int:
             loaded += [f"| SQLite {row}" for row in reads_under_load(url, repeats)]
         print(f"\n### Gate reads under write load ({WRITERS} processes, {rows:,} rows)\n")
         print("\n".join(loaded))
+        return 0
+    if args.postgres_interleaved:
+        with postgres_schema() as postgres:
+            if postgres is None:
+                print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.")
+                return 1
+            load_postgres(postgres, rows, now)
+            SqlCostLedger(postgres).close()  # builds the running totals from the rows
+            interleaved = interleaved_under_load(postgres, repeats)
+        print(
+            f"\n### PostgreSQL: the sync gate and its floors, interleaved, under {WRITERS} "
+            f"durable writers ({rows:,} rows)\n"
+        )
+        print("| reader | p50 ms | p99 ms | calls | load average |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        print("\n".join(interleaved))
         return 0
     if args.postgres_under_load:
         with postgres_schema() as postgres:

@@ -189,4 +189,7 @@ def test_a_repeated_read_with_nothing_committed_runs_no_totals_query(
     for driver, _, _ in ledger._db._idle:
         driver.set_trace_callback(statements.append)
     assert ledger.spends(WINDOWS, now=NOW) == (Decimal("0.3"), Decimal("0.3"), 0, 0)
-    assert statements == ["PRAGMA data_version"]
+    # The lock-wait bound is set again when the time left has drifted past its slack (a
+    # slow machine); that is no read of the totals.
+    read = [each for each in statements if not each.startswith("PRAGMA busy_timeout")]
+    assert read == ["PRAGMA data_version"]

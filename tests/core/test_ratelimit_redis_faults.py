@@ -403,6 +403,7 @@ def test_a_faulty_redis_delays_an_acquire_at_most_two_operation_timeouts_then_en
         outage_cooldown=COOLDOWN,
     )
     with caplog.at_level(logging.INFO, logger=LOGGER):
+        started = time.monotonic()  # the healthy call's permit is taken just after
         crowd = crowd_in_a_fault(limiter, proxy, fault, path)
         worst = max(delay for _, delay in crowd)
         assert worst <= BOUND + SLACK, f"worst delay {worst:.3f}s"
@@ -417,11 +418,14 @@ def test_a_faulty_redis_delays_an_acquire_at_most_two_operation_timeouts_then_en
         proxy.mode = "forward"
         time.sleep(COOLDOWN)
         # Enforcing again: the bucket runs dry and refuses. Requests the silent proxy
-        # held may reach Redis now and take a permit each, so at most 59 are left.
+        # held may reach Redis now and take a permit each, so at most 59 are left, plus
+        # one for each second since the healthy call (60 a minute refill one a second;
+        # a loaded machine takes over a second to get here).
         granted = 0
         while limiter.acquire(blocking=False):
             granted += 1
-        assert 1 <= granted <= 59
+        refilled = int(time.monotonic() - started)
+        assert 1 <= granted <= 59 + refilled
         assert limiter.acquire(blocking=False) is False
     assert caplog.records[-1].levelno == logging.INFO  # "Redis answers again"
     assert "answers again" in caplog.records[-1].getMessage()

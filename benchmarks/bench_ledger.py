@@ -64,7 +64,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -460,6 +460,31 @@ def postgres_floors(url: str, repeats: int) -> list[tuple[str, str, tuple[float,
     ]
 
 
+@contextmanager
+def writers_running(url: str, behind: float | None) -> Iterator[tuple[Any, list[Any]]]:
+    """``WRITERS`` processes recording into ``url`` as fast as they can (durable, or with
+    write-behind ``behind``), each up and writing. Yields the event that has them count
+    what they record while set, and the list their reports (``steady_writer``'s) are in
+    once the block is left: then they are stopped and have closed their ledgers."""
+    context = multiprocessing.get_context("spawn")
+    measure, stop, counts = context.Event(), context.Event(), context.Queue()
+    workers = [
+        context.Process(target=steady_writer, args=(url, behind, measure, stop, counts))
+        for _ in range(WRITERS)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(3)  # every writer up and writing
+    reports: list[Any] = []
+    try:
+        yield measure, reports
+    finally:
+        stop.set()
+        reports += [counts.get(timeout=600) for _ in workers]
+        for worker in workers:
+            worker.join()  # each has closed its ledger and exited
+
+
 def interleaved_under_load(url: str, repeats: int) -> list[str]:
     """Markdown rows: the default ledger's sync gate read (``begin`` + ``abandon``) and
     its floors (`postgres_floors`' statement and ``SELECT 1`` on a bare connection),
@@ -471,20 +496,10 @@ def interleaved_under_load(url: str, repeats: int) -> list[str]:
     from llm_resilience.ledger._postgres import psycopg_spends
 
     budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
-    context = multiprocessing.get_context("spawn")
-    measure, stop, counts = context.Event(), context.Event(), context.Queue()
-    workers = [
-        context.Process(target=steady_writer, args=(url, None, measure, stop, counts))
-        for _ in range(WRITERS)
-    ]
-    for worker in workers:
-        worker.start()
-    time.sleep(3)  # every writer up and writing
-    ledger = SqlCostLedger(url)
-    gate = BudgetGate(budget, ledger)
     windows: list[SpendWindow] = [("day", None), ("month", None)]
     statement, parameters = psycopg_spends(windows, datetime.now(UTC))
-    try:
+    with writers_running(url, None), closing(SqlCostLedger(url)) as ledger:
+        gate = BudgetGate(budget, ledger)
         with psycopg.connect(**postgres_params(url), autocommit=True) as connection:
             connection.execute("SET TIME ZONE 'UTC'")
             calls: dict[str, Callable[[], object]] = {
@@ -498,13 +513,6 @@ def interleaved_under_load(url: str, repeats: int) -> list[str]:
                 shift = round_ % len(names)
                 for name in names[shift:] + names[:shift]:
                     samples[name] += timed(calls[name], 50)
-    finally:
-        ledger.close()
-        stop.set()
-        for _ in workers:
-            counts.get(timeout=600)
-        for worker in workers:
-            worker.join()
     load = os.getloadavg()[0]
     return [
         f"| {name} | {p50:.3f} | {p99:.3f} | {len(samples[name])} | {load:.1f} |"
@@ -518,58 +526,46 @@ def reads_under_load(url: str, repeats: int) -> list[str]:
     and with write-behind; the readers' ledger default, and with write-behind too; on
     PostgreSQL, then its floor under the same load (`postgres_floors`)."""
     budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
-    context = multiprocessing.get_context("spawn")
     rows = []
     for behind in (None, WRITE_BEHIND):
         before = stored_rows(url)
-        measure, stop, counts = context.Event(), context.Event(), context.Queue()
-        workers = [
-            context.Process(target=steady_writer, args=(url, behind, measure, stop, counts))
-            for _ in range(WRITERS)
-        ]
-        for worker in workers:
-            worker.start()
-        time.sleep(3)  # every writer up and writing
-        measure.set()
-        began = time.perf_counter()
-        try:
-            for reader_behind in (None, WRITE_BEHIND):
-                ledger = SqlCostLedger(url, write_behind=reader_behind)
-                gate = BudgetGate(budget, ledger)
+        with writers_running(url, behind) as (measure, reports):
+            measure.set()
+            began = time.perf_counter()
+            try:
+                for reader_behind in (None, WRITE_BEHIND):
+                    ledger = SqlCostLedger(url, write_behind=reader_behind)
+                    gate = BudgetGate(budget, ledger)
 
-                async def gate_call() -> None:
-                    await (await gate.abegin("chat")).aabandon()  # noqa: B023
+                    async def gate_call() -> None:
+                        await (await gate.abegin("chat")).aabandon()  # noqa: B023
 
-                try:
-                    sync = percentiles(timed(lambda: gate.begin("chat").abandon(), repeats))  # noqa: B023
-                    aio = percentiles(atimed(gate_call, repeats))
-                finally:
-                    ledger.close()
-                for name, (p50, p99) in (("sync", sync), ("async", aio)):
-                    rows.append(
-                        (
-                            "durable" if behind is None else f"write-behind {behind} s",
-                            "default"
-                            if reader_behind is None
-                            else f"write-behind {reader_behind} s",
-                            name,
-                            p50,
-                            p99,
+                    try:
+                        sync = percentiles(timed(lambda: gate.begin("chat").abandon(), repeats))  # noqa: B023
+                        aio = percentiles(atimed(gate_call, repeats))
+                    finally:
+                        ledger.close()
+                    for name, (p50, p99) in (("sync", sync), ("async", aio)):
+                        rows.append(
+                            (
+                                "durable" if behind is None else f"write-behind {behind} s",
+                                "default"
+                                if reader_behind is None
+                                else f"write-behind {reader_behind} s",
+                                name,
+                                p50,
+                                p99,
+                            )
                         )
-                    )
-            if url.startswith("postgresql"):
-                writers = "durable" if behind is None else f"write-behind {behind} s"
-                rows += [
-                    (writers, reader, name, p50, p99)
-                    for reader, name, (p50, p99) in postgres_floors(url, repeats)
-                ]
-        finally:
-            measure.clear()
-            elapsed = time.perf_counter() - began
-            stop.set()
-            reports = [counts.get(timeout=600) for _ in workers]
-            for worker in workers:
-                worker.join()  # each has closed its ledger and exited
+                if url.startswith("postgresql"):
+                    writers = "durable" if behind is None else f"write-behind {behind} s"
+                    rows += [
+                        (writers, reader, name, p50, p99)
+                        for reader, name, (p50, p99) in postgres_floors(url, repeats)
+                    ]
+            finally:
+                measure.clear()
+                elapsed = time.perf_counter() - began
         rate = sum(written for written, _, _ in reports) / elapsed
         recorded = sum(total for _, total, _ in reports)
         stored = f"{stored_rows(url) - before:,} / {recorded:,}"

@@ -372,30 +372,48 @@ def _merged(chunks: list[ChatGenerationChunk]) -> BaseMessage | None:
 
 def merged_usage_and_metadata(
     chunks: list[ChatGenerationChunk],
-) -> tuple[UsageMetadata | None, dict[str, Any]] | None:
+) -> tuple[UsageMetadata | None, dict[str, Any], bool] | None:
     """The ``usage_metadata`` and ``response_metadata`` of the message `_merged`
     builds from ``chunks``, computed as LangChain's merge computes them without merging
-    the rest (content, tool calls, ids); None unless the chunks are two or more
-    ``AIMessageChunk`` objects (then merge them)."""
-    messages = [chunk.message for chunk in chunks]
-    if len(messages) < 2 or any(type(message) is not AIMessageChunk for message in messages):
+    the rest (content, tool calls, ids), and whether any chunk's content is a list of
+    blocks rather than text; None unless the chunks are two or more ``AIMessageChunk``
+    objects (then merge them).
+
+    One pass, each message's fields read from its ``__dict__``: every attribute read on a
+    pydantic model goes through its ``__getattr__`` hook, and a stream's end reads three
+    fields of every chunk.
+    """
+    if len(chunks) < 2:
         return None
-    # An empty dict adds nothing to a merge: most chunks carry none.
-    filled = [message.response_metadata for message in messages if message.response_metadata]
+    filled: list[dict[str, Any]] = []
+    report: UsageMetadata | None = None
+    reports = 0
+    blocks = False
+    for chunk in chunks:
+        message = chunk.message
+        if type(message) is not AIMessageChunk:
+            return None
+        fields = message.__dict__  # an exact AIMessageChunk: pydantic keeps every field here
+        if fields["response_metadata"]:  # an empty dict adds nothing to a merge
+            filled.append(fields["response_metadata"])
+        if fields["usage_metadata"]:
+            report = fields["usage_metadata"]
+            reports += 1
+        if type(fields["content"]) is not str:
+            blocks = True
     metadata = merge_dicts(*filled) if filled else {}
-    usages = [message.usage_metadata for message in messages]  # type: ignore[attr-defined]
-    reports = [usage for usage in usages if usage]
-    if len(reports) == 1:
+    if reports == 1:
         # One chunk reports (the usual stream): the sum LangChain makes is its counts
         # (zeros added for the chunks without one).
-        return reports[0], metadata
+        return report, metadata, blocks
+    usages = [chunk.message.usage_metadata for chunk in chunks]  # type: ignore[attr-defined]
     usage: UsageMetadata | None = None
     # As ``add_ai_message_chunks`` adds them up (a None beside a report counts as zeros).
     if usages[0] or any(each is not None for each in usages[1:]):
         usage = usages[0]
         for other in usages[1:]:
             usage = add_usage(usage, other)
-    return usage, metadata
+    return usage, metadata, blocks
 
 
 class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):

@@ -159,15 +159,6 @@ def _summaries(*contents: Any) -> list[str]:
     return list(found.values())
 
 
-def _streamed_blocks(chunks: Sequence[ChatGenerationChunk]) -> bool:
-    """Whether any chunk's content is not plain text: only a list of blocks may hold a
-    compaction block (`_summaries`), so without one `_with_summaries` has nothing to do."""
-    for chunk in chunks:  # noqa: SIM110 - a loop: ``any`` over a generator costs a call a chunk
-        if type(chunk.message.content) is not str:
-            return True
-    return False
-
-
 def _with_summaries(
     usage: Usage, prompt: Callable[[], Prompt], contents: list[Any], metadata: Any
 ) -> Usage:
@@ -433,16 +424,17 @@ class CostTrackedChatModel(DelegatingChatModel):
 
     def _streamed(
         self, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
-    ) -> tuple[Usage, dict[str, Any]] | None:
-        """What a completed stream used and its merged metadata, read from its chunks as
-        `_usage` reads their merged message; None when the merge is needed (no
-        reported usage, so the answer's text is estimated; chunks of another kind)."""
+    ) -> tuple[Usage, dict[str, Any], bool] | None:
+        """What a completed stream used, its merged metadata and whether any chunk holds
+        content blocks, read from its chunks as `_usage` reads their merged message; None
+        when the merge is needed (no reported usage, so the answer's text is estimated;
+        chunks of another kind)."""
         parts = merged_usage_and_metadata(chunks)
         if parts is None:
             return None
-        reported, metadata = parts
+        reported, metadata, blocks = parts
         usage = _reported(messages, reported or _token_count(metadata), metadata)
-        return None if usage is None else (usage, metadata)
+        return None if usage is None else (usage, metadata, blocks)
 
     def _end_stream(
         self, context: Any, messages: list[BaseMessage], chunks: list[ChatGenerationChunk]
@@ -452,8 +444,8 @@ class CostTrackedChatModel(DelegatingChatModel):
             super()._end_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        usage, metadata = read
-        if _streamed_blocks(chunks):
+        usage, metadata, blocks = read
+        if blocks:  # only a list of blocks may hold a compaction block (`_summaries`)
             contents = [chunk.message.content for chunk in chunks]
             usage = _with_summaries(usage, lambda: call.prompt, contents, metadata)
         call.settle(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))
@@ -466,8 +458,8 @@ class CostTrackedChatModel(DelegatingChatModel):
             await super()._aend_stream(context, messages, chunks)
             return
         call: MeteredCall = context
-        usage, metadata = read
-        if _streamed_blocks(chunks):
+        usage, metadata, blocks = read
+        if blocks:
             contents = [chunk.message.content for chunk in chunks]
             usage = _with_summaries(usage, lambda: call.prompt, contents, metadata)
         await call.asettle(usage, named=_named_model(metadata), mark=metadata.get(SERVED_BY_KEY))

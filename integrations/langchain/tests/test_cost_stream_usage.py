@@ -177,6 +177,18 @@ _DETAILED: UsageMetadata = {
             id="no-report-metadata-spread",
         ),
         pytest.param([_chunk(None), _chunk(None)], id="nothing"),
+        pytest.param(
+            [
+                _chunk(None),
+                ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content=[{"type": "text", "text": "b", "index": 0}],
+                        usage_metadata=_usage(7, 5),
+                    )
+                ),
+            ],
+            id="content-blocks",
+        ),
     ],
 )
 def test_a_streams_usage_and_metadata_are_read_as_langchains_merge_reads_them(
@@ -192,6 +204,8 @@ def test_a_streams_usage_and_metadata_are_read_as_langchains_merge_reads_them(
     merged = merge_chat_generation_chunks(chunks)
     assert parts is not None
     assert merged is not None
-    usage, metadata = parts
+    usage, metadata, blocks = parts
     assert usage == merged.message.usage_metadata  # type: ignore[attr-defined]
     assert metadata == merged.message.response_metadata
+    # Whether a compaction block may be there: only a list of content blocks holds one.
+    assert blocks == any(type(chunk.message.content) is not str for chunk in chunks)

@@ -37,7 +37,7 @@ systematically off: treat estimated entries as close approximations, not invoice
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TypeGuard
 
 from llm_resilience import checks
@@ -254,6 +254,34 @@ class Usage:
         return TokenDetails(*(getattr(self, name) for name in DETAIL_FIELDS))
 
 
+#: The slot setter of each of `Usage`'s fields, in field order (`_unchecked_usage`).
+_USAGE_SETTERS = tuple(vars(Usage)[each.name].__set__ for each in fields(Usage))
+
+
+def _unchecked_usage(input_tokens: int, output_tokens: int, estimated: bool) -> Usage:
+    """A `Usage` of two counts its caller checked already and no parts, built without
+    ``Usage``'s checks again: each field through its slot's own setter, which costs half
+    of ``object.__setattr__`` (that looks the slot up by name first)."""
+    usage = object.__new__(Usage)
+    (
+        set_input_tokens,
+        set_output_tokens,
+        set_estimated,
+        set_cache_read_tokens,
+        set_cache_write_tokens,
+        set_cache_write_1h_tokens,
+        set_reasoning_tokens,
+    ) = _USAGE_SETTERS
+    set_input_tokens(usage, input_tokens)
+    set_output_tokens(usage, output_tokens)
+    set_estimated(usage, estimated)
+    set_cache_read_tokens(usage, None)
+    set_cache_write_tokens(usage, None)
+    set_cache_write_1h_tokens(usage, None)
+    set_reasoning_tokens(usage, None)
+    return usage
+
+
 def _misfit(input_tokens: int, output_tokens: int, details: TokenDetails) -> str | None:
     """Why ``details`` cannot be parts of these totals, or None when they can."""
     read, written = details.cache_read_tokens or 0, details.cache_write_tokens or 0
@@ -422,14 +450,7 @@ def estimated_usage(prompt: Sequence[tuple[str, str]], response_text: str) -> Us
         return Usage(given, made, estimated=True)
     # Two token counts (ints >= 0) within range, and no parts: what ``Usage``'s checks
     # would pass, built without them.
-    usage = object.__new__(Usage)
-    assign = object.__setattr__
-    assign(usage, "input_tokens", given)
-    assign(usage, "output_tokens", made)
-    assign(usage, "estimated", True)
-    for name in DETAIL_FIELDS:
-        assign(usage, name, None)
-    return usage
+    return _unchecked_usage(given, made, True)
 
 
 def reported_usage(
@@ -466,18 +487,12 @@ def reported_usage(
     if reported_input == 0 and len(prompt) > 0:
         return None
     # Both counts were checked just above: built without ``Usage``'s checks again.
-    usage = object.__new__(Usage)
-    assign = object.__setattr__
-    assign(usage, "input_tokens", reported_input)
-    assign(usage, "output_tokens", reported_output)
-    assign(usage, "estimated", False)
+    usage = _unchecked_usage(reported_input, reported_output, False)
     if details is None or details is NO_DETAILS:  # the usual report: `_fitted`'s answer
-        for name in DETAIL_FIELDS:
-            assign(usage, name, None)
         return usage
     fitted = _fitted(reported_input, reported_output, details)
     for name in DETAIL_FIELDS:
-        assign(usage, name, getattr(fitted, name))
+        object.__setattr__(usage, name, getattr(fitted, name))
     return usage
 
 

@@ -261,11 +261,11 @@ class MeteredCall:
 
     def settle(self, usage: Usage, *, named: object = None, mark: object = None) -> None:
         """Record what the call used, priced for the model that served ([`Meter.served`][])."""
-        self.ticket.finish(usage, model=self._meter.served(named, mark))
+        self.ticket.settle(usage, model=self._meter.served(named, mark))
 
     async def asettle(self, usage: Usage, *, named: object = None, mark: object = None) -> None:
         """Async [`settle`][] (its writes shielded from a cancellation)."""
-        await self.ticket.afinish(usage, model=self._meter.served(named, mark))
+        await self.ticket.asettle(usage, model=self._meter.served(named, mark))
 
     def abandon(self) -> None:
         """The call failed: record nothing (a strict hold is released)."""
@@ -289,7 +289,7 @@ class MeteredCall:
         if usage is None:
             self.ticket.abandon()
         else:
-            self.ticket.finish(usage, model=self._consumed_by(usage, named, mark))
+            self.ticket.settle(usage, model=self._consumed_by(usage, named, mark))
 
     async def aend_early(
         self, usage: Usage | None, *, named: object = None, mark: object = None
@@ -299,7 +299,7 @@ class MeteredCall:
         if usage is None:
             await self.ticket.aabandon()
         else:
-            await self.ticket.afinish(usage, model=self._consumed_by(usage, named, mark))
+            await self.ticket.asettle(usage, model=self._consumed_by(usage, named, mark))
 
 
 class StreamOutcome(enum.Enum):

@@ -33,11 +33,14 @@ from llm_resilience.errors import BudgetExceededError
 from llm_resilience.ledger import CostLedger, LedgerEntry, Reservation
 from llm_resilience.ledger._protocol import (
     CheckedLimits,
+    EntryRow,
     batch_reader,
     check_scope,
-    checked_entry,
+    checked_row,
+    entry_of_row,
     gate_reader,
     inline_recorder,
+    row_recorder,
 )
 from llm_resilience.money import ModelPrice, cost_of
 from llm_resilience.telemetry import record_llm_usage
@@ -121,8 +124,9 @@ class BudgetGate:
         #: Each served name's price match, per budget (see `priced`).
         self._prices: tuple[CostBudget, dict[str | None, tuple[PriceMatch, ModelPrice]]] | None
         self._prices = None
-        #: The ledger's `gate_reader` and `inline_recorder`, per ledger (see `_fast`).
-        self._reader: tuple[CostLedger, Callable[..., list[Decimal]] | None, Any] | None = None
+        #: The ledger's `gate_reader`, `inline_recorder` and `row_recorder`, per ledger
+        #: (see `_fast`).
+        self._reader: tuple[CostLedger, Callable[..., list[Decimal]] | None, Any, Any] | None = None
 
     def __repr__(self) -> str:
         return f"BudgetGate(budget={self.budget!r}, ledger={self.ledger!r})"
@@ -341,13 +345,18 @@ class BudgetGate:
                         raise BudgetExceededError(window, limit, spend, spend_scope)
         return BudgetTicket(self, "chat", scope, model, None)
 
-    def _fast(self) -> tuple[CostLedger, Callable[..., list[Decimal]] | None, Any]:
-        """The ledger, its `gate_reader` and its `inline_recorder`, looked up once per
-        ledger (again when ``ledger`` is replaced)."""
+    def _fast(self) -> tuple[CostLedger, Callable[..., list[Decimal]] | None, Any, Any]:
+        """The ledger, its `gate_reader`, its `inline_recorder` and its
+        `row_recorder`, looked up once per ledger (again when ``ledger`` is replaced)."""
         fast = self._reader
         if fast is None or fast[0] is not self.ledger:  # the first call, or a new ledger
             ledger = self.ledger
-            fast = self._reader = (ledger, gate_reader(ledger), inline_recorder(ledger))
+            fast = self._reader = (
+                ledger,
+                gate_reader(ledger),
+                inline_recorder(ledger),
+                row_recorder(ledger),
+            )
         return fast
 
     async def _areserve(
@@ -522,9 +531,10 @@ class BudgetTicket:
         Returns the entry (None if the ticket was already finished or abandoned). A ledger
         that cannot be written logs a WARNING and raises nothing.
         """
-        entry = self._entry(usage, model)
-        if entry is None:
+        row = self._row(usage, model)
+        if row is None:
             return None
+        entry = entry_of_row(row)
         ledger = self._gate.ledger
         try:
             if self.reservation is None:
@@ -537,9 +547,10 @@ class BudgetTicket:
 
     async def afinish(self, usage: Usage, *, model: str | None = None) -> LedgerEntry | None:
         """Async `finish`."""
-        entry = self._entry(usage, model)
-        if entry is None:
+        row = self._row(usage, model)
+        if row is None:
             return None
+        entry = entry_of_row(row)
         ledger = self._gate.ledger
         surface = self.surface
         if self.reservation is None:
@@ -562,6 +573,36 @@ class BudgetTicket:
         )
         await shielded(write, lambda exc: unwritable(exc, surface, ledger))
         return entry
+
+    def settle(self, usage: Usage, *, model: str | None = None) -> None:
+        """`finish`, for a caller that has no use for the entry (a meter's settle): a
+        ledger that records rows in place (`row_recorder`: the in-memory one) is
+        handed the entry's fields and never has the entry built."""
+        if self.reservation is None:
+            gate = self._gate
+            ledger = gate.ledger
+            fast = gate._reader
+            record_row = (gate._fast() if fast is None or fast[0] is not ledger else fast)[3]
+            if record_row is not None:
+                row = self._row(usage, model)
+                if row is None:
+                    return
+                try:
+                    record_row(row)
+                except Exception as exc:
+                    unwritable(exc, self.surface, ledger)
+                return
+        self.finish(usage, model=model)
+
+    async def asettle(self, usage: Usage, *, model: str | None = None) -> None:
+        """Async `settle` (a ledger that records rows does so in place: nothing to shield)."""
+        if self.reservation is None:
+            gate = self._gate
+            fast = gate._reader
+            if (gate._fast() if fast is None or fast[0] is not gate.ledger else fast)[3]:
+                self.settle(usage, model=model)
+                return
+        await self.afinish(usage, model=model)
 
     def abandon(self) -> None:
         """Record nothing and release the strict-mode hold, if any."""
@@ -642,7 +683,10 @@ class BudgetTicket:
             thread_id=self.thread_id,
         )
 
-    def _entry(self, usage: Usage, model: str | None) -> LedgerEntry | None:
+    def _row(self, usage: Usage, model: str | None) -> EntryRow | None:
+        """The entry of the call that used ``usage``, priced for ``model`` (default: the
+        gate's), as a `checked_row`; None if the ticket was already finished or
+        abandoned (it is now finished)."""
         if self._done:
             return None
         self._done = True
@@ -664,21 +708,21 @@ class BudgetTicket:
             output_tokens=usage.output_tokens,
             cost=cost,
         )
-        return checked_entry(
-            timestamp=datetime.now(UTC) if gate._now is _utcnow else gate.now(),
-            kind=surface,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost=cost,
-            model=served,
-            estimated=usage.estimated,
-            scope=self.scope,
-            cache_read_tokens=usage.cache_read_tokens or 0,
-            cache_write_tokens=usage.cache_write_tokens or 0,
-            cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
-            reasoning_tokens=usage.reasoning_tokens or 0,
-            run_id=self.run_id,
-            thread_id=self.thread_id,
+        return checked_row(
+            datetime.now(UTC) if gate._now is _utcnow else gate.now(),
+            surface,
+            usage.input_tokens,
+            usage.output_tokens,
+            cost,
+            served,
+            usage.estimated,
+            self.scope,
+            usage.cache_read_tokens or 0,
+            usage.cache_write_tokens or 0,
+            usage.cache_write_1h_tokens or 0,
+            usage.reasoning_tokens or 0,
+            self.run_id,
+            self.thread_id,
         )
 
 

@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import cast
 
 from llm_resilience import checks
 from llm_resilience.checks import duration, whole
@@ -20,7 +21,13 @@ from llm_resilience.ledger._groups import (
 )
 from llm_resilience.ledger._protocol import (
     DEFAULT_RESERVATION_TTL,
+    ROW_COST,
+    ROW_RUN_ID,
+    ROW_SCOPE,
+    ROW_THREAD_ID,
+    ROW_TIMESTAMP,
     CheckedLimits,
+    EntryRow,
     LedgerEntry,
     Reservation,
     RunColumn,
@@ -35,6 +42,7 @@ from llm_resilience.ledger._protocol import (
     check_run_or_thread,
     check_scope,
     check_windows,
+    entry_of_row,
     exact_sum,
     refusal,
     window_key,
@@ -98,7 +106,16 @@ class InMemoryCostLedger:
     processes.
     """
 
-    __slots__ = ("_entries", "_holds", "_lock", "_max_runs", "_runs", "_totals", "reservation_ttl")
+    __slots__ = (
+        "_entries",
+        "_holds",
+        "_lock",
+        "_max_runs",
+        "_rows",
+        "_runs",
+        "_totals",
+        "reservation_ttl",
+    )
 
     #: Default bound on the entries kept for [`entries`][].
     DEFAULT_MAX_ENTRIES = 100_000
@@ -120,7 +137,10 @@ class InMemoryCostLedger:
         self._lock = threading.Lock()
         if max_entries is not None:
             whole("max_entries", max_entries, minimum=1)
-        self._entries: deque[LedgerEntry] = deque(maxlen=max_entries)
+        # A gate's entries arrive as rows (`_record_row`) and are built when first read.
+        self._entries: deque[LedgerEntry | EntryRow] = deque(maxlen=max_entries)
+        # Whether ``_entries`` may hold a row not built into its entry yet.
+        self._rows = False
         self._totals: dict[tuple[str, str | None], Decimal] = {}
         self._holds: dict[str, Reservation] = {}
         # (run_id or thread_id, its value) -> exact cost, least recently recorded first.
@@ -142,6 +162,20 @@ class InMemoryCostLedger:
     async def arecord(self, entry: LedgerEntry) -> None:
         """[`record`][]; it never waits for more than the lock's brief hold."""
         self.record(entry)
+
+    def _record_row(self, row: EntryRow) -> None:
+        """[`record`][] of the entry ``row`` stands for (a budget gate's `checked_row`,
+        checked already), kept as the row until an entry is read (`row_recorder`)."""
+        with self._lock:
+            self._entries.append(row)
+            self._rows = True
+            self._count(
+                row[ROW_COST],
+                row[ROW_SCOPE],
+                row[ROW_TIMESTAMP],
+                row[ROW_RUN_ID],
+                row[ROW_THREAD_ID],
+            )
 
     def spend(
         self, window: Window, *, scope: str | None = None, now: datetime | None = None
@@ -278,7 +312,7 @@ class InMemoryCostLedger:
         """
         low, high, wanted = _entry_filter(since, until, scope, model, kind, run, thread)
         with self._lock:
-            chosen = [entry for entry in self._entries if wanted(entry, low, high)]
+            chosen = [entry for entry in self._built() if wanted(entry, low, high)]
         chosen.sort(key=lambda entry: entry.timestamp)  # stable: ties keep recording order
         return chosen
 
@@ -412,11 +446,23 @@ class InMemoryCostLedger:
         """Nothing to release; the entries stay readable."""
 
     def _add(self, entry: LedgerEntry) -> None:
-        """Keep ``entry`` and add its cost to the running totals it counts toward: its UTC
-        day and month, globally and for its scope; the caller holds the lock."""
+        """Keep ``entry`` and add its cost to the running totals it counts toward; the
+        caller holds the lock."""
         self._entries.append(entry)
-        totals, cost, zero, add, scope = self._totals, entry.cost, _ZERO, EXACT.add, entry.scope
-        when = entry.timestamp
+        self._count(entry.cost, entry.scope, entry.timestamp, entry.run_id, entry.thread_id)
+
+    def _count(
+        self,
+        cost: Decimal,
+        scope: str | None,
+        when: datetime,
+        run_id: str | None,
+        thread_id: str | None,
+    ) -> None:
+        """Add an entry's ``cost`` to the running totals it counts toward: its UTC day and
+        month, globally and for its ``scope``, and its run's and thread's; the caller
+        holds the lock."""
+        totals, zero, add = self._totals, _ZERO, EXACT.add
         day, month = _window_pairs.get(when.toordinal()) or window_keys(when)  # kept per day
         key: tuple[str, str | None] = (day, None)
         totals[key] = add(totals.get(key, zero), cost)
@@ -428,10 +474,22 @@ class InMemoryCostLedger:
         if scope is not None:
             key = (month, scope)
             totals[key] = add(totals.get(key, zero), cost)
-        if entry.run_id is not None:
-            self._add_run(("run_id", entry.run_id), cost)
-        if entry.thread_id is not None:
-            self._add_run(("thread_id", entry.thread_id), cost)
+        if run_id is not None:
+            self._add_run(("run_id", run_id), cost)
+        if thread_id is not None:
+            self._add_run(("thread_id", thread_id), cost)
+
+    def _built(self) -> deque[LedgerEntry]:
+        """``_entries`` with every row built into its entry (once: they are kept built);
+        the caller holds the lock."""
+        if self._rows:
+            entries = self._entries
+            self._entries = deque(
+                (entry_of_row(each) if type(each) is tuple else each for each in entries),
+                maxlen=entries.maxlen,
+            )
+            self._rows = False
+        return cast("deque[LedgerEntry]", self._entries)
 
     def _add_run(self, key: tuple[RunColumn, str], cost: Decimal) -> None:
         """Add ``cost`` to a run's or thread's total, now the most recent; the caller

@@ -49,7 +49,9 @@ __all__ = [
     "check_now",
     "check_scope",
     "check_windows",
-    "checked_entry",
+    "checked_row",
+    "entry_of_row",
+    "EntryRow",
     "exact_sum",
     "read_spends",
     "aread_spends",
@@ -58,6 +60,7 @@ __all__ = [
     "stored_run_spend",
     "gate_reader",
     "inline_recorder",
+    "row_recorder",
     "window_bounds",
     "window_key",
     "window_keys",
@@ -177,8 +180,7 @@ class LedgerEntry:
         checks.scope("thread_id", self.thread_id)
 
 
-def checked_entry(
-    *,
+def checked_row(
     timestamp: datetime,
     kind: str,
     input_tokens: int,
@@ -187,14 +189,15 @@ def checked_entry(
     model: str | None,
     estimated: bool,
     scope: str | None,
-    cache_read_tokens: int = 0,
-    cache_write_tokens: int = 0,
-    cache_write_1h_tokens: int = 0,
-    reasoning_tokens: int = 0,
-    run_id: str | None = None,
-    thread_id: str | None = None,
-) -> LedgerEntry:
-    """A call's entry from values its budget gate already checked, built unchecked.
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    cache_write_1h_tokens: int,
+    reasoning_tokens: int,
+    run_id: str | None,
+    thread_id: str | None,
+) -> EntryRow:
+    """A call's entry, as the tuple of its fields in field order (an `EntryRow`), from
+    values its budget gate already checked.
 
     The gate's hot path: ``timestamp`` is the gate's UTC clock, ``kind`` its surface (also
     the entry's ``surface``), the counts a validated ``Usage``, ``cost`` priced from
@@ -202,57 +205,54 @@ def checked_entry(
     and ``scope``, ``run_id`` and ``thread_id`` checked when the call was admitted; the
     cache and reasoning counts are the same ``Usage``'s (None there is 0 here). Only
     ``model`` and ``estimated``, which a caller of ``BudgetTicket.finish`` passes, are
-    checked here. The result equals ``LedgerEntry(...)`` of the same values (a core test
-    holds the two to that).
+    checked here; the entry gets a new id (`_ordered_id`). `entry_of_row` makes it an
+    entry equal to ``LedgerEntry(...)`` of the same values (a core test holds the two to
+    that); a ledger that keeps rows (the in-memory one) makes it one only when read.
     """
     if model is not None and (not isinstance(model, str) or not model):
         _optional_text("model", model)  # raises, naming the field
     if estimated is not True and estimated is not False:
         raise TypeError(f"estimated must be a bool, got {estimated!r}")
+    return (
+        timestamp,
+        kind,
+        input_tokens,
+        output_tokens,
+        cost,
+        0,  # pages: a token-billed call's
+        model,
+        estimated,
+        kind,  # surface
+        scope,
+        # `_ordered_id`, written out (a call saved on every entry).
+        ((_time_ns() << 64) | _random_bits(64)).to_bytes(16, "big").hex(),
+        cache_read_tokens,
+        cache_write_tokens,
+        cache_write_1h_tokens,
+        reasoning_tokens,
+        run_id,
+        thread_id,
+    )
+
+
+def entry_of_row(row: EntryRow) -> LedgerEntry:
+    """The entry whose fields, in field order, are ``row`` (`checked_row`'s), built
+    unchecked: each field through its slot's own setter (``object.__setattr__`` looks the
+    slot up by name first, which took 40% of building an entry)."""
     entry = object.__new__(LedgerEntry)
-    # Each field through its slot's own setter: ``object.__setattr__`` looks the slot up
-    # by name first, which took 40% of building an entry.
-    (
-        set_timestamp,
-        set_kind,
-        set_input_tokens,
-        set_output_tokens,
-        set_cost,
-        set_pages,
-        set_model,
-        set_estimated,
-        set_surface,
-        set_scope,
-        set_entry_id,
-        set_cache_read_tokens,
-        set_cache_write_tokens,
-        set_cache_write_1h_tokens,
-        set_reasoning_tokens,
-        set_run_id,
-        set_thread_id,
-    ) = _SETTERS
-    set_timestamp(entry, timestamp)
-    set_kind(entry, kind)
-    set_input_tokens(entry, input_tokens)
-    set_output_tokens(entry, output_tokens)
-    set_cost(entry, cost)
-    set_pages(entry, 0)
-    set_model(entry, model)
-    set_estimated(entry, estimated)
-    set_surface(entry, kind)
-    set_scope(entry, scope)
-    # `_ordered_id`, written out (a call saved on every entry).
-    set_entry_id(entry, ((_time_ns() << 64) | _random_bits(64)).to_bytes(16, "big").hex())
-    set_cache_read_tokens(entry, cache_read_tokens)
-    set_cache_write_tokens(entry, cache_write_tokens)
-    set_cache_write_1h_tokens(entry, cache_write_1h_tokens)
-    set_reasoning_tokens(entry, reasoning_tokens)
-    set_run_id(entry, run_id)
-    set_thread_id(entry, thread_id)
+    for set_field, value in zip(_SETTERS, row, strict=True):
+        set_field(entry, value)
     return entry
 
 
-#: The slot setter of each of `LedgerEntry`'s fields, in field order (`checked_entry`).
+#: An entry's fields in field order (`checked_row`, `entry_of_row`).
+EntryRow = tuple[Any, ...]
+
+#: Where `checked_row` puts the fields a ledger's running totals read.
+ROW_TIMESTAMP, ROW_COST, ROW_SCOPE, ROW_RUN_ID, ROW_THREAD_ID = 0, 4, 9, 15, 16
+
+
+#: The slot setter of each of `LedgerEntry`'s fields, in field order (`entry_of_row`).
 _SETTERS = tuple(vars(LedgerEntry)[each.name].__set__ for each in fields(LedgerEntry))
 
 #: An entry's cache and reasoning counts, as fields and as SQL columns.
@@ -484,6 +484,22 @@ def inline_recorder(ledger: object) -> Any:
         if "_arecord_records" in namespace:
             method = getattr(ledger, "record", None)
             return method if namespace["_arecord_records"] is True and callable(method) else None
+        if "record" in namespace or "arecord" in namespace:
+            return None
+    return None
+
+
+def row_recorder(ledger: object) -> Any:
+    """``ledger``'s ``_record_row(row)`` (it records a `checked_row` as ``record`` records
+    the entry it stands for, in place, never waiting: the in-memory ledger's), so a gate
+    of ours need not build the entry; None when it has none, and when a subclass
+    overrides ``record`` or ``arecord`` below the class that defines it (entries then go
+    through the override)."""
+    for klass in type(ledger).__mro__:
+        namespace = vars(klass)
+        if "_record_row" in namespace:
+            method = getattr(ledger, "_record_row", None)
+            return method if callable(method) else None
         if "record" in namespace or "arecord" in namespace:
             return None
     return None

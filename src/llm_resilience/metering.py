@@ -20,15 +20,16 @@ Examples:
     [('tenant-1', 'gpt-4o')]
 
 How a stream ended is one decision too ([`StreamOutcome`][]): every layer of every
-adapter iterates its stream inside a [`StreamSettler`][] (or
-[`AsyncStreamSettler`][]), which calls the one hook the outcome asks for.
+adapter that settles its streams records, when one raises, what its outcome records
+(``consumed`` or ``nothing``), and the answer when it completes. A ``try``/``except``
+around the chunks, not a context manager: the stream's usual end costs nothing extra.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal, TypeVar
 
@@ -55,11 +56,9 @@ from llm_resilience.usage import Usage, model_output_cap, output_cap
 
 __all__ = [
     "BUDGET_SCOPE_KWARG",
-    "AsyncStreamSettler",
     "Meter",
     "MeteredCall",
     "StreamOutcome",
-    "StreamSettler",
     "stack_output_caps",
 ]
 
@@ -338,60 +337,3 @@ class StreamOutcome(enum.Enum):
         if self is StreamOutcome.COMPLETED:
             return "answer"
         return "nothing" if self is StreamOutcome.FAILED else "consumed"
-
-
-class StreamSettler:
-    """Calls, when the stream iterated inside it ends, the hook its outcome records.
-
-    Examples:
-        >>> seen = []
-        >>> def chunks():
-        ...     with StreamSettler(answer=lambda: seen.append("answer"),
-        ...                        consumed=lambda: seen.append("consumed"),
-        ...                        nothing=lambda: seen.append("nothing")):
-        ...         yield from "abc"
-        >>> stream = chunks(); next(stream); stream.close()
-        'a'
-        >>> seen
-        ['consumed']
-
-    The exception the stream ended with propagates unchanged.
-    """
-
-    __slots__ = ("_hooks",)
-
-    def __init__(
-        self,
-        *,
-        answer: Callable[[], object],
-        consumed: Callable[[], object],
-        nothing: Callable[[], object],
-    ) -> None:
-        self._hooks = {"answer": answer, "consumed": consumed, "nothing": nothing}
-
-    def __enter__(self) -> StreamSettler:
-        return self
-
-    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
-        self._hooks[StreamOutcome.of(error).records]()
-
-
-class AsyncStreamSettler:
-    """Async [`StreamSettler`][] (``async with``), whose hooks are awaited."""
-
-    __slots__ = ("_hooks",)
-
-    def __init__(
-        self,
-        *,
-        answer: Callable[[], Awaitable[object]],
-        consumed: Callable[[], Awaitable[object]],
-        nothing: Callable[[], Awaitable[object]],
-    ) -> None:
-        self._hooks = {"answer": answer, "consumed": consumed, "nothing": nothing}
-
-    async def __aenter__(self) -> AsyncStreamSettler:
-        return self
-
-    async def __aexit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
-        await self._hooks[StreamOutcome.of(error).records]()

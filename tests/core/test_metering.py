@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -14,10 +14,8 @@ from llm_resilience.errors import BudgetExceededError
 from llm_resilience.fallback._hedge_inbox import HedgeLoser, current_hedge_inbox
 from llm_resilience.metering import (
     BUDGET_SCOPE_KWARG,
-    AsyncStreamSettler,
     Meter,
     StreamOutcome,
-    StreamSettler,
 )
 from llm_resilience.usage import Usage
 
@@ -131,49 +129,3 @@ def test_how_a_stream_ended_decides_what_it_records() -> None:
         (StreamOutcome.FAILED, "nothing"),
         (StreamOutcome.FAILED, "nothing"),
     ]
-
-
-def test_a_stream_settler_calls_the_hook_its_outcome_records_and_lets_the_error_through() -> None:
-    seen: list[str] = []
-
-    def chunks(fail: bool = False) -> Iterator[int]:
-        with StreamSettler(
-            answer=lambda: seen.append("answer"),
-            consumed=lambda: seen.append("consumed"),
-            nothing=lambda: seen.append("nothing"),
-        ):
-            yield 1
-            if fail:
-                raise RuntimeError("boom")
-            yield 2
-
-    assert list(chunks()) == [1, 2]
-    stream = chunks()
-    next(stream)
-    stream.close()
-    with pytest.raises(RuntimeError, match="boom"):
-        list(chunks(fail=True))
-
-    async def achunks() -> AsyncIterator[int]:
-        async def note(what: str) -> None:
-            seen.append(what)
-
-        async with AsyncStreamSettler(
-            answer=lambda: note("async answer"),
-            consumed=lambda: note("async consumed"),
-            nothing=lambda: note("async nothing"),
-        ):
-            yield 1
-            await asyncio.sleep(10)
-
-    async def cancel_while_waiting() -> None:
-        stream = achunks()
-        await anext(stream)
-        task = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(cancel_while_waiting())
-    assert seen == ["answer", "consumed", "nothing", "async consumed"]

@@ -41,7 +41,7 @@ from langchain_llm_resilience._plain_call import aplain_generate, plain_generate
 from langchain_llm_resilience._restart import SINK_KWARG, RestartSink
 from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
-from llm_resilience.metering import AsyncStreamSettler, StreamSettler
+from llm_resilience.metering import StreamOutcome
 from llm_resilience.redact import redacted_fields
 
 __all__ = ["ChatModelKeywords", "DelegatingChatModel"]
@@ -641,14 +641,17 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
         call_kwargs = self._stream_kwargs(kwargs)
         context = self._begin(messages, call_kwargs)
         chunks: list[ChatGenerationChunk] = []
-        with StreamSettler(
-            answer=lambda: self._end_stream(context, messages, chunks),
-            consumed=lambda: self._end_early(context, messages, chunks),
-            nothing=lambda: self._end(context, messages, None),
-        ):
+        try:
             for chunk in stream_inner(self.inner, messages, stop, run_manager, call_kwargs):
                 chunks.append(chunk)
                 yield chunk
+        except BaseException as error:  # what its outcome records (`StreamOutcome`)
+            if StreamOutcome.of(error).records == "consumed":
+                self._end_early(context, messages, chunks)
+            else:
+                self._end(context, messages, None)
+            raise
+        self._end_stream(context, messages, chunks)
 
     def _astream(  # type: ignore[override]  # returns an async generator as is
         self,
@@ -684,15 +687,18 @@ class DelegatingChatModel(BaseChatModel, WrapsOne, ChatModelKeywords):
         call_kwargs = self._stream_kwargs(kwargs)
         context = await self._abegin(messages, call_kwargs)
         chunks: list[ChatGenerationChunk] = []
-        async with AsyncStreamSettler(
-            answer=lambda: self._aend_stream(context, messages, chunks),
-            consumed=lambda: self._aend_early(context, messages, chunks),
-            nothing=lambda: self._aend(context, messages, None),
-        ):
+        try:
             stream = await astream_started(self.inner, messages, stop, run_manager, call_kwargs)
             async for chunk in stream:
                 chunks.append(chunk)
                 yield chunk
+        except BaseException as error:  # what its outcome records (`StreamOutcome`)
+            if StreamOutcome.of(error).records == "consumed":
+                await self._aend_early(context, messages, chunks)
+            else:
+                await self._aend(context, messages, None)
+            raise
+        await self._aend_stream(context, messages, chunks)
 
     # -- tools and structured output --------------------------------------------------------
 

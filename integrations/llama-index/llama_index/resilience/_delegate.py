@@ -52,7 +52,7 @@ from llama_index.core.llms.llm import LLM, ToolSelection
 
 from llm_resilience.checks import KnownKeywords
 from llm_resilience.layers import WrapsOne
-from llm_resilience.metering import AsyncStreamSettler, StreamSettler
+from llm_resilience.metering import StreamOutcome
 from llm_resilience.redact import redacted_fields
 
 if TYPE_CHECKING:
@@ -334,11 +334,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
                     close()
             return
         last: AnyResponse | None = None
-        with StreamSettler(
-            answer=lambda: self._end(context, last or _empty(kind)),
-            consumed=lambda: self._end_early(context, last),
-            nothing=lambda: self._end(context, None),
-        ):
+        try:
             stream = self._route(context, invoke)()
             try:
                 for chunk in stream:
@@ -349,6 +345,13 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
+        except BaseException as error:  # what its outcome records (`StreamOutcome`)
+            if StreamOutcome.of(error).records == "consumed":
+                self._end_early(context, last)
+            else:
+                self._end(context, None)
+            raise
+        self._end(context, last or _empty(kind))
 
     async def _astream(
         self,
@@ -368,11 +371,7 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
                 await aclose_stream(stream)
             return
         last: AnyResponse | None = None
-        async with AsyncStreamSettler(
-            answer=lambda: self._aend(context, last or _empty(kind)),
-            consumed=lambda: self._aend_early(context, last),
-            nothing=lambda: self._aend(context, None),
-        ):
+        try:
             opened = self._route(context, invoke)()
             stream = await opened if inspect.isawaitable(opened) else opened
             try:
@@ -382,6 +381,13 @@ class DelegatingLLM(FunctionCallingLLM, WrapsOne, KnownKeywords):
                     yield chunk
             finally:
                 await aclose_stream(stream)
+        except BaseException as error:  # what its outcome records (`StreamOutcome`)
+            if StreamOutcome.of(error).records == "consumed":
+                await self._aend_early(context, last)
+            else:
+                await self._aend(context, None)
+            raise
+        await self._aend(context, last or _empty(kind))
 
     # -- function calling -----------------------------------------------------------------------
 

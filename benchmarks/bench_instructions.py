@@ -9,7 +9,9 @@ the model called directly.
 
 It also counts, in isolation, the parts of the cost layer's work on a LangChain stream
 (the gate's admission, the usage read from the finished stream's chunks, and the
-settle: price, entry and record), each over the bench's in-memory ledger.
+settle: price, entry and record), each over the bench's in-memory ledger; and the
+estimate a ``CostTrackedLLM`` over ``MockLLM`` makes on every call, because MockLLM
+reports no usage (the prompt's and the answer's tokens counted with ``cl100k_base``).
 
 Instructions are not time: a dict lookup and a cache miss both count as a handful. Read
 a ratio here beside ``bench_wrappers.py``'s, for where a wrapper's work goes.
@@ -50,8 +52,9 @@ CELLS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("LlamaIndex over ReportingMockLLM", "llama-reporting", "achat", ("cost_tracked",)),
 )
 
-#: The parts of a LangChain cost stream's work, each counted alone (``part:<name>``).
-PARTS = ("none", "begin", "usage", "begin+settle")
+#: The parts of a LangChain cost stream's work, each counted alone (``part:<name>``), and
+#: the estimate of a MockLLM chat call's usage.
+PARTS = ("none", "begin", "usage", "begin+settle", "estimate")
 
 _ASYNC = {"ainvoke": "invoke", "astream": "stream", "achat": "chat", "astream_chat": "stream_chat"}
 
@@ -74,8 +77,20 @@ def _call(framework: str, contender: str, shape: str) -> tuple[Callable[[], Any]
 
 
 def _part(name: str) -> Callable[[], Any]:
-    """One part of ``CostTrackedChatModel``'s work on a finished 5-chunk stream."""
+    """One part of ``CostTrackedChatModel``'s work on a finished 5-chunk stream, or the
+    usage estimate of one MockLLM chat call (``estimate``)."""
     import bench_wrappers as bw
+
+    if name == "estimate":
+        from llama_index.resilience._usage import prompt_pairs, response_text
+
+        from llm_resilience.usage import estimated_usage
+
+        # What `CostTrackedLLM` reads when the answer reports nothing.
+        pairs = prompt_pairs(bw.LLAMA_MESSAGES)
+        text = response_text(bw.llama_contenders()["direct"].chat(bw.LLAMA_MESSAGES))
+        return lambda: estimated_usage(pairs, text)
+
     from bench_fallback import MESSAGES
 
     from langchain_llm_resilience._delegate import private_state
@@ -210,9 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\nThe parts of `CostTrackedChatModel`'s work on one stream, each alone:\n")
     print("| part | instructions | share of the direct stream |")
     print("| --- | ---: | ---: |")
-    for name in PARTS[1:]:
+    for name in PARTS[1:-1]:
         alone = counts[("part", name, "-")] - none
         print(f"| {name} | {alone:,.0f} | {alone / direct_stream:.1%} |")
+    direct_chat = counts[("llama", "direct", "chat")]
+    estimate = counts[("part", "estimate", "-")] - none
+    print(
+        f"\nThe usage estimate of one MockLLM chat call (`estimated_usage`): {estimate:,.0f} "
+        f"instructions, {estimate / direct_chat:.1%} of the direct call."
+    )
     return 0
 
 

@@ -578,31 +578,33 @@ class BudgetTicket:
         """`finish`, for a caller that has no use for the entry (a meter's settle): a
         ledger that records rows in place (`row_recorder`: the in-memory one) is
         handed the entry's fields and never has the entry built."""
-        if self.reservation is None:
-            gate = self._gate
-            ledger = gate.ledger
-            fast = gate._reader
-            record_row = (gate._fast() if fast is None or fast[0] is not ledger else fast)[3]
-            if record_row is not None:
-                row = self._row(usage, model)
-                if row is None:
-                    return
-                try:
-                    record_row(row)
-                except Exception as exc:
-                    unwritable(exc, self.surface, ledger)
-                return
-        self.finish(usage, model=model)
+        if not self._recorded_as_row(usage, model):
+            self.finish(usage, model=model)
 
     async def asettle(self, usage: Usage, *, model: str | None = None) -> None:
         """Async `settle` (a ledger that records rows does so in place: nothing to shield)."""
-        if self.reservation is None:
-            gate = self._gate
-            fast = gate._reader
-            if (gate._fast() if fast is None or fast[0] is not gate.ledger else fast)[3]:
-                self.settle(usage, model=model)
-                return
-        await self.afinish(usage, model=model)
+        if not self._recorded_as_row(usage, model):
+            await self.afinish(usage, model=model)
+
+    def _recorded_as_row(self, usage: Usage, model: str | None) -> bool:
+        """Record the call as a row when its ledger takes rows and no hold is to be
+        settled (a ledger that cannot be written is warned about, as ``finish`` does);
+        False when ``finish`` must record it."""
+        if self.reservation is not None:
+            return False
+        gate = self._gate
+        ledger = gate.ledger
+        fast = gate._reader
+        record_row = (gate._fast() if fast is None or fast[0] is not ledger else fast)[3]
+        if record_row is None:
+            return False
+        row = self._row(usage, model)
+        if row is not None:
+            try:
+                record_row(row)
+            except Exception as exc:
+                unwritable(exc, self.surface, ledger)
+        return True
 
     def abandon(self) -> None:
         """Record nothing and release the strict-mode hold, if any."""

@@ -24,6 +24,15 @@ range.
     python benchmarks/bench_wrappers.py            # ~70 s on 2 cores, 90 s at most
     python benchmarks/bench_wrappers.py --quick    # ~10 s, for a smoke run
     python benchmarks/bench_wrappers.py --profile fallback invoke  # cProfile one cell
+    python benchmarks/bench_wrappers.py --cost-parts  # the cost layers' time, part by part
+
+``--cost-parts`` times where a cost layer's time goes inside the call it wraps, by the
+same interleaved method: the layer with nothing to meter (its frame: ``_begin`` and the
+end hooks do nothing), the layer that admits each call but settles nothing, and the
+whole layer, each beside the direct call (a LangChain stream, a ``ReportingMockLLM``
+chat). A part's time in the call can differ from its time alone in a loop
+(``bench_instructions.py`` counts its instructions): there its code stays in the CPU's
+caches, here it runs between the framework's own.
 """
 
 from __future__ import annotations
@@ -242,6 +251,82 @@ def benchmark(settings: Settings) -> str:
     return "\n".join(out)
 
 
+# -- the cost layers, part by part ------------------------------------------------------
+
+
+class _FramedChat(CostTrackedChatModel):
+    """The LangChain cost layer with nothing to meter: its frame alone."""
+
+    def _begin(self, messages: Any, kwargs: Any) -> Any:
+        return None
+
+    def _end_stream(self, context: Any, messages: Any, chunks: Any) -> None:
+        return None
+
+
+class _AdmittingChat(CostTrackedChatModel):
+    """The LangChain cost layer that admits each call and settles nothing."""
+
+    def _end_stream(self, context: Any, messages: Any, chunks: Any) -> None:
+        return None
+
+
+class _FramedLLM(CostTrackedLLM):
+    """The LlamaIndex cost layer with nothing to meter: its frame alone."""
+
+    def _begin(self, kind: Any, request: Any, kwargs: Any) -> Any:
+        return None
+
+    def _end(self, context: Any, response: Any) -> None:
+        return None
+
+
+class _AdmittingLLM(CostTrackedLLM):
+    """The LlamaIndex cost layer that admits each call and settles nothing."""
+
+    def _end(self, context: Any, response: Any) -> None:
+        return None
+
+
+COST_PARTS = ("frame", "admission", "cost_tracked")
+
+
+def cost_parts(settings: Settings) -> str:
+    """The cost layers' time inside the calls they wrap, part by part."""
+    chat = FakeChat()
+    kinds = {
+        "frame": _FramedChat,
+        "admission": _AdmittingChat,
+        "cost_tracked": CostTrackedChatModel,
+    }
+    layers = {
+        name: kind(inner=chat, budget=_budget(), ledger=InMemoryCostLedger())
+        for name, kind in kinds.items()
+    }
+    streams = {"direct": langchain_sync(chat, "stream")}
+    streams |= {name: langchain_sync(layer, "stream") for name, layer in layers.items()}
+    mock = ReportingMockLLM()
+    llm_kinds = {"frame": _FramedLLM, "admission": _AdmittingLLM, "cost_tracked": CostTrackedLLM}
+    llms = {
+        name: kind(inner=mock, budget=_budget(), ledger=InMemoryCostLedger())
+        for name, kind in llm_kinds.items()
+    }
+    chats = {"direct": llama_sync(mock, "chat")}
+    chats |= {name: llama_sync(llm, "chat") for name, llm in llms.items()}
+    out = [f"Machine: {machine()}", ""]
+    out += [
+        table(
+            "CostTrackedChatModel, part by part",
+            COST_PARTS,
+            {"stream": run_sync(streams, settings)},
+        ),
+        "",
+    ]
+    title = "CostTrackedLLM over ReportingMockLLM, part by part"
+    out += [table(title, COST_PARTS, {"chat": run_sync(chats, settings)}), ""]
+    return "\n".join(out)
+
+
 # -- profiling ---------------------------------------------------------------------------
 
 
@@ -283,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         help="cProfile one cell: langchain|failover|llama|llama-reporting, a contender, invoke|stream|chat|"
         "stream_chat",
     )
+    parser.add_argument(
+        "--cost-parts", action="store_true", help="the cost layers' time, part by part"
+    )
     args = parser.parse_args(argv)
     # Offline and deterministic: no LangSmith tracer may attach itself.
     for variable in ("LANGCHAIN_TRACING_V2", "LANGCHAIN_TRACING", "LANGSMITH_TRACING"):
@@ -297,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         settings = Settings(rounds=300, warmup=10, batch_ns=3_000_000, budget_s=6.0)
     started = time.perf_counter()
-    print(benchmark(settings))
+    print(cost_parts(settings) if args.cost_parts else benchmark(settings))
     print(
         f"Up to {settings.rounds} rounds (+{settings.warmup} warm-up) of ~"
         f"{settings.batch_ns / 1e6:.0f} ms batches per contender, {settings.budget_s:.1f} s "

@@ -43,11 +43,14 @@ import cProfile
 import os
 import platform
 import pstats
+import random
 import statistics
 import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import langchain_core
@@ -69,8 +72,11 @@ from llama_index.core.llms.mock import MockLLM
 from llama_index.resilience import CostTrackedLLM, FallbackLLM, RateLimitedLLM
 
 from langchain_llm_resilience import CostTrackedChatModel, FallbackChatModel, RateLimitedChatModel
+from langchain_llm_resilience._delegate import private_state
 from llm_resilience import CostBudget
 from llm_resilience.ledger import InMemoryCostLedger
+from llm_resilience.ledger._protocol import _window_pairs, window_keys
+from llm_resilience.money import EXACT, TOKENS_PER_MTOK
 
 #: Far above any rate a benchmark reaches: nobody waits, nobody is refused.
 REQUESTS_PER_MINUTE = 600_000_000
@@ -288,7 +294,59 @@ class _AdmittingLLM(CostTrackedLLM):
         return None
 
 
-COST_PARTS = ("frame", "admission", "cost_tracked")
+class _BareTicket:
+    """What `_BareChat` keeps between a stream's start and end."""
+
+    __slots__ = ("ledger", "price")
+
+
+class _BareChat(CostTrackedChatModel):
+    """A floor for metering inside the call: the LangChain cost layer stripped to its
+    arithmetic. Admission reads the clock and the day's and month's totals under the
+    ledger's lock and compares them; the end reads the usage from the chunks (one pass),
+    prices it at the surface prices, appends the entry's row and adds it to the two totals.
+    Nothing else: no served-model name, scope, hold, telemetry, guessed-price count, hedge
+    binding or check (the in-memory ledger's internals, read directly)."""
+
+    def _begin(self, messages: Any, kwargs: Any) -> Any:
+        gate = private_state(self)["_meter"].gate
+        ledger = gate.ledger
+        now = datetime.now(UTC)
+        day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
+        with ledger._lock:
+            spent_day = ledger._totals.get((day, None), _ZERO)
+            spent_month = ledger._totals.get((month, None), _ZERO)
+        if spent_day >= DAILY_LIMIT or spent_month >= DAILY_LIMIT:
+            raise RuntimeError("the bench's limit was reached")
+        ticket = _BareTicket()
+        ticket.ledger, ticket.price = ledger, gate.budget.price_for(None)
+        return ticket
+
+    def _end_stream(self, context: Any, messages: Any, chunks: Any) -> None:
+        read = self._streamed(messages, chunks)
+        assert read is not None, "the bench's stream reports its usage"
+        usage, ledger, price = read[0], context.ledger, context.price
+        total = EXACT.add(
+            EXACT.multiply(usage.input_tokens, price.input_per_mtok),
+            EXACT.multiply(usage.output_tokens, price.output_per_mtok),
+        )
+        cost = EXACT.divide(total, TOKENS_PER_MTOK)
+        now = datetime.now(UTC)
+        entry_id = ((time.time_ns() << 64) | random.getrandbits(64)).to_bytes(16, "big").hex()
+        row = (now, "chat", usage.input_tokens, usage.output_tokens, cost, 0, None, False)
+        row += ("chat", None, entry_id, 0, 0, 0, 0, None, None)
+        day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
+        with ledger._lock:
+            ledger._entries.append(row)
+            ledger._rows = True
+            totals = ledger._totals
+            totals[(day, None)] = EXACT.add(totals.get((day, None), _ZERO), cost)
+            totals[(month, None)] = EXACT.add(totals.get((month, None), _ZERO), cost)
+
+
+_ZERO = Decimal(0)
+
+COST_PARTS = ("frame", "admission", "bare", "cost_tracked")
 
 
 def cost_parts(settings: Settings) -> str:
@@ -297,6 +355,7 @@ def cost_parts(settings: Settings) -> str:
     kinds = {
         "frame": _FramedChat,
         "admission": _AdmittingChat,
+        "bare": _BareChat,
         "cost_tracked": CostTrackedChatModel,
     }
     layers = {
@@ -323,7 +382,8 @@ def cost_parts(settings: Settings) -> str:
         "",
     ]
     title = "CostTrackedLLM over ReportingMockLLM, part by part"
-    out += [table(title, COST_PARTS, {"chat": run_sync(chats, settings)}), ""]
+    parts = tuple(part for part in COST_PARTS if part != "bare")
+    out += [table(title, parts, {"chat": run_sync(chats, settings)}), ""]
     return "\n".join(out)
 
 

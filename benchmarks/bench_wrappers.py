@@ -295,53 +295,77 @@ class _AdmittingLLM(CostTrackedLLM):
 
 
 class _BareTicket:
-    """What `_BareChat` keeps between a stream's start and end."""
+    """What a bare meter keeps between a call's start and end."""
 
     __slots__ = ("ledger", "price")
 
 
+def _bare_admit(meter: Any) -> _BareTicket:
+    """A bare meter's admission: the clock, and the day's and month's totals read under
+    the in-memory ledger's lock and compared with the limit."""
+    gate = meter.gate
+    ledger = gate.ledger
+    now = datetime.now(UTC)
+    day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
+    with ledger._lock:
+        spent_day = ledger._totals.get((day, None), _ZERO)
+        spent_month = ledger._totals.get((month, None), _ZERO)
+    if spent_day >= DAILY_LIMIT or spent_month >= DAILY_LIMIT:
+        raise RuntimeError("the bench's limit was reached")
+    ticket = _BareTicket()
+    ticket.ledger, ticket.price = ledger, gate.budget.price_for(None)
+    return ticket
+
+
+def _bare_record(ticket: _BareTicket, input_tokens: int, output_tokens: int) -> None:
+    """A bare meter's settle: the counts priced at the surface prices, the entry's row
+    appended to the in-memory ledger and its cost added to the day's and month's totals."""
+    ledger, price = ticket.ledger, ticket.price
+    total = EXACT.add(
+        EXACT.multiply(input_tokens, price.input_per_mtok),
+        EXACT.multiply(output_tokens, price.output_per_mtok),
+    )
+    cost = EXACT.divide(total, TOKENS_PER_MTOK)
+    now = datetime.now(UTC)
+    entry_id = ((time.time_ns() << 64) | random.getrandbits(64)).to_bytes(16, "big").hex()
+    row = (now, "chat", input_tokens, output_tokens, cost, 0, None, False)
+    row += ("chat", None, entry_id, 0, 0, 0, 0, None, None)
+    day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
+    with ledger._lock:
+        ledger._entries.append(row)
+        ledger._rows = True
+        totals = ledger._totals
+        totals[(day, None)] = EXACT.add(totals.get((day, None), _ZERO), cost)
+        totals[(month, None)] = EXACT.add(totals.get((month, None), _ZERO), cost)
+
+
 class _BareChat(CostTrackedChatModel):
     """A floor for metering inside the call: the LangChain cost layer stripped to its
-    arithmetic. Admission reads the clock and the day's and month's totals under the
-    ledger's lock and compares them; the end reads the usage from the chunks (one pass),
-    prices it at the surface prices, appends the entry's row and adds it to the two totals.
-    Nothing else: no served-model name, scope, hold, telemetry, guessed-price count, hedge
-    binding or check (the in-memory ledger's internals, read directly)."""
+    arithmetic (`_bare_admit`, then the usage read from the chunks in one pass and
+    `_bare_record`). Nothing else: no served-model name, scope, hold, telemetry,
+    guessed-price count, hedge binding or check (the in-memory ledger's internals, read
+    directly)."""
 
     def _begin(self, messages: Any, kwargs: Any) -> Any:
-        gate = private_state(self)["_meter"].gate
-        ledger = gate.ledger
-        now = datetime.now(UTC)
-        day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
-        with ledger._lock:
-            spent_day = ledger._totals.get((day, None), _ZERO)
-            spent_month = ledger._totals.get((month, None), _ZERO)
-        if spent_day >= DAILY_LIMIT or spent_month >= DAILY_LIMIT:
-            raise RuntimeError("the bench's limit was reached")
-        ticket = _BareTicket()
-        ticket.ledger, ticket.price = ledger, gate.budget.price_for(None)
-        return ticket
+        return _bare_admit(private_state(self)["_meter"])
 
     def _end_stream(self, context: Any, messages: Any, chunks: Any) -> None:
         read = self._streamed(messages, chunks)
         assert read is not None, "the bench's stream reports its usage"
-        usage, ledger, price = read[0], context.ledger, context.price
-        total = EXACT.add(
-            EXACT.multiply(usage.input_tokens, price.input_per_mtok),
-            EXACT.multiply(usage.output_tokens, price.output_per_mtok),
-        )
-        cost = EXACT.divide(total, TOKENS_PER_MTOK)
-        now = datetime.now(UTC)
-        entry_id = ((time.time_ns() << 64) | random.getrandbits(64)).to_bytes(16, "big").hex()
-        row = (now, "chat", usage.input_tokens, usage.output_tokens, cost, 0, None, False)
-        row += ("chat", None, entry_id, 0, 0, 0, 0, None, None)
-        day, month = _window_pairs.get(now.toordinal()) or window_keys(now)
-        with ledger._lock:
-            ledger._entries.append(row)
-            ledger._rows = True
-            totals = ledger._totals
-            totals[(day, None)] = EXACT.add(totals.get((day, None), _ZERO), cost)
-            totals[(month, None)] = EXACT.add(totals.get((month, None), _ZERO), cost)
+        _bare_record(context, read[0].input_tokens, read[0].output_tokens)
+
+
+class _BareLLM(CostTrackedLLM):
+    """`_BareChat` for LlamaIndex: the counts read from the answer's OpenAI-shaped
+    ``raw["usage"]`` directly."""
+
+    def _begin(self, kind: Any, request: Any, kwargs: Any) -> Any:
+        return _bare_admit(private_state(self)["_meter"])
+
+    def _end(self, context: Any, response: Any) -> None:
+        if response is not None:
+            usage = response.raw["usage"]
+            _bare_record(context, usage["prompt_tokens"], usage["completion_tokens"])
 
 
 _ZERO = Decimal(0)
@@ -365,7 +389,12 @@ def cost_parts(settings: Settings) -> str:
     streams = {"direct": langchain_sync(chat, "stream")}
     streams |= {name: langchain_sync(layer, "stream") for name, layer in layers.items()}
     mock = ReportingMockLLM()
-    llm_kinds = {"frame": _FramedLLM, "admission": _AdmittingLLM, "cost_tracked": CostTrackedLLM}
+    llm_kinds = {
+        "frame": _FramedLLM,
+        "admission": _AdmittingLLM,
+        "bare": _BareLLM,
+        "cost_tracked": CostTrackedLLM,
+    }
     llms = {
         name: kind(inner=mock, budget=_budget(), ledger=InMemoryCostLedger())
         for name, kind in llm_kinds.items()
@@ -382,8 +411,7 @@ def cost_parts(settings: Settings) -> str:
         "",
     ]
     title = "CostTrackedLLM over ReportingMockLLM, part by part"
-    parts = tuple(part for part in COST_PARTS if part != "bare")
-    out += [table(title, parts, {"chat": run_sync(chats, settings)}), ""]
+    out += [table(title, COST_PARTS, {"chat": run_sync(chats, settings)}), ""]
     return "\n".join(out)
 
 

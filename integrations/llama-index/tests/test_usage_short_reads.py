@@ -52,12 +52,15 @@ def test_a_plain_report_reads_as_the_full_probe_reads_it(
     response: ChatResponse | CompletionResponse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast = _usage.reported(response)
-    monkeypatch.setattr(_usage, "_plain_usage", lambda response: None)
+    short = _usage.plain_report(response)
+    monkeypatch.setattr(_usage, "plain_report", lambda response: None)
     assert fast == _usage.reported(response)
+    if short is not None:  # the short read's counts and model are the full reads'
+        assert short == (*fast[:2], _usage.raw_model(response))
 
 
 def test_only_a_plain_report_alone_takes_the_short_read() -> None:
-    taken = [_usage._plain_usage(response) is not None for response in RESPONSES]
+    taken = [_usage.plain_report(response) is not None for response in RESPONSES]
     assert taken == [True, True, True] + [False] * (len(RESPONSES) - 3)
 
 

@@ -76,6 +76,7 @@ __all__ = [
     "StreamTally",
     "llm_name",
     "num_output",
+    "plain_report",
     "prompt_pairs",
     "raw_model",
     "reported",
@@ -145,23 +146,28 @@ def reported(
 
 
 #: The keys of a plain OpenAI-shaped usage (Chat Completions'): the two counts and their
-#: total, no details (`_plain_usage`).
+#: total, no details (`plain_report`).
 _PLAIN_USAGE_KEYS = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
 #: The keys of a dict ``raw`` that `_probed` reads besides ``usage`` (Bedrock's stream
 #: metadata, Gemini's, Cohere's, Groq's).
 _OTHER_RAW_KEYS = frozenset({"metadata", "usage_metadata", "meta", "response", "x_groq"})
 
 
-def _plain_usage(response: ChatResponse | CompletionResponse) -> tuple[int, int] | None:
-    """The counts of a ``response`` whose only report is a plain OpenAI-shaped usage dict
-    in a dict ``raw`` (no other place `_probed` reads holds anything), else None.
+def plain_report(response: ChatResponse | CompletionResponse) -> tuple[int, int, str | None] | None:
+    """`reported`'s counts and `raw_model` of a ``response`` whose only report is a plain
+    OpenAI-shaped usage dict in a dict ``raw`` (no other place `_probed` reads holds
+    anything, and ``additional_kwargs`` are empty, its message's too), else None.
 
     Exact: `_probed` then finds no Bedrock, Gemini or Cohere shape, reads these two counts
     from ``raw["usage"]`` first, finds no detail anywhere (``raw["usage"]`` has none, and
     every other place is empty) and nothing billed apart (no ``iterations``): it returns
-    the two counts and `NO_DETAILS`, as this does without the ~100 calls.
+    the two counts and `NO_DETAILS`, as this does without the ~100 calls; and a dict
+    ``raw`` names its model under ``"model"`` alone (`raw_model`). The response's fields
+    are read from its ``__dict__`` at once: every attribute read on a pydantic model goes
+    through its ``__getattr__`` hook.
     """
-    raw = response.raw
+    fields = response.__dict__
+    raw = fields.get("raw")
     if type(raw) is not dict or not _OTHER_RAW_KEYS.isdisjoint(raw):
         return None
     usage = raw.get("usage")
@@ -170,18 +176,20 @@ def _plain_usage(response: ChatResponse | CompletionResponse) -> tuple[int, int]
     given, made = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if type(given) is not int or type(made) is not int or given < 0 or made < 0:
         return None
-    if response.additional_kwargs:
+    if fields.get("additional_kwargs"):
         return None
-    if isinstance(response, ChatResponse) and response.message.additional_kwargs:
+    message = fields.get("message")
+    if message is not None and message.additional_kwargs:
         return None
-    return given, made
+    model = raw.get("model")
+    return given, made, model if isinstance(model, str) and model else None
 
 
 def _probed(
     response: ChatResponse | CompletionResponse,
 ) -> tuple[int | None, int | None, TokenDetails]:
     """`reported` of a ``response`` that has somewhere a count could be."""
-    plain = _plain_usage(response)
+    plain = plain_report(response)
     if plain is not None:  # the one OpenAI-shaped report, alone
         return plain[0], plain[1], NO_DETAILS
     raw = response.raw

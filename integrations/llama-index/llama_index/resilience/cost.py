@@ -52,6 +52,7 @@ from llama_index.resilience._usage import (
     StreamTally,
     llm_name,
     num_output,
+    plain_report,
     prompt_pairs,
     raw_model,
     reported,
@@ -63,6 +64,7 @@ from llm_resilience.ledger import CostLedger
 from llm_resilience.metering import BUDGET_SCOPE_KWARG, Meter, MeteredCall
 from llm_resilience.served import SERVED_BY_KEY
 from llm_resilience.usage import (
+    NO_DETAILS,
     Usage,
     embedding_usage,
     estimated_usage,
@@ -151,16 +153,16 @@ class MeteredLLM(DelegatingLLM):
         if response is None:
             call.metered.abandon()
             return
-        usage, named = self._account(call, response)
-        call.metered.settle(usage, named=named, mark=_mark(response))
+        usage, named, mark = self._account(call, response)
+        call.metered.settle(usage, named=named, mark=mark)
 
     async def _aend(self, context: Any, response: AnyResponse | None) -> None:
         call: _Call = context
         if response is None:
             await call.metered.aabandon()
             return
-        usage, named = self._account(call, response)
-        await call.metered.asettle(usage, named=named, mark=_mark(response))
+        usage, named, mark = self._account(call, response)
+        await call.metered.asettle(usage, named=named, mark=mark)
 
     def _end_early(self, context: Any, last: AnyResponse | None) -> None:
         call: _Call = context
@@ -184,15 +186,22 @@ class MeteredLLM(DelegatingLLM):
             details=tally.details,
         )
 
-    def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str | None]:
-        """The usage to record, and the model the provider says served."""
+    def _account(self, call: _Call, response: AnyResponse) -> tuple[Usage, str | None, object]:
+        """The usage to record, the model the provider says served, and the path mark a
+        ``FallbackLLM`` below put on the answer."""
         tally = call.streamed
-        if tally is not None:
+        plain = None if tally is not None else plain_report(response)
+        reported_in: int | None
+        reported_out: int | None
+        if plain is not None:  # the usual report: no ``additional_kwargs``, so no mark
+            reported_in, reported_out, model = plain
+            details, mark = NO_DETAILS, None
+        elif tally is not None:
             reported_in, reported_out = tally.input_tokens, tally.output_tokens
-            details, model = tally.details, tally.model
+            details, model, mark = tally.details, tally.model, _mark(response)
         else:
             reported_in, reported_out, details = reported(response)
-            model = raw_model(response)
+            model, mark = raw_model(response), _mark(response)
         # A report needs only to know whether the call had a prompt: the prompt's and the
         # answer's texts are read only for an estimate (`chat_usage`'s rule, in two steps).
         stand_in = _SOME_PROMPT if call.prompted else ()
@@ -200,7 +209,7 @@ class MeteredLLM(DelegatingLLM):
         if usage is None:  # no report (the prompt's emptiness is the stand-in's)
             text = tally.text(response) if tally is not None else response_text(response)
             usage = estimated_usage(call.metered.prompt, text)
-        return usage, model
+        return usage, model, mark
 
 
 class CostTrackedLLM(MeteredLLM):

@@ -373,43 +373,30 @@ _ZERO = Decimal(0)
 COST_PARTS = ("frame", "admission", "bare", "cost_tracked")
 
 
+def _parts(inner: Any, kinds: tuple[type[Any], ...], call: Callable[[Any], Any]) -> dict[str, Any]:
+    """``inner`` called directly, and each of `COST_PARTS` (one layer class each, in
+    order) over it, each with its own in-memory ledger."""
+    calls = {"direct": call(inner)}
+    for name, kind in zip(COST_PARTS, kinds, strict=True):
+        calls[name] = call(kind(inner=inner, budget=_budget(), ledger=InMemoryCostLedger()))
+    return calls
+
+
 def cost_parts(settings: Settings) -> str:
     """The cost layers' time inside the calls they wrap, part by part."""
-    chat = FakeChat()
-    kinds = {
-        "frame": _FramedChat,
-        "admission": _AdmittingChat,
-        "bare": _BareChat,
-        "cost_tracked": CostTrackedChatModel,
-    }
-    layers = {
-        name: kind(inner=chat, budget=_budget(), ledger=InMemoryCostLedger())
-        for name, kind in kinds.items()
-    }
-    streams = {"direct": langchain_sync(chat, "stream")}
-    streams |= {name: langchain_sync(layer, "stream") for name, layer in layers.items()}
-    mock = ReportingMockLLM()
-    llm_kinds = {
-        "frame": _FramedLLM,
-        "admission": _AdmittingLLM,
-        "bare": _BareLLM,
-        "cost_tracked": CostTrackedLLM,
-    }
-    llms = {
-        name: kind(inner=mock, budget=_budget(), ledger=InMemoryCostLedger())
-        for name, kind in llm_kinds.items()
-    }
-    chats = {"direct": llama_sync(mock, "chat")}
-    chats |= {name: llama_sync(llm, "chat") for name, llm in llms.items()}
+    streams = _parts(
+        FakeChat(),
+        (_FramedChat, _AdmittingChat, _BareChat, CostTrackedChatModel),
+        lambda model: langchain_sync(model, "stream"),
+    )
+    chats = _parts(
+        ReportingMockLLM(),
+        (_FramedLLM, _AdmittingLLM, _BareLLM, CostTrackedLLM),
+        lambda llm: llama_sync(llm, "chat"),
+    )
     out = [f"Machine: {machine()}", ""]
-    out += [
-        table(
-            "CostTrackedChatModel, part by part",
-            COST_PARTS,
-            {"stream": run_sync(streams, settings)},
-        ),
-        "",
-    ]
+    title = "CostTrackedChatModel, part by part"
+    out += [table(title, COST_PARTS, {"stream": run_sync(streams, settings)}), ""]
     title = "CostTrackedLLM over ReportingMockLLM, part by part"
     out += [table(title, COST_PARTS, {"chat": run_sync(chats, settings)}), ""]
     return "\n".join(out)

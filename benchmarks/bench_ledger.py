@@ -45,6 +45,7 @@ the end, skipped with a note when the server is not there. Prints markdown table
                                                              # with its floor (~2 min)
     python benchmarks/bench_ledger.py --postgres-interleaved  # the sync gate and its
                                                               # floors interleaved (~2 min)
+    python benchmarks/bench_ledger.py --postgres-interleaved --idle  # the same, no writers
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -417,6 +418,7 @@ def stored_rows(url: str) -> int:
 
 GATE_READ_FLOOR = "floor: the gate's statement on bare psycopg"
 SELECT_ONE_FLOOR = "floor: `SELECT 1` on bare psycopg"
+OWN_READ_FLOOR = "floor: the gate's statement on the ledger's own psycopg connection"
 
 
 def postgres_floors(url: str, repeats: int) -> list[tuple[str, str, tuple[float, float]]]:
@@ -433,10 +435,9 @@ def postgres_floors(url: str, repeats: int) -> list[tuple[str, str, tuple[float,
     params = postgres_params(url)
     with psycopg.connect(**params, autocommit=True) as connection:
         connection.execute("SET TIME ZONE 'UTC'")
-        read = percentiles(
-            timed(lambda: connection.execute(statement, parameters).fetchall(), repeats)
-        )
-        one = percentiles(timed(lambda: connection.execute("SELECT 1").fetchall(), repeats))
+        cursor = connection.cursor()  # one kept, as the ledger keeps one per connection
+        read = percentiles(timed(lambda: cursor.execute(statement, parameters).fetchall(), repeats))
+        one = percentiles(timed(lambda: cursor.execute("SELECT 1").fetchall(), repeats))
 
     async def run() -> tuple[list[int], list[int]]:
         aconnection = await psycopg.AsyncConnection.connect(**params, autocommit=True)
@@ -485,12 +486,14 @@ def writers_running(url: str, behind: float | None) -> Iterator[tuple[Any, list[
             worker.join()  # each has closed its ledger and exited
 
 
-def interleaved_under_load(url: str, repeats: int) -> list[str]:
+def interleaved_under_load(url: str, repeats: int, *, load: bool = True) -> list[str]:
     """Markdown rows: the default ledger's sync gate read (``begin`` + ``abandon``) and
-    its floors (`postgres_floors`' statement and ``SELECT 1`` on a bare connection),
-    interleaved while ``WRITERS`` processes record durably as fast as they can: rounds of
-    50 reads of each, the order rotating every round, so all three run under the same
-    load (``reads_under_load`` times them one after the other)."""
+    its floors (its statement on the ledger's own psycopg connection; `postgres_floors`'
+    statement and ``SELECT 1`` on a bare connection), interleaved while ``WRITERS``
+    processes record durably as fast as they can: rounds of 50 reads of each, the order
+    rotating every round, so all run under the same load (``reads_under_load`` times
+    them one after the other). Without ``load``, no writers: the ledger's own work per
+    read stands out against its statement's on an idle server."""
     import psycopg
 
     from llm_resilience.ledger._postgres import psycopg_spends
@@ -498,14 +501,21 @@ def interleaved_under_load(url: str, repeats: int) -> list[str]:
     budget = CostBudget(3, 15, daily_limit=10**9, monthly_limit=10**9)
     windows: list[SpendWindow] = [("day", None), ("month", None)]
     statement, parameters = psycopg_spends(windows, datetime.now(UTC))
-    with writers_running(url, None), closing(SqlCostLedger(url)) as ledger:
+    writers = writers_running(url, None) if load else nullcontext()
+    with writers, closing(SqlCostLedger(url)) as ledger:
         gate = BudgetGate(budget, ledger)
         with psycopg.connect(**postgres_params(url), autocommit=True) as connection:
             connection.execute("SET TIME ZONE 'UTC'")
+            cursor = connection.cursor()  # one kept, as the ledger keeps one
+            gate.begin("chat").abandon()  # the ledger's own connection open, kept idle
+            # The same statement on the ledger's own connection: one server backend for
+            # both, so the difference is the ledger's own work, not where each runs.
+            (own,) = ledger._db._postgres_idle  # its one cursor, kept with it
             calls: dict[str, Callable[[], object]] = {
                 "default (exact), sync gate": lambda: gate.begin("chat").abandon(),
-                GATE_READ_FLOOR: lambda: connection.execute(statement, parameters).fetchall(),
-                SELECT_ONE_FLOOR: lambda: connection.execute("SELECT 1").fetchall(),
+                OWN_READ_FLOOR: lambda: own.execute(statement, parameters).fetchall(),
+                GATE_READ_FLOOR: lambda: cursor.execute(statement, parameters).fetchall(),
+                SELECT_ONE_FLOOR: lambda: cursor.execute("SELECT 1").fetchall(),
             }
             samples: dict[str, list[int]] = {name: [] for name in calls}
             names = list(calls)
@@ -513,9 +523,9 @@ def interleaved_under_load(url: str, repeats: int) -> list[str]:
                 shift = round_ % len(names)
                 for name in names[shift:] + names[:shift]:
                     samples[name] += timed(calls[name], 50)
-    load = os.getloadavg()[0]
+    load_average = os.getloadavg()[0]
     return [
-        f"| {name} | {p50:.3f} | {p99:.3f} | {len(samples[name])} | {load:.1f} |"
+        f"| {name} | {p50:.3f} | {p99:.3f} | {len(samples[name])} | {load_average:.1f} |"
         for name, (p50, p99) in ((name, percentiles(samples[name])) for name in names)
     ]
 
@@ -605,6 +615,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="only the default sync gate and its floors, interleaved under durable writers",
     )
+    parser.add_argument(
+        "--idle",
+        action="store_true",
+        help="with --postgres-interleaved: no writers (the ledger's own work per read)",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("llm_resilience").setLevel(logging.ERROR)
     rows = 100_000 if args.quick else 1_000_000
@@ -648,10 +663,11 @@ def main(argv: list[str]) -> int:
                 return 1
             load_postgres(postgres, rows, now)
             SqlCostLedger(postgres).close()  # builds the running totals from the rows
-            interleaved = interleaved_under_load(postgres, repeats)
+            interleaved = interleaved_under_load(postgres, repeats, load=not args.idle)
+        under = "no writers" if args.idle else f"under {WRITERS} durable writers"
         print(
-            f"\n### PostgreSQL: the sync gate and its floors, interleaved, under {WRITERS} "
-            f"durable writers ({rows:,} rows)\n"
+            f"\n### PostgreSQL: the sync gate and its floors, interleaved, {under} "
+            f"({rows:,} rows)\n"
         )
         print("| reader | p50 ms | p99 ms | calls | load average |")
         print("| --- | ---: | ---: | ---: | ---: |")

@@ -120,6 +120,29 @@ def test_spends_returns_what_spend_returns_for_each_window_in_order(
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
+def test_repeated_reads_take_each_call_s_instant_for_holds_and_windows(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # PostgreSQL keeps the read's text and parameters per windows and keys; the time
+    # must still be each call's: a hold expires, the day and month turn, and an earlier
+    # instant reads as it did.
+    with ledger_on(backend, request, tmp_path) as ledger:
+        fill(ledger)
+        ttl = ledger.reservation_ttl
+        windows: list[SpendWindow] = [("day", "tenant-1"), ("month", None)]
+        assert ledger.spends(windows, now=NOW) == (EXPECTED[0], EXPECTED[3])
+        hold_gone = NOW + ttl + timedelta(seconds=1)
+        assert hold_gone.date() == NOW.date()
+        assert ledger.spends(windows, now=hold_gone) == (
+            EXPECTED[0] - Decimal("0.05"),
+            EXPECTED[3] - Decimal("0.05"),
+        )
+        december = NOW + timedelta(hours=1)  # 1 December: only the 9 recorded then
+        assert ledger.spends(windows, now=december) == (Decimal(0), Decimal(9))
+        assert ledger.spends(windows, now=NOW) == (EXPECTED[0], EXPECTED[3])
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
 async def test_aspends_returns_what_spends_returns(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -270,7 +270,8 @@ class Connections:
         # gate reads made on it (see ``direct_reads``).
         self._idle: list[tuple[sqlite3.Connection, int | None, ReadCache]] = []
         # PostgreSQL without echo: the per-call operations (record, spends) run on
-        # psycopg connections of our own too (``postgres_connection``), idle ones here.
+        # psycopg connections of our own too (``postgres_connection``): idle ones here,
+        # each as the one cursor it is used through.
         self.postgres_direct = self.postgres and not echo
         self._postgres_idle: list[Any] = []
         #: The SQLAlchemy engine: its pool serves every operation but the direct ones.
@@ -326,7 +327,7 @@ class Connections:
         self._close_direct()
         while self._postgres_idle:
             with suppress(Exception):
-                self._postgres_idle.pop().close()
+                self._postgres_idle.pop().connection.close()
 
     def current(self) -> Operation | None:
         operation: Operation | None = getattr(self._local, "operation", None)
@@ -549,12 +550,12 @@ class Connections:
             with suppress(Exception):
                 driver.close()
 
-    @contextmanager
-    def postgres_connection(self, operation: Operation) -> Iterator[Any]:
+    def postgres_connection(self, operation: Operation) -> _PostgresDirect:
         """A psycopg connection in autocommit for one step of ``operation`` on
-        PostgreSQL, kept by the ledger itself: no pool checkout, no SQLAlchemy
-        connection or statement compilation per call (each of the ledger's per-call
-        statements is one round trip, atomic on its own).
+        PostgreSQL, kept by the ledger itself, lent as its one cursor (kept with it): no
+        pool checkout, no SQLAlchemy connection or statement compilation per call, no
+        cursor made per statement (each of the ledger's per-call statements is one round
+        trip, atomic on its own).
 
         The same bounds as `connection`: opened on a helper thread within the deadline
         (``Connector``) with the same session settings (UTC, the server-side
@@ -562,35 +563,7 @@ class Connections:
         that failed or was interrupted is closed, never reused. psycopg's errors come out
         as SQLAlchemy's (parameters hidden), and ``LedgerTimeoutError`` past the deadline.
         """
-        if operation.expired():
-            raise operation.timeout_error()
-        try:
-            driver = self._postgres_idle.pop()
-        except IndexError:
-            driver = None
-        kept = False
-        interrupted = False
-        try:
-            try:
-                if driver is None:
-                    driver = self._connect_postgres(operation)
-                operation.attach(driver)
-                yield driver
-            finally:
-                interrupted = operation.detach()
-            if not interrupted and len(self._postgres_idle) < POOL_SIZE:
-                self._postgres_idle.append(driver)
-                kept = True
-        except Exception as error:
-            wrapped = _as_sqlalchemy(error)
-            _raise_past_deadline(wrapped, operation, operation.detach() or interrupted)
-            if wrapped is error:
-                raise
-            raise wrapped from error
-        finally:
-            if driver is not None and not kept:
-                with suppress(Exception):
-                    driver.close()
+        return _PostgresDirect(self, operation)
 
     def _connect_postgres(self, operation: Operation) -> Any:
         """A new direct PostgreSQL connection, set up as the engine's, in autocommit."""
@@ -814,3 +787,55 @@ class _DirectRun(_Direct):
         if self._transaction:
             reads.unaccounted()  # a caller that does not say what it stored
         return run
+
+
+class _PostgresDirect:
+    """`Connections.postgres_connection`'s context manager. A class rather than a
+    generator-based one: this runs once per gate read and per record."""
+
+    __slots__ = ("_connections", "_cursor", "_operation")
+
+    def __init__(self, connections: Connections, operation: Operation) -> None:
+        self._connections = connections
+        self._operation = operation
+        self._cursor: Any = None
+
+    def __enter__(self) -> Any:
+        operation = self._operation
+        if time.monotonic() >= operation.phase_deadline:  # `Operation.expired`, inlined
+            raise operation.timeout_error()
+        try:
+            cursor = self._connections._postgres_idle.pop()
+        except IndexError:
+            try:
+                cursor = self._connections._connect_postgres(operation).cursor()
+            except BaseException as error:
+                interrupted = operation.detach()
+                if isinstance(error, Exception):
+                    self._raise(error, interrupted)
+                raise
+        else:
+            operation.attach(cursor.connection)
+        self._cursor = cursor
+        return cursor
+
+    def __exit__(self, error_type: object, error: BaseException | None, traceback: object) -> None:
+        cursor = self._cursor
+        interrupted = self._operation.detach()
+        idle = self._connections._postgres_idle
+        if error is None and not interrupted and len(idle) < POOL_SIZE:
+            idle.append(cursor)
+            return
+        with suppress(Exception):
+            cursor.connection.close()
+        if isinstance(error, Exception):
+            self._raise(error, interrupted)
+
+    def _raise(self, error: Exception, interrupted: bool) -> None:
+        """Raise ``error`` as SQLAlchemy's (``LedgerTimeoutError`` past the deadline);
+        return only for an error that stays as it is, for the caller to re-raise."""
+        operation = self._operation
+        wrapped = _as_sqlalchemy(error)
+        _raise_past_deadline(wrapped, operation, operation.detach() or interrupted)
+        if wrapped is not error:
+            raise wrapped from error

@@ -229,6 +229,8 @@ class SqlCostLedger:
         self._stored: dict[tuple[Any, ...], tuple[tuple[Decimal, ...], float, int]] = {}
         # (windows, day) -> windows checked and their keys (see _plan).
         self._plans: dict[tuple[Any, ...], tuple[tuple[SpendWindow, ...], tuple[str, ...]]] = {}
+        # PostgreSQL: (windows checked, their keys) -> the read's text and parameters.
+        self._postgres_reads: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
         try:
             self._db.open()
         except BaseException:
@@ -349,7 +351,7 @@ class SqlCostLedger:
                     (stored,) = versioned_spends(run, reads, ((window, scope),), (key,), when)
                 return exact_sum((stored, waiting))
             if self._db.postgres_direct:
-                (stored,) = self._postgres_spends(operation, ((window, scope),), when)
+                (stored,) = self._postgres_spends(operation, ((window, scope),), (key,), when)
                 return exact_sum((stored, waiting))
             with self._db.connection(operation) as connection:
                 return exact_sum((read_spend(connection, window, scope, when), waiting))
@@ -387,11 +389,13 @@ class SqlCostLedger:
                 with self._db.direct_reads(operation) as (run, reads):
                     return versioned_spends(run, reads, checked, keys, when)
             if self._db.postgres_direct:
-                return self._postgres_spends(operation, checked, when)
+                return self._postgres_spends(operation, checked, keys, when)
             with self._db.connection(operation) as connection:
                 return tuple(read_spends(connection, checked, when))
 
         def read(operation: Operation) -> tuple[Decimal, ...]:
+            if not len(self._pending):  # nothing queued (the usual case): nothing to add
+                return read_stored(operation)
             # Pending first: a write stored meanwhile is then counted twice, never missed.
             waiting = self._waiting(checked, keys)
             stored = read_stored(operation)
@@ -414,13 +418,27 @@ class SqlCostLedger:
         return tuple(exact_sum(pair) for pair in zip(stored, waiting, strict=True))
 
     def _postgres_spends(
-        self, operation: Operation, windows: Sequence[SpendWindow], when: datetime
+        self,
+        operation: Operation,
+        windows: tuple[SpendWindow, ...],
+        keys: tuple[str, ...],
+        when: datetime,
     ) -> tuple[Decimal, ...]:
-        """The stored spends of ``windows`` on PostgreSQL: one statement on one of the
-        ledger's own psycopg connections."""
-        statement, parameters = psycopg_spends(windows, when)
-        with self._db.postgres_connection(operation) as driver:
-            rows = driver.execute(statement, parameters).fetchall()
+        """The stored spends of ``windows`` (whose keys at ``when`` are ``keys``) on
+        PostgreSQL: one statement on one of the ledger's own psycopg connections. Its
+        text and every parameter but the time are kept per windows and keys (the keys
+        fix each window's bounds): a gate reads the same all day."""
+        memo = (windows, keys)
+        known = self._postgres_reads.get(memo)
+        if known is None:
+            known = psycopg_spends(windows, when)
+            if len(self._postgres_reads) >= _MAX_CACHED_READS:
+                self._postgres_reads.clear()
+            self._postgres_reads[memo] = known
+        statement, parameters = known
+        parameters = {**parameters, "now": when}
+        with self._db.postgres_connection(operation) as cursor:
+            rows = cursor.execute(statement, parameters).fetchall()
         return tuple(sum_slots(len(windows), rows))
 
     def _plan(

@@ -158,12 +158,12 @@ class Writes:
 
         def store() -> None:
             if not released and self._db.postgres_direct:
-                with self._db.postgres_connection(operation) as driver:  # one statement
+                with self._db.postgres_connection(operation) as cursor:  # one statement
                     if len(entries) == 1:
                         entry = entries[0]
-                        driver.execute(_RECORD[entry.scope is not None], record_parameters(entry))
+                        cursor.execute(_RECORD[entry.scope is not None], record_parameters(entry))
                     else:
-                        driver.execute(_BATCH, batch_parameters(entries))
+                        cursor.execute(_BATCH, batch_parameters(entries))
                 return
             if not released:
                 with self._db.connection(operation) as connection:  # one statement: atomic

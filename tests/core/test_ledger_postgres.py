@@ -124,6 +124,30 @@ def test_a_first_release_table_is_migrated_by_eight_concurrent_openers(postgres_
             assert {"ix_cost_ledger_run_id", "ix_cost_ledger_thread_id"} <= set(indexes)
 
 
+def test_a_migration_slower_than_the_operation_bound_between_statements_completes(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A busy machine may pause the opening process inside the migration's transaction
+    # for longer than ``operation_timeout``: the session's server-side bounds (the idle
+    # one included) must be the migration's there, or the server ends the session.
+    from llm_resilience.ledger import _connections
+
+    migrate = _connections.migrate
+
+    def paused(connection: Any, *, postgres: bool) -> None:
+        time.sleep(0.6)  # idle in the migration's transaction, past the 0.2 s bound
+        migrate(connection, postgres=postgres)
+
+    monkeypatch.setattr(_connections, "migrate", paused)
+    with schema(postgres_url) as (url, _engine):
+        ledger = SqlCostLedger(url, operation_timeout=0.2)
+        try:
+            ledger.record(LedgerEntry(NOW, "chat", 1, 1, Decimal("0.5")))
+            assert ledger.spend("day", now=NOW) == Decimal("0.5")
+        finally:
+            ledger.close()
+
+
 def test_timestamps_are_utc_whatever_the_session_time_zone(postgres_url: str) -> None:
     with schema(postgres_url, TimeZone="Asia/Tokyo") as (url, engine):
         with engine.begin() as connection:  # a first-release column without a time zone

@@ -605,8 +605,15 @@ class Connections:
             with self.connection(operation, transaction=True) as connection:
                 if self.postgres:
                     bound = milliseconds(MIGRATION_TIMEOUT.total_seconds())
-                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = {bound}")
-                    connection.exec_driver_sql(f"SET LOCAL statement_timeout = {bound}")
+                    # Every server-side bound of the session, the migration's for its
+                    # transaction: a migration on a busy machine may wait longer than
+                    # the operation's bound between two of its statements.
+                    for setting in (
+                        "lock_timeout",
+                        "statement_timeout",
+                        "idle_in_transaction_session_timeout",
+                    ):
+                        connection.exec_driver_sql(f"SET LOCAL {setting} = {bound}")
                 self.lock_ledger(connection)
                 migrate(connection, postgres=self.postgres)
 

@@ -15,6 +15,7 @@ import pytest
 from llm_resilience.testing import Fault, FaultInjectingServer
 
 cohere = pytest.importorskip("cohere")
+ApiError = pytest.importorskip("cohere.core").ApiError  # lazy in the package: load it
 
 MODEL = "command-a-03-2025"
 QUESTION = "What is the capital of France?"
@@ -141,7 +142,7 @@ def test_errors_are_cohere_s_message_bodies_raised_as_the_sdk_s_typed_errors(
     server: FaultInjectingServer, code: int, kind: str
 ) -> None:
     server.script(Fault.status(code))
-    with pytest.raises(cohere.core.ApiError) as caught:
+    with pytest.raises(ApiError) as caught:
         _client(server).chat(
             model=MODEL, messages=V2["messages"], request_options={"max_retries": 0}
         )

@@ -24,15 +24,25 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, Any]:
     hangs, a kernel starting) overlap another's work.
     """
     import nbformat
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
 
     async def run(path: Path) -> Any:
         notebook = nbformat.read(path, as_version=4)
+        folder = tmp_path_factory.mktemp(path.stem)
+        # The kernel's channels on Unix sockets in its folder, not on TCP ports: a port
+        # the kernel manager picked free may be taken before the kernel binds it (the
+        # suite's other worker opens servers on free ports all the time), and the
+        # kernel then dies before it answers.
+        kernel = AsyncKernelManager(
+            kernel_name="python3", transport="ipc", ip=str(folder / "kernel")
+        )
         client = NotebookClient(
             notebook,
+            km=kernel,
             timeout=120,
             kernel_name="python3",
-            resources={"metadata": {"path": str(tmp_path_factory.mktemp(path.stem))}},
+            resources={"metadata": {"path": str(folder)}},
         )
         try:
             await client.async_execute()

@@ -97,6 +97,14 @@ def fill(ledger: Any) -> None:
     ledger.settle(settled, None)
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def filled(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Each ledger, `fill`ed."""
+    with ledger_on(request.param, request, tmp_path) as ledger:
+        fill(ledger)
+        yield ledger
+
+
 EXPECTED = (
     Decimal("0.150000000000000000000001"),  # today, tenant-1: 1e-24 + 0.1 + hold 0.05
     Decimal("0.350000000000000000000001"),  # today, everyone: + 0.2
@@ -106,49 +114,33 @@ EXPECTED = (
 )
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
-def test_spends_returns_what_spend_returns_for_each_window_in_order(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    with ledger_on(backend, request, tmp_path) as ledger:
-        fill(ledger)
-        each = tuple(ledger.spend(window, scope=scope, now=NOW) for window, scope in WINDOWS)
-        assert ledger.spends(WINDOWS, now=NOW) == each == EXPECTED
-        # A window named twice is read twice; none is a read of nothing.
-        assert ledger.spends([("day", None), ("day", None)], now=NOW) == EXPECTED[1:2] * 2
-        assert ledger.spends([], now=NOW) == ()
+def test_spends_returns_what_spend_returns_for_each_window_in_order(filled: Any) -> None:
+    each = tuple(filled.spend(window, scope=scope, now=NOW) for window, scope in WINDOWS)
+    assert filled.spends(WINDOWS, now=NOW) == each == EXPECTED
+    # A window named twice is read twice; none is a read of nothing.
+    assert filled.spends([("day", None), ("day", None)], now=NOW) == EXPECTED[1:2] * 2
+    assert filled.spends([], now=NOW) == ()
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
-def test_repeated_reads_take_each_call_s_instant_for_holds_and_windows(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
+def test_repeated_reads_take_each_call_s_instant_for_holds_and_windows(filled: Any) -> None:
     # PostgreSQL keeps the read's text and parameters per windows and keys; the time
     # must still be each call's: a hold expires, the day and month turn, and an earlier
     # instant reads as it did.
-    with ledger_on(backend, request, tmp_path) as ledger:
-        fill(ledger)
-        ttl = ledger.reservation_ttl
-        windows: list[SpendWindow] = [("day", "tenant-1"), ("month", None)]
-        assert ledger.spends(windows, now=NOW) == (EXPECTED[0], EXPECTED[3])
-        hold_gone = NOW + ttl + timedelta(seconds=1)
-        assert hold_gone.date() == NOW.date()
-        assert ledger.spends(windows, now=hold_gone) == (
-            EXPECTED[0] - Decimal("0.05"),
-            EXPECTED[3] - Decimal("0.05"),
-        )
-        december = NOW + timedelta(hours=1)  # 1 December: only the 9 recorded then
-        assert ledger.spends(windows, now=december) == (Decimal(0), Decimal(9))
-        assert ledger.spends(windows, now=NOW) == (EXPECTED[0], EXPECTED[3])
+    windows: list[SpendWindow] = [("day", "tenant-1"), ("month", None)]
+    assert filled.spends(windows, now=NOW) == (EXPECTED[0], EXPECTED[3])
+    hold_gone = NOW + filled.reservation_ttl + timedelta(seconds=1)
+    assert hold_gone.date() == NOW.date()
+    assert filled.spends(windows, now=hold_gone) == (
+        EXPECTED[0] - Decimal("0.05"),
+        EXPECTED[3] - Decimal("0.05"),
+    )
+    december = NOW + timedelta(hours=1)  # 1 December: only the 9 recorded then
+    assert filled.spends(windows, now=december) == (Decimal(0), Decimal(9))
+    assert filled.spends(windows, now=NOW) == (EXPECTED[0], EXPECTED[3])
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite", "postgres"])
-async def test_aspends_returns_what_spends_returns(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    with ledger_on(backend, request, tmp_path) as ledger:
-        fill(ledger)
-        assert await ledger.aspends(WINDOWS, now=NOW) == EXPECTED
+async def test_aspends_returns_what_spends_returns(filled: Any) -> None:
+    assert await filled.aspends(WINDOWS, now=NOW) == EXPECTED
 
 
 @pytest.mark.parametrize("backend", ["memory", "sqlite"])

@@ -593,6 +593,19 @@ def reads_under_load(url: str, repeats: int) -> list[str]:
     ]
 
 
+@contextmanager
+def loaded_postgres(rows: int, now: datetime) -> Iterator[str | None]:
+    """A fresh schema holding ``rows`` entries with their running totals built (the URL),
+    or None, said, when PostgreSQL is not reachable."""
+    with postgres_schema() as postgres:
+        if postgres is None:
+            print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.")
+        else:
+            load_postgres(postgres, rows, now)
+            SqlCostLedger(postgres).close()  # builds the running totals from the rows
+        yield postgres
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="100k rows, fewer repeats")
@@ -657,12 +670,9 @@ def main(argv: list[str]) -> int:
         print("\n".join(loaded))
         return 0
     if args.postgres_interleaved:
-        with postgres_schema() as postgres:
+        with loaded_postgres(rows, now) as postgres:
             if postgres is None:
-                print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.")
                 return 1
-            load_postgres(postgres, rows, now)
-            SqlCostLedger(postgres).close()  # builds the running totals from the rows
             interleaved = interleaved_under_load(postgres, repeats, load=not args.idle)
         under = "no writers" if args.idle else f"under {WRITERS} durable writers"
         print(
@@ -674,12 +684,9 @@ def main(argv: list[str]) -> int:
         print("\n".join(interleaved))
         return 0
     if args.postgres_under_load:
-        with postgres_schema() as postgres:
+        with loaded_postgres(rows, now) as postgres:
             if postgres is None:
-                print(f"PostgreSQL not reachable at {POSTGRES_URL}: skipped.")
                 return 1
-            load_postgres(postgres, rows, now)
-            SqlCostLedger(postgres).close()  # builds the running totals from the rows
             loaded += [f"| PostgreSQL {row}" for row in reads_under_load(postgres, repeats)]
         print(
             f"\n### Gate reads under write load ({WRITERS} processes, {rows:,} rows; "
